@@ -1,0 +1,40 @@
+# disagg — every target does its own set-up on a fresh machine (venv, control-plane binaries).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: help setup control-plane crds test test-fast demo lint clean
+
+help:
+	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
+	@echo "make test   - the whole test suite (builds what it needs the first time)"
+	@echo "make setup  - .venv with disagg installed (editable) and pinned dependencies"
+	@echo "make control-plane - build kube-apiserver, kube-controller-manager and etcd (cached)"
+	@echo "make crds   - regenerate crds/ from the API models"
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+setup: $(STAMP)
+
+control-plane:
+	@bash hack/build-control-plane.sh >/dev/null
+
+crds: setup
+	$(BIN)/disagg crds
+
+test: setup control-plane
+	$(BIN)/pytest
+
+test-fast: setup
+	$(BIN)/pytest -m "not apiserver"
+
+demo: setup control-plane
+	$(BIN)/disagg demo
+
+clean:
+	rm -rf $(VENV) .pytest_cache

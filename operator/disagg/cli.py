@@ -1,0 +1,79 @@
+"""The one command line: ``disagg <subcommand>``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_CRD_PATH = Path("crds/disaggregatedmodels.yaml")
+
+
+def _cmd_crds(args: argparse.Namespace) -> int:
+    from .api.crd import render_crd_yaml
+
+    text = render_crd_yaml()
+    out: Path = args.out
+    if args.check:
+        current = out.read_text() if out.exists() else ""
+        if current != text:
+            print(f"{out} is out of date with operator/disagg/api/models.py: run `disagg crds`", file=sys.stderr)
+            return 1
+        print(f"{out} is up to date")
+        return 0
+    if str(out) == "-":
+        sys.stdout.write(text)
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from .api.validate import validate_documents
+
+    failures = 0
+    for path in args.files:
+        for ref, errors in validate_documents(Path(path)):
+            if errors:
+                failures += 1
+                for e in errors:
+                    print(f"{ref}: {e}", file=sys.stderr)
+            else:
+                print(f"{ref}: valid")
+    return 1 if failures else 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(keep=args.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="disagg", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("crds", help="generate the DisaggregatedModel CRD from the API models")
+    p.add_argument("--out", type=Path, default=DEFAULT_CRD_PATH, help="output file, or - for stdout")
+    p.add_argument("--check", action="store_true", help="exit 1 if --out differs from the generated CRD")
+    p.set_defaults(func=_cmd_crds)
+
+    p = sub.add_parser("validate", help="validate DisaggregatedModel YAML files offline (same rules as the CRD)")
+    p.add_argument("files", nargs="+", help="YAML files (multi-document allowed)")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("demo", help="run the local demo (real control plane; see README)")
+    p.add_argument("--keep", action="store_true", help="keep the control plane running until Ctrl-C")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
