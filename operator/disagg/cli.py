@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import sys
 from pathlib import Path
+
+# Each part of the project that owns a subcommand exposes ``add_parser(subparsers)`` in its own
+# ``cli`` module (argument definitions only; heavy imports happen inside the handler).
+SUBCOMMAND_MODULES = (
+    "disagg.controller.cli",  # operator, render
+    "disagg.router.cli",  # router
+    "disagg.sim.cli",  # sim
+    "disagg.autoscaling.cli",
+    "disagg.bench.cli",  # bench
+)
 
 DEFAULT_CRD_PATH = Path("crds/disaggregatedmodels.yaml")
 
@@ -67,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the local demo (real control plane; see README)")
     p.add_argument("--keep", action="store_true", help="keep the control plane running until Ctrl-C")
     p.set_defaults(func=_cmd_demo)
+
+    for name in SUBCOMMAND_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if found:
+            importlib.import_module(name).add_parser(sub)
     return parser
 
 

@@ -1,0 +1,86 @@
+"""Contracts between the operator, the router and the workers: names, labels, ports, the router config.
+
+One place for what several parts must agree on. The operator writes these; the router and the local
+runtime read them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import ApiModel
+from .models import ActiveMode, Mode, RolloutSpec, RoutingSpec, SLOSpec
+
+Role = Literal["prefill", "decode", "aggregated", "router"]
+WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode", "aggregated")
+
+# ----------------------------------------------------------------------------------------- labels
+LABEL_NAME = "app.kubernetes.io/name"  # always "disagg"
+LABEL_INSTANCE = "app.kubernetes.io/instance"  # the DisaggregatedModel's name
+LABEL_COMPONENT = "app.kubernetes.io/component"  # role: prefill | decode | aggregated | router
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # "disagg-operator"
+LABEL_PART_OF = "app.kubernetes.io/part-of"  # "disagg"
+LABEL_MODEL = "serving.disagg.dev/model"  # the DisaggregatedModel's name
+LABEL_ROLE = "serving.disagg.dev/role"  # prefill | decode | aggregated | router
+LABEL_COMPAT = "serving.disagg.dev/compat-hash"  # hash of image + engine settings; pair equal hashes only
+
+MANAGED_BY = "disagg-operator"
+APP_NAME = "disagg"
+
+# ------------------------------------------------------------------------------------------ names
+
+
+def pool_name(model: str, role: Role) -> str:
+    """Deployment and headless Service of a worker pool: ``<model>-prefill`` etc."""
+    return f"{model}-{role}"
+
+
+def router_name(model: str) -> str:
+    """Router Deployment, Service, ConfigMap and ServiceAccount: ``<model>-router``."""
+    return f"{model}-router"
+
+
+ROUTER_CONFIG_KEY = "router.yaml"
+ROUTER_PORT = 8080
+WORKER_PORT_NAME = "http"
+SIDE_CHANNEL_PORT_NAME = "nixl"
+
+
+# ---------------------------------------------------------------------------------- router config
+
+
+class PoolEndpoint(ApiModel):
+    service: str = Field(description="Headless Service of the pool (router discovery in a cluster).")
+    port: int = Field(default=8000, description="Worker HTTP port.")
+
+
+class RouterPools(ApiModel):
+    prefill: PoolEndpoint | None = Field(default=None, description="The prefill pool.")
+    decode: PoolEndpoint | None = Field(default=None, description="The decode pool.")
+    aggregated: PoolEndpoint | None = Field(default=None, description="The aggregated pool, if any.")
+
+
+class RouterConfig(ApiModel):
+    """What the operator writes into the router's ConfigMap (key ``router.yaml``), and what
+    ``disagg router --config FILE`` reads. Same field shapes as the DisaggregatedModel spec."""
+
+    model: str = Field(default="", description="Served model name clients send.")
+    mode: Mode = Field(default=Mode.AUTO, description="spec.mode of the DisaggregatedModel.")
+    active_mode: ActiveMode = Field(
+        default=ActiveMode.DISAGGREGATED,
+        description="The mode in force, decided by the operator (Aggregated → never remote prefill).",
+    )
+    routing: RoutingSpec = Field(default_factory=RoutingSpec, description="spec.routing.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="spec.rollout.")
+    slo: SLOSpec = Field(default_factory=SLOSpec, description="spec.slo.")
+    transfer_timeout_ms: int = Field(default=10_000, description="spec.kvTransfer.transferTimeoutMs.")
+    pools: RouterPools = Field(default_factory=RouterPools, description="Where the pools are.")
+
+    def effective_mode(self) -> ActiveMode:
+        if self.mode == Mode.AGGREGATED:
+            return ActiveMode.AGGREGATED
+        if self.mode == Mode.DISAGGREGATED:
+            return ActiveMode.DISAGGREGATED
+        return self.active_mode

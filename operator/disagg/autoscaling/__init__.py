@@ -1,0 +1,1 @@
+"""Metric queries (PromQL) and pure scaling / mode policies."""

@@ -1,0 +1,1 @@
+"""Pure functions: DisaggregatedModel → Kubernetes manifests (plain dicts, no I/O)."""

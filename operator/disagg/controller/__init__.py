@@ -1,0 +1,1 @@
+"""Thin kopf handlers: apply the builders' output, keep status, emit events."""

@@ -1,0 +1,1 @@
+"""Local substrate: a real control plane on loopback (and, later, a local pod runtime)."""

@@ -1,0 +1,1 @@
+"""The data-plane router: per-request remote/local prefill with fallbacks (aiohttp)."""

@@ -1,0 +1,1 @@
+"""The digital twin: a simulated vLLM worker with a roofline performance model."""
