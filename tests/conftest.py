@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -21,8 +20,6 @@ from disagg.api.crd import build_crd
 from disagg.kube import api_client, install_crd
 from disagg.local.controlplane import ControlPlane
 
-REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = sorted((REPO / "docs" / "examples").glob("*.yaml"))
 
 
 @pytest.fixture(scope="session")

@@ -157,7 +157,7 @@ class ControlPlane:
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(pki / "sa.pub"),
             "--service-account-signing-key-file", str(pki / "sa.key"),
-            "--enable-priority-and-fairness=false", "--profiling=false", "--v=0",
+            "--enable-priority-and-fairness=false", "--profiling=false", "--shutdown-delay-duration=0s", "--v=0",
         ])
         self.kubeconfig = self._tmp / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump(self.kubeconfig_dict()))

@@ -1,0 +1,78 @@
+"""Invalid DisaggregatedModel specs, each with the field its error must name.
+
+Used twice: against the real apiserver (schema + CEL) and against the Python mirror (pydantic).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+BASE: dict[str, Any] = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}}
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    out = copy.deepcopy(BASE)
+    out.update(overrides)
+    return out
+
+
+PROM = {"url": "http://prometheus:9090"}
+
+# (id, spec, field the message must name)
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("missing-model", {"prefill": {"replicas": 1}}, "spec.model"),
+    ("empty-model-name", {"model": {"name": ""}}, "spec.model.name"),
+    ("model-len-too-small", {"model": {"name": "m", "maxModelLen": 8}}, "spec.model.maxModelLen"),
+    ("source-hub-and-pvc", spec(model={"name": "m", "source": {"hub": {}, "pvc": {"claimName": "w"}}}),
+     "spec.model.source"),
+    ("pvc-relative-path", spec(model={"name": "m", "source": {"pvc": {"claimName": "w", "path": "models/x"}}}),
+     "spec.model.source.pvc.path"),
+    ("replicas-negative", spec(prefill={"replicas": -1}), "spec.prefill.replicas"),
+    ("replicas-wrong-type", spec(decode={"replicas": "two"}), "spec.decode.replicas"),
+    ("min-over-max", spec(prefill={"minReplicas": 3, "maxReplicas": 2, "replicas": 2}), "spec.prefill.minReplicas"),
+    ("replicas-over-max", spec(decode={"replicas": 9, "maxReplicas": 4}), "spec.decode.replicas"),
+    ("gpu-not-multiple-of-tp-pp", spec(prefill={"gpu": {"count": 6}, "parallelism": {"tensor": 4}}),
+     "spec.prefill.gpu.count"),
+    ("tensor-zero", spec(decode={"parallelism": {"tensor": 0}}), "spec.decode.parallelism.tensor"),
+    ("gpu-resource-name", spec(prefill={"gpu": {"resourceName": "nvidia gpu"}}), "spec.prefill.gpu.resourceName"),
+    ("mode-unknown", spec(mode="Hybrid"), "spec.mode"),
+    ("transport-unknown", spec(kvTransfer={"transport": "infiniband"}), "spec.kvTransfer.transport"),
+    ("rdma-without-rdma-transport", spec(kvTransfer={"transport": "tcp", "rdma": {"resourceName": "rdma/ib"}}),
+     "spec.kvTransfer.rdma"),
+    ("side-channel-port-privileged", spec(kvTransfer={"sideChannelPort": 80}), "spec.kvTransfer.sideChannelPort"),
+    ("load-failure-policy", spec(kvTransfer={"loadFailurePolicy": "retry"}), "spec.kvTransfer.loadFailurePolicy"),
+    ("remote-min-not-above-local-max",
+     spec(routing={"remotePrefill": {"minInputTokens": 1000}, "localPrefill": {"maxInputTokens": 1000}}),
+     "spec.routing.remotePrefill.minInputTokens"),
+    ("fallback-unknown", spec(routing={"fallback": {"onKVTransferTimeout": "Retry"}}),
+     "spec.routing.fallback.onKVTransferTimeout"),
+    ("tenant-without-match", spec(routing={"tenants": [{"name": "chat"}]}), "spec.routing.tenants[0].match"),
+    ("tenant-bad-name", spec(routing={"tenants": [{"name": "Bad_Name", "match": {"values": ["a"]}}]}),
+     "spec.routing.tenants[0].name"),
+    ("tenant-duplicate", spec(routing={"tenants": [{"name": "a", "match": {"values": ["x"]}},
+                                                   {"name": "a", "match": {"values": ["y"]}}]}),
+     "spec.routing.tenants"),
+    ("tenant-override-inverted",
+     spec(routing={"tenants": [{"name": "a", "match": {"values": ["x"]},
+                                "remotePrefill": {"minInputTokens": 100}, "localPrefill": {"maxInputTokens": 200}}]}),
+     "spec.routing.tenants[0].remotePrefill.minInputTokens"),
+    ("bucket-inverted", spec(routing={"buckets": [{"name": "b", "minInputTokens": 4096, "maxInputTokens": 1024}]}),
+     "spec.routing.buckets[0].maxInputTokens"),
+    ("bucket-decision-unknown", spec(routing={"buckets": [{"name": "b", "prefill": "Maybe"}]}),
+     "spec.routing.buckets[0].prefill"),
+    ("canary-over-100", spec(rollout={"canary": {"trafficPercent": 150}}), "spec.rollout.canary.trafficPercent"),
+    ("canary-negative", spec(rollout={"canary": {"trafficPercent": -5}}), "spec.rollout.canary.trafficPercent"),
+    ("canary-endpoint-unknown", spec(rollout={"canary": {"endpoints": ["/v1/embeddings"]}}),
+     "spec.rollout.canary.endpoints[0]"),
+    ("slo-ttft-zero", spec(slo={"ttftP95Ms": 0}), "spec.slo.ttftP95Ms"),
+    ("slo-error-rate-over-1", spec(slo={"maxErrorRate": 2}), "spec.slo.maxErrorRate"),
+    ("autoscaling-without-prometheus", spec(autoscaling={"enabled": True}), "spec.autoscaling.prometheus"),
+    ("prometheus-url-scheme", spec(autoscaling={"enabled": True, "prometheus": {"url": "ftp://prom:9090"}}),
+     "spec.autoscaling.prometheus.url"),
+    ("ratio-inverted", spec(autoscaling={"prefillDecodeRatio": {"min": 3, "max": 1}}),
+     "spec.autoscaling.prefillDecodeRatio.min"),
+    ("max-step-zero", spec(autoscaling={"maxStep": 0, "prometheus": PROM}), "spec.autoscaling.maxStep"),
+    ("mode-policy-rate-over-1", spec(modePolicy={"kvTransferFailureRate": 1.5}),
+     "spec.modePolicy.kvTransferFailureRate"),
+]
