@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane crds test test-fast demo lint clean
+.PHONY: help setup control-plane prometheus crds test test-fast demo lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -24,16 +24,19 @@ setup: $(STAMP)
 control-plane:
 	@bash hack/build-control-plane.sh >/dev/null
 
+prometheus:
+	@bash hack/ensure-prometheus.sh >/dev/null
+
 crds: setup
 	$(BIN)/disagg crds
 
-test: setup control-plane
+test: setup control-plane prometheus
 	$(BIN)/pytest
 
 test-fast: setup
 	$(BIN)/pytest -m "not apiserver"
 
-demo: setup control-plane
+demo: setup control-plane prometheus
 	$(BIN)/disagg demo
 
 clean:
