@@ -568,6 +568,7 @@ class ModePolicySpec(ApiModel):
     )
     transfer_share_of_ttft: float = Field(
         default=0.5,
+        alias="transferShareOfTTFT",
         ge=0,
         le=1,
         description="Flip to Aggregated when TTFT breaches its SLO and KV transfer is this share of it or more.",
