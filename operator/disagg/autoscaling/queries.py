@@ -1,0 +1,129 @@
+"""Named PromQL queries (the autoscaler's and mode controller's only inputs) and their collection.
+
+Every series is selected by the labels the scrape configuration attaches to a model's pods (the chart's
+PodMonitor/ServiceMonitor relabelings; the local demo's file_sd labels):
+
+    namespace="<ns>", disagg_model="<DisaggregatedModel name>", disagg_role="prefill|decode|aggregated|router"
+
+docs/autoscaling.md lists each query with its meaning. Queries run through prometheus-api-client (sync, with
+retries), off the event loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from urllib3.util.retry import Retry
+
+from ..api.models import DisaggregatedModelSpec
+
+# name -> (PromQL template, description). {sel} is the model selector; {w} the window.
+QUERIES: dict[str, tuple[str, str]] = {
+    "prefill_queue_wait_p95": (
+        'histogram_quantile(0.95, sum by (le) (rate(vllm:request_queue_time_seconds_bucket{{{sel},disagg_role="prefill"}}[{w}])))',
+        "p95 time requests wait in the prefill workers' queues (vLLM's own histogram), seconds",
+    ),
+    "ttft_p95": (
+        "histogram_quantile(0.95, sum by (le) (rate(disagg_first_token_emit_seconds_bucket{{{sel}}}[{w}])))",
+        "p95 time to first token as clients see it (router), seconds",
+    ),
+    "prefill_waiting_per_replica": (
+        'avg(vllm:num_requests_waiting{{{sel},disagg_role="prefill"}})',
+        "requests waiting per prefill worker",
+    ),
+    "tpot_p95": (
+        "histogram_quantile(0.95, sum by (le) (rate(disagg_per_token_decode_seconds_bucket{{{sel}}}[{w}])))",
+        "p95 time per output token as clients see it (router), seconds",
+    ),
+    "decode_running_per_replica": (
+        'avg(vllm:num_requests_running{{{sel},disagg_role="decode"}})',
+        "sequences running per decode worker",
+    ),
+    "decode_kv_cache_usage": (
+        'avg(vllm:kv_cache_usage_perc{{{sel},disagg_role="decode"}})',
+        "KV-cache usage of the decode workers, 0..1",
+    ),
+    "decode_active_sequences": (
+        'sum(vllm:num_requests_running{{{sel},disagg_role="decode"}})',
+        "sequences running on the decode pool",
+    ),
+    "kv_transfer_p95": (
+        'histogram_quantile(0.95, sum by (le) (rate(disagg_kv_cache_transfer_seconds_bucket{{{sel},path="remote"}}[{w}])))',
+        "p95 KV-cache transfer time on the remote path (router, from the decode workers' NIXL metrics), seconds",
+    ),
+    "kv_failure_rate": (
+        "sum(rate(disagg_fallbacks_total{{{sel}}}[{w}])) / sum(rate(disagg_routing_decisions_total{{{sel},decision=\"remote\"}}[{w}]))",
+        "share of remote-prefill requests that fell back (prefill-leg or KV-transfer failure or timeout)",
+    ),
+    "goodput": (
+        "sum(increase(disagg_slo_met_requests_total{{{sel}}}[{w}])) / sum(increase(disagg_slo_requests_total{{{sel}}}[{w}]))",
+        "share of requests meeting both the TTFT and TPOT SLOs",
+    ),
+    "prefix_cache_hit_rate": (
+        'sum(rate(vllm:prefix_cache_hits_total{{{sel},disagg_role="decode"}}[{w}])) / '
+        'sum(rate(vllm:prefix_cache_queries_total{{{sel},disagg_role="decode"}}[{w}]))',
+        "prefix-cache hit rate of the decode pool (tokens)",
+    ),
+    "targets_up": (
+        "sum(up{{{sel}}})",
+        "scrape targets of this model that answered their last scrape",
+    ),
+}
+
+
+def selector(namespace: str, model: str) -> str:
+    return f'namespace="{namespace}",disagg_model="{model}"'
+
+
+def render(name: str, namespace: str, model: str, window_seconds: int) -> str:
+    template, _ = QUERIES[name]
+    return template.format(sel=selector(namespace, model), w=f"{max(window_seconds, 2)}s")
+
+
+@dataclass(frozen=True)
+class Sample:
+    values: dict[str, float | None]
+    error: str | None = None
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+QueryFn = Callable[[str], list[dict[str, Any]]]
+
+
+def connect(url: str, timeout_seconds: int = 5, token: str | None = None) -> QueryFn:
+    """A query function bound to one Prometheus (retries on connection errors and 5xx)."""
+    from prometheus_api_client import PrometheusConnect
+
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    prom = PrometheusConnect(url=url, headers=headers, disable_ssl=False, timeout=timeout_seconds,
+                             retry=Retry(total=2, backoff_factor=0.2, status_forcelist=[502, 503, 504]))
+    return prom.custom_query
+
+
+def collect(query: QueryFn, namespace: str, model: str, spec: DisaggregatedModelSpec) -> Sample:
+    """Run every named query once. A transport error makes the whole sample an error (the caller holds)."""
+    window = max(spec.mode_policy.window_seconds, 2 * 1)
+    values: dict[str, float | None] = {}
+    for name in QUERIES:
+        try:
+            result = query(render(name, namespace, model, window))
+        except Exception as e:  # noqa: BLE001 - any failure to reach Prometheus means "hold"
+            return Sample(values, error=f"Prometheus query {name} failed: {type(e).__name__}: {e}"[:300])
+        values[name] = _scalar(result)
+    if not values.get("targets_up"):
+        return Sample(values, error="no scrape target of this model is up in Prometheus")
+    return Sample(values)
+
+
+def _scalar(result: list[dict[str, Any]]) -> float | None:
+    if not result:
+        return None
+    try:
+        v = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return None if math.isnan(v) or math.isinf(v) else v

@@ -1,0 +1,130 @@
+"""A real Prometheus (Debian's package) on loopback, scraping targets listed in a file_sd file.
+
+Targets can be changed while it runs (:meth:`LocalPrometheus.set_targets`); Prometheus re-reads the file on
+change. Used by tests and the demo; stopped (process group killed, temp dir removed) by :meth:`stop`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .controlplane import REPO_ROOT, free_ports
+
+ENSURE_SCRIPT = REPO_ROOT / "hack" / "ensure-prometheus.sh"
+
+
+def prometheus_binary() -> str:
+    found = shutil.which("prometheus")
+    if found:
+        return found
+    proc = subprocess.run(["bash", str(ENSURE_SCRIPT)], stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{ENSURE_SCRIPT} failed ({proc.returncode}); install Debian's prometheus package")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@dataclass
+class Target:
+    address: str  # host:port
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class LocalPrometheus:
+    scrape_interval: str = "1s"
+    evaluation_interval: str = "1s"
+    rule_files: list[Path] = field(default_factory=list)
+    url: str = ""
+    _proc: subprocess.Popen | None = None
+    _tmp: Path | None = None
+
+    def __enter__(self) -> "LocalPrometheus":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def targets_file(self) -> Path:
+        assert self._tmp is not None
+        return self._tmp / "targets.json"
+
+    def start(self, targets: list[Target] | None = None, timeout: float = 60.0) -> None:
+        binary = prometheus_binary()
+        self._tmp = Path(tempfile.mkdtemp(prefix="disagg-prom-"))
+        atexit.register(self.stop)
+        self.set_targets(targets or [])
+        config = {
+            "global": {"scrape_interval": self.scrape_interval, "scrape_timeout": self.scrape_interval,
+                       "evaluation_interval": self.evaluation_interval},
+            "rule_files": [str(p) for p in self.rule_files],
+            "scrape_configs": [{
+                "job_name": "disagg",
+                "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "1s"}],
+            }],
+        }
+        (self._tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+        (port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{port}"
+        log = open(self._tmp / "prometheus.log", "wb")
+        self._proc = subprocess.Popen(
+            [binary, f"--config.file={self._tmp / 'prometheus.yml'}", f"--storage.tsdb.path={self._tmp / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn",
+             "--storage.tsdb.retention.time=2h"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited {self._proc.returncode}: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"prometheus not ready after {timeout}s: {self.log_tail()}")
+
+    def set_targets(self, targets: list[Target]) -> None:
+        groups = [{"targets": [t.address], "labels": t.labels} for t in targets]
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        os.replace(tmp, self.targets_file)  # atomic: Prometheus never reads a half-written file
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self._tmp:
+            return ""
+        try:
+            return "\n".join((self._tmp / "prometheus.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self._proc and self._proc.poll() is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGTERM)
+                self._proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._proc.wait()
+        self._proc = None
+        if self._tmp and self._tmp.exists():
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self._tmp = None

@@ -1,0 +1,96 @@
+"""Every named query is valid PromQL on a real Prometheus and reads the series it names."""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+import urllib.request
+import json
+
+import pytest
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+
+from disagg.api.models import DisaggregatedModelSpec
+from disagg.autoscaling.queries import QUERIES, collect, connect, render
+from disagg.local.controlplane import free_ports
+from disagg.local.prometheus import LocalPrometheus, Target
+
+
+@pytest.fixture(scope="module")
+def prometheus():
+    with LocalPrometheus() as prom:
+        yield prom
+
+
+def _api(prom: LocalPrometheus, q: str) -> dict:
+    url = f"{prom.url}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return json.load(r)
+    except urllib.error.HTTPError as e:
+        return json.load(e)
+
+
+def _text_exporter(registry: CollectorRegistry) -> ThreadingHTTPServer:
+    """Serve the classic text format (as vLLM does: colons kept in names; OpenMetrics would escape them)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("name", sorted(QUERIES))
+def test_query_is_valid_promql(prometheus, name) -> None:
+    out = _api(prometheus, render(name, "ns", "m", 60))
+    assert out["status"] == "success", out
+
+
+def test_collect_reads_the_named_series(prometheus) -> None:
+    spec = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
+    registry = CollectorRegistry()
+    running = Gauge("vllm:num_requests_running", "running", ["model_name"], registry=registry)
+    waiting = Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=registry)
+    running.labels("m").set(7)
+    waiting.labels("m").set(3)
+    server = _text_exporter(registry)
+    port = server.server_address[1]
+    try:
+        base = {"namespace": "ns", "disagg_model": "m"}
+        prometheus.set_targets([Target(f"127.0.0.1:{port}", {**base, "disagg_role": "decode"})])
+        query = connect(prometheus.url)
+        deadline = time.monotonic() + 30
+        sample = collect(query, "ns", "m", spec)
+        while sample.get("decode_running_per_replica") is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            sample = collect(query, "ns", "m", spec)
+        assert sample.error is None
+        assert sample.get("decode_running_per_replica") == 7
+        assert sample.get("decode_active_sequences") == 7
+        assert sample.get("prefill_waiting_per_replica") is None  # that target is a decode worker
+        other = collect(query, "ns", "other-model", spec)
+        assert other.error and "no scrape target" in other.error
+    finally:
+        server.shutdown()
+        prometheus.set_targets([])
+
+
+def test_unreachable_prometheus_is_an_error_not_a_zero() -> None:
+    (port,) = free_ports(1)
+    spec = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
+    sample = collect(connect(f"http://127.0.0.1:{port}", timeout_seconds=1), "ns", "m", spec)
+    assert sample.error and "failed" in sample.error
