@@ -1,0 +1,373 @@
+"""A small local pod runtime: plays scheduler + kubelet for this machine, for the demo and e2e tests.
+
+It registers one Node, binds unscheduled Pods to it, and runs each Pod's first container as a local process:
+
+- ``vllm serve …`` becomes ``disagg sim …`` (same arguments); ``disagg …`` runs this checkout's CLI;
+- every Pod gets its own loopback address (127.0.<n>.<m>) as its pod IP, and ``--host <pod IP>`` is appended so
+  ports behave as in a cluster (many pods on port 8000);
+- env is resolved like the kubelet does (values, ``fieldRef`` for metadata.name/namespace, status.podIP, …,
+  ``$(VAR)`` expansion in command and args), plus extra env given to the runtime (sim time scale, KUBECONFIG);
+- ConfigMap volumes are written under a per-pod root and kept in sync; paths in args that start with a mount
+  path are rewritten to that root;
+- pod phase, IP, container state and the Ready condition (from the readiness probe, HTTP GET on the pod IP) are
+  written back to the Pod status, so EndpointSlices, router discovery and Ready conditions work;
+- a Pod being deleted gets SIGTERM, then SIGKILL after its grace period, and is then removed; an exited process is
+  restarted (restartPolicy Always) with a restart count.
+
+Not a kubelet: no images, no cgroups, no volumes besides ConfigMaps and emptyDirs. Everything it starts is
+stopped by :meth:`LocalRuntime.stop`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from .. import logs
+
+log = logs.get("disagg.local.runtime")
+
+NODE_NAME = "local"
+NODE_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "500", "nvidia.com/gpu": "256", "rdma/ib": "256",
+                 "rdma/hca_shared_devices_a": "256", "ephemeral-storage": "1Ti"}
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class LocalPod:
+    uid: str
+    namespace: str
+    name: str
+    ip: str
+    root: Path
+    proc: subprocess.Popen | None = None
+    ready: bool = False
+    restarts: int = 0
+    started_at: str = ""
+    deleting_since: float | None = None
+    grace: float = 30.0
+    last_status: tuple = ()
+    next_restart: float = 0.0
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+class LocalRuntime:
+    def __init__(self, api: client.ApiClient, kubeconfig: Path, *, namespaces: list[str] | None = None,
+                 extra_env: dict[str, str] | None = None, workdir: Path | None = None,
+                 python: str = sys.executable, poll_seconds: float = 0.5):
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.kubeconfig = kubeconfig
+        self.namespaces = namespaces
+        self.extra_env = dict(extra_env or {})
+        self.python = python
+        self.poll = poll_seconds
+        self.root = Path(tempfile.mkdtemp(prefix="disagg-pods-", dir=workdir))
+        self.pods: dict[str, LocalPod] = {}
+        self._next_ip = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._ensure_node()
+        self._thread = threading.Thread(target=self._loop, name="local-runtime", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        with self._lock:
+            for pod in list(self.pods.values()):
+                self._kill(pod, grace=5)
+            self.pods.clear()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "LocalRuntime":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ node
+    def _ensure_node(self) -> None:
+        node = client.V1Node(
+            metadata=client.V1ObjectMeta(name=NODE_NAME, labels={
+                "kubernetes.io/hostname": NODE_NAME, "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}),
+            spec=client.V1NodeSpec())
+        try:
+            self.core.create_node(node)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        status = {"status": {
+            "capacity": NODE_CAPACITY, "allocatable": NODE_CAPACITY,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "LocalRuntime",
+                            "message": "disagg local runtime", "lastHeartbeatTime": _now(),
+                            "lastTransitionTime": _now()}],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": NODE_NAME}],
+        }}
+        self.core.patch_node_status(NODE_NAME, status)
+
+    # ------------------------------------------------------------------ main loop
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.reconcile_once()
+            except Exception as e:  # noqa: BLE001 - keep the runtime alive; log and retry
+                log.warning("runtime reconcile failed", error=f"{type(e).__name__}: {e}")
+            self._stop.wait(self.poll)
+
+    def _list_pods(self) -> list[client.V1Pod]:
+        if self.namespaces:
+            out = []
+            for ns in self.namespaces:
+                out.extend(self.core.list_namespaced_pod(ns).items)
+            return out
+        return self.core.list_pod_for_all_namespaces().items
+
+    def reconcile_once(self) -> None:
+        seen: set[str] = set()
+        for pod in self._list_pods():
+            uid = pod.metadata.uid
+            seen.add(uid)
+            if pod.spec.node_name is None and pod.metadata.deletion_timestamp is None:
+                self._bind(pod)
+                continue
+            if pod.spec.node_name != NODE_NAME:
+                continue
+            with self._lock:
+                local = self.pods.get(uid)
+                if pod.metadata.deletion_timestamp is not None:
+                    self._terminate(pod, local)
+                    continue
+                if local is None:
+                    local = self._admit(pod)
+                if local.deleting_since is not None:
+                    continue
+                self._supervise(pod, local)
+                self._probe(pod, local)
+                self._report(pod, local)
+        with self._lock:
+            for uid in [u for u in self.pods if u not in seen]:  # force-deleted
+                self._kill(self.pods.pop(uid), grace=1)
+
+    # ------------------------------------------------------------------ scheduling
+    def _bind(self, pod: client.V1Pod) -> None:
+        body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod.metadata.name),
+                                target=client.V1ObjectReference(kind="Node", name=NODE_NAME, api_version="v1"))
+        try:
+            self.core.create_namespaced_pod_binding(pod.metadata.name, pod.metadata.namespace, body,
+                                                    _preload_content=False)
+        except ApiException as e:
+            if e.status not in (404, 409):
+                raise
+
+    def _allocate_ip(self) -> str:
+        self._next_ip += 1
+        n = self._next_ip
+        return f"127.0.{1 + n // 250}.{1 + n % 250}"
+
+    def _admit(self, pod: client.V1Pod) -> LocalPod:
+        root = self.root / f"{pod.metadata.namespace}_{pod.metadata.name}"
+        root.mkdir(parents=True, exist_ok=True)
+        local = LocalPod(uid=pod.metadata.uid, namespace=pod.metadata.namespace, name=pod.metadata.name,
+                         ip=self._allocate_ip(), root=root, grace=float(pod.spec.termination_grace_period_seconds or 30))
+        self.pods[local.uid] = local
+        log.info("pod admitted", pod=f"{local.namespace}/{local.name}", ip=local.ip)
+        return local
+
+    # ------------------------------------------------------------------ processes
+    def _mounts(self, pod: client.V1Pod, local: LocalPod) -> dict[str, Path]:
+        """mountPath → local dir; ConfigMap contents (re)written on every pass."""
+        container = pod.spec.containers[0]
+        volumes = {v.name: v for v in (pod.spec.volumes or [])}
+        out: dict[str, Path] = {}
+        for m in container.volume_mounts or []:
+            if m.mount_path == "/dev/shm":
+                continue
+            d = local.root / "volumes" / m.name
+            d.mkdir(parents=True, exist_ok=True)
+            v = volumes.get(m.name)
+            if v is not None and v.config_map is not None:
+                try:
+                    cm = self.core.read_namespaced_config_map(v.config_map.name, pod.metadata.namespace)
+                    for key, value in (cm.data or {}).items():
+                        path = d / key
+                        if not path.exists() or path.read_text() != value:
+                            tmp = path.with_suffix(".tmp")
+                            tmp.write_text(value)
+                            os.replace(tmp, path)
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+            out[m.mount_path] = d
+        return out
+
+    def _env(self, pod: client.V1Pod, local: LocalPod) -> dict[str, str]:
+        env: dict[str, str] = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
+        env.update(self.extra_env)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        fields = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
+                  "metadata.uid": pod.metadata.uid, "status.podIP": local.ip, "status.hostIP": "127.0.0.1",
+                  "spec.nodeName": NODE_NAME, "spec.serviceAccountName": pod.spec.service_account_name or "default"}
+        for e in pod.spec.containers[0].env or []:
+            if e.value is not None:
+                env[e.name] = _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), e.value)
+            elif e.value_from is not None and e.value_from.field_ref is not None:
+                env[e.name] = fields.get(e.value_from.field_ref.field_path, "")
+            elif e.value_from is not None and e.value_from.secret_key_ref is not None:
+                ref = e.value_from.secret_key_ref
+                try:
+                    import base64
+
+                    sec = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
+                    env[e.name] = base64.b64decode((sec.data or {}).get(ref.key, "")).decode()
+                except ApiException:
+                    if not ref.optional:
+                        env[e.name] = ""
+        return env
+
+    def _argv(self, pod: client.V1Pod, local: LocalPod, env: dict[str, str], mounts: dict[str, Path]) -> list[str]:
+        c = pod.spec.containers[0]
+        argv = [_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in (c.command or []) + (c.args or [])]
+        for mount, d in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            argv = [str(d) + a[len(mount):] if a.startswith(mount + "/") or a == mount else a for a in argv]
+        if argv[:2] == ["vllm", "serve"]:
+            argv = [self.python, "-m", "disagg.cli", "sim", *argv[2:]]
+        elif argv[:1] == ["disagg"]:
+            argv = [self.python, "-m", "disagg.cli", *argv[1:]]
+        else:
+            raise RuntimeError(f"local runtime runs `vllm serve` and `disagg` containers only, not {argv[:2]}")
+        return [*argv, "--host", local.ip]
+
+    def _supervise(self, pod: client.V1Pod, local: LocalPod) -> None:
+        mounts = self._mounts(pod, local)
+        if local.proc is not None and local.proc.poll() is None:
+            return
+        if local.proc is not None:  # exited: restart with a small backoff (restartPolicy Always)
+            if local.next_restart == 0.0:
+                local.restarts += 1
+                local.ready = False
+                local.next_restart = time.monotonic() + min(10.0, 0.5 * 2 ** min(local.restarts, 5))
+                log.warning("container exited", pod=f"{local.namespace}/{local.name}", code=local.proc.returncode,
+                            restarts=local.restarts)
+            if time.monotonic() < local.next_restart:
+                return
+        env = self._env(pod, local)
+        argv = self._argv(pod, local, env, mounts)
+        logf = open(local.root / "container.log", "ab")
+        local.proc = subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=local.root,
+                                      start_new_session=True)
+        logf.close()
+        local.started_at = _now()
+        local.next_restart = 0.0
+        log.info("container started", pod=f"{local.namespace}/{local.name}", argv=" ".join(argv[3:8]) + " …")
+
+    def _probe(self, pod: client.V1Pod, local: LocalPod) -> None:
+        c = pod.spec.containers[0]
+        if local.proc is None or local.proc.poll() is not None:
+            local.ready = False
+            return
+        probe = c.readiness_probe
+        if probe is None or probe.http_get is None:
+            local.ready = True
+            return
+        port = probe.http_get.port
+        if isinstance(port, str):
+            port = next((p.container_port for p in c.ports or [] if p.name == port), port)
+        try:
+            with urllib.request.urlopen(f"http://{local.ip}:{port}{probe.http_get.path or '/'}", timeout=1) as r:
+                local.ready = 200 <= r.status < 400
+        except OSError:
+            local.ready = False
+
+    def _report(self, pod: client.V1Pod, local: LocalPod) -> None:
+        running = local.proc is not None and local.proc.poll() is None
+        key = (running, local.ready, local.restarts, local.ip)
+        if key == local.last_status:
+            return
+        ready = "True" if local.ready else "False"
+        now = _now()
+        c = pod.spec.containers[0]
+        state = {"running": {"startedAt": local.started_at}} if running else {
+            "waiting": {"reason": "CrashLoopBackOff" if local.restarts else "ContainerCreating"}}
+        status = {
+            "phase": "Running" if running else "Pending",
+            "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": local.ip, "podIPs": [{"ip": local.ip}], "startTime": pod.status.start_time and
+            pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") or now,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+                {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": ready, "lastTransitionTime": now},
+                {"type": "Ready", "status": ready, "lastTransitionTime": now},
+            ],
+            "containerStatuses": [{"name": c.name, "image": c.image or "local", "imageID": "", "ready": local.ready,
+                                   "restartCount": local.restarts, "started": running, "state": state}],
+        }
+        try:
+            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
+            local.last_status = key
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    # ------------------------------------------------------------------ termination
+    def _terminate(self, pod: client.V1Pod, local: LocalPod | None) -> None:
+        """Graceful stop off the main loop (SIGTERM, grace period, SIGKILL), then remove the Pod."""
+        if local is not None and local.deleting_since is not None:
+            return
+        grace = pod.metadata.deletion_grace_period_seconds
+        if local is not None:
+            local.deleting_since = time.monotonic()
+
+        def finish() -> None:
+            if local is not None:
+                self._kill(local, grace=float(grace if grace is not None else local.grace))
+                with self._lock:
+                    self.pods.pop(local.uid, None)
+            try:
+                self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+            except ApiException as e:
+                if e.status != 404:
+                    log.warning("pod removal failed", pod=f"{pod.metadata.namespace}/{pod.metadata.name}",
+                                status=e.status)
+
+        threading.Thread(target=finish, name=f"terminate-{pod.metadata.name}", daemon=True).start()
+
+    def _kill(self, local: LocalPod, grace: float) -> None:
+        proc = local.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=max(0.1, grace))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            pass
+        log.info("container stopped", pod=f"{local.namespace}/{local.name}", code=proc.returncode)
