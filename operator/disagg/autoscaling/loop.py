@@ -1,0 +1,104 @@
+"""One pure step of the operator's closed loop: a Prometheus sample → scaling decisions, mode, status figures.
+
+The kopf timer (controller) does the I/O around it: runs :func:`queries.collect` off the event loop, calls
+:func:`step`, then writes replicas to the Deployments, the active mode to the router's ConfigMap and the result
+to status. Keeping this step pure makes the whole loop table-testable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..api.models import ActiveMode, DisaggregatedModelSpec, Mode, ObservedStatus
+from .mode import ModeSignals, ModeState, next_state
+from .policy import Decision, History, PoolSignals, Signals, decide
+from .queries import Sample
+
+
+@dataclass
+class LoopState:
+    """Per-model memory of the loop (kept by the operator in process; rebuilt empty after a restart)."""
+
+    history: History = field(default_factory=History)
+    mode: ModeState | None = None
+
+
+@dataclass(frozen=True)
+class PoolReplicas:
+    replicas: int
+    ready: int
+
+
+@dataclass(frozen=True)
+class StepResult:
+    decisions: dict[str, Decision]  # empty when autoscaling is disabled
+    mode: ModeState
+    mode_changed: bool
+    observed: ObservedStatus
+    slo_met: tuple[str, str, str]  # (status, reason, message) for the SLOMet condition
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000.0, 1)
+
+
+def observed(sample: Sample, time_iso: str) -> ObservedStatus:
+    g = sample.get
+    return ObservedStatus(
+        ttft_p95_ms=_ms(g("ttft_p95")), tpot_p95_ms=_ms(g("tpot_p95")),
+        goodput=None if g("goodput") is None else round(g("goodput"), 4),
+        prefill_queue_delay_p95_ms=_ms(g("prefill_queue_wait_p95")),
+        decode_active_sequences=g("decode_active_sequences"), kv_transfer_p95_ms=_ms(g("kv_transfer_p95")),
+        prefix_cache_hit_rate=None if g("prefix_cache_hit_rate") is None else round(g("prefix_cache_hit_rate"), 4),
+        time=time_iso,
+    )
+
+
+def slo_condition(spec: DisaggregatedModelSpec, sample: Sample, obs: ObservedStatus) -> tuple[str, str, str]:
+    if sample.error:
+        return "Unknown", "MetricsUnavailable", f"{sample.error}; holding replicas and mode"
+    breaches = []
+    if obs.ttft_p95_ms is not None and obs.ttft_p95_ms > spec.slo.ttft_p95_ms:
+        breaches.append(f"TTFT p95 {obs.ttft_p95_ms:.0f} ms > {spec.slo.ttft_p95_ms} ms")
+    if obs.tpot_p95_ms is not None and obs.tpot_p95_ms > spec.slo.tpot_p95_ms:
+        breaches.append(f"TPOT p95 {obs.tpot_p95_ms:.1f} ms > {spec.slo.tpot_p95_ms} ms")
+    if obs.goodput is not None and obs.goodput < spec.slo.goodput_target:
+        breaches.append(f"goodput {obs.goodput:.1%} < {spec.slo.goodput_target:.0%}")
+    if breaches:
+        return "False", "SLOBreached", "; ".join(breaches)
+    if obs.ttft_p95_ms is None and obs.tpot_p95_ms is None:
+        return "Unknown", "NoTraffic", "no requests in the window"
+    return "True", "SLOMet", (f"TTFT p95 {obs.ttft_p95_ms or 0:.0f} ms, TPOT p95 {obs.tpot_p95_ms or 0:.1f} ms, "
+                              f"goodput {'n/a' if obs.goodput is None else f'{obs.goodput:.1%}'}")
+
+
+def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: Sample, state: LoopState,
+         now: float, now_iso: str, current_mode: ActiveMode | None = None) -> StepResult:
+    g = sample.get
+    prefill, decode = pools["prefill"], pools["decode"]
+    obs = observed(sample, now_iso)
+
+    decisions: dict[str, Decision] = {}
+    if spec.autoscaling.enabled:
+        signals = Signals(
+            time=now, stale_reason=sample.error,
+            prefill=PoolSignals(prefill.replicas, prefill.ready, queue_wait_p95_ms=_ms(g("prefill_queue_wait_p95")),
+                                ttft_p95_ms=_ms(g("ttft_p95")), waiting_per_replica=g("prefill_waiting_per_replica")),
+            decode=PoolSignals(decode.replicas, decode.ready, tpot_p95_ms=_ms(g("tpot_p95")),
+                               running_per_replica=g("decode_running_per_replica"),
+                               kv_cache_usage=g("decode_kv_cache_usage")),
+        )
+        decisions = decide(spec, signals, state.history)
+
+    before = state.mode or ModeState(active=current_mode or ActiveMode.DISAGGREGATED, since=now,
+                                     reason="operator started")
+    mode_signals = ModeSignals(
+        time=now, kv_failure_rate=g("kv_failure_rate"), prefill_ready=prefill.ready,
+        prefill_desired=prefill.replicas, ttft_p95_ms=_ms(g("ttft_p95")), kv_transfer_p95_ms=_ms(g("kv_transfer_p95")),
+        # a pinned mode is applied whatever the metrics say; Auto needs evidence
+        stale_reason=sample.error if spec.mode == Mode.AUTO else None,
+    )
+    after = next_state(spec, before, mode_signals)
+    state.mode = after
+    return StepResult(decisions=decisions, mode=after, mode_changed=after.active != before.active,
+                      observed=obs, slo_met=slo_condition(spec, sample, obs))

@@ -1,0 +1,49 @@
+"""The loop's pure step: sample → decisions, mode and status figures."""
+
+from __future__ import annotations
+
+from disagg.api.models import ActiveMode, DisaggregatedModelSpec
+from disagg.autoscaling.loop import LoopState, PoolReplicas, step
+from disagg.autoscaling.queries import Sample
+
+
+def spec(**extra) -> DisaggregatedModelSpec:
+    return DisaggregatedModelSpec.model_validate({
+        "model": {"name": "m"}, "slo": {"ttftP95Ms": 1000, "tpotP95Ms": 50},
+        "autoscaling": {"enabled": True, "prometheus": {"url": "http://p:9090"}}, **extra})
+
+
+POOLS = {"prefill": PoolReplicas(2, 2), "decode": PoolReplicas(2, 2)}
+
+
+def test_long_prompts_scale_prefill_and_report_figures() -> None:
+    sample = Sample({"prefill_queue_wait_p95": 0.9, "ttft_p95": 1.5, "tpot_p95": 0.03, "goodput": 0.6,
+                     "decode_running_per_replica": 10, "targets_up": 5})
+    out = step(spec(), POOLS, sample, LoopState(), 0, "2026-11-29T00:00:00Z")
+    assert out.decisions["prefill"].desired > 2 and out.decisions["decode"].desired == 2
+    assert out.observed.ttft_p95_ms == 1500 and out.observed.goodput == 0.6
+    status, reason, message = out.slo_met
+    assert status == "False" and "TTFT p95 1500 ms > 1000 ms" in message and "goodput" in message
+
+
+def test_metrics_gap_holds_and_says_why() -> None:
+    out = step(spec(), POOLS, Sample({}, error="Prometheus query ttft_p95 failed: ConnectionError"), LoopState(),
+               0, "t")
+    assert all(not d.changed for d in out.decisions.values())
+    assert out.slo_met[0] == "Unknown" and "ConnectionError" in out.slo_met[2]
+    assert out.mode.active == ActiveMode.DISAGGREGATED and not out.mode_changed
+
+
+def test_kv_failures_flip_mode_then_pin_overrides() -> None:
+    state = LoopState()
+    bad = Sample({"kv_failure_rate": 0.5, "targets_up": 5})
+    out = step(spec(), POOLS, bad, state, 0, "t")
+    assert out.mode.active == ActiveMode.AGGREGATED and out.mode_changed
+    pinned = step(spec(mode="Disaggregated"), POOLS, bad, state, 10, "t")
+    assert pinned.mode.active == ActiveMode.DISAGGREGATED and "pinned" in pinned.mode.reason
+
+
+def test_autoscaling_disabled_still_observes() -> None:
+    s = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
+    out = step(s, POOLS, Sample({"ttft_p95": 0.2, "tpot_p95": 0.01, "targets_up": 1}), LoopState(), 0, "t")
+    assert out.decisions == {} and out.slo_met[0] == "True"
