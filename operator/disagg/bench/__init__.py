@@ -1,0 +1,1 @@
+"""Benchmarks and load generation (workload mixes, open-loop client, goodput)."""

@@ -1,0 +1,167 @@
+"""An open-loop load generator for OpenAI-compatible endpoints, measuring TTFT, TPOT and goodput per request.
+
+Requests are sent at their scheduled times whatever the server does (open loop: queueing shows up as latency,
+not as a lower offered load). With a time-scaled simulator, ``time_scale`` maps simulated seconds to wall seconds:
+arrivals are scheduled at ``at × time_scale`` and measured latencies are divided by it, so every figure is in
+simulated (GPU) time and compares directly with the SLOs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import aiohttp
+import orjson
+
+from .workload import Request
+
+
+@dataclass
+class Result:
+    id: str
+    cls: str
+    tenant: str
+    input_tokens: int
+    status: int = 0
+    error: str = ""
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    output_tokens: int = 0
+    decision: str = ""  # the router's x-disagg-decision header, when present
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and not self.error
+
+    def meets(self, ttft_slo_s: float, tpot_slo_s: float) -> bool:
+        return (self.ok and self.ttft_s is not None and self.ttft_s <= ttft_slo_s
+                and (self.tpot_s is None or self.tpot_s <= tpot_slo_s))
+
+
+async def _one(session: aiohttp.ClientSession, base_url: str, req: Request, time_scale: float,
+               timeout_s: float) -> Result:
+    res = Result(req.id, req.cls, req.tenant, req.input_tokens)
+    headers = {"X-Request-Id": req.id, "x-tenant-id": req.tenant, "Content-Type": "application/json"}
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    try:
+        async with session.post(base_url + req.path, data=orjson.dumps(req.body), headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            res.status = resp.status
+            res.decision = resp.headers.get("x-disagg-decision", "")
+            res.reason = resp.headers.get("x-disagg-reason", "")
+            if resp.status != 200:
+                res.error = (await resp.text())[:300]
+                return res
+            if req.stream:
+                buf = b""
+                async for chunk in resp.content.iter_any():
+                    buf += chunk
+                    while b"\n\n" in buf:
+                        event, buf = buf.split(b"\n\n", 1)
+                        if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                            continue
+                        data = orjson.loads(event[6:])
+                        if "error" in data:
+                            res.error = str(data["error"])[:300]
+                            continue
+                        n = _delta_tokens(data)
+                        if n:
+                            now = time.perf_counter()
+                            first = first or now
+                            last = now
+                            tokens += n
+                        usage = data.get("usage")
+                        if usage and usage.get("completion_tokens"):
+                            tokens = usage["completion_tokens"]
+            else:
+                data = orjson.loads(await resp.read())
+                first = last = time.perf_counter()
+                tokens = (data.get("usage") or {}).get("completion_tokens", 1)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        res.error = f"{type(e).__name__}: {e}"[:300]
+        return res
+    end = time.perf_counter()
+    res.output_tokens = tokens
+    res.e2e_s = (end - start) / time_scale
+    if first is not None:
+        res.ttft_s = (first - start) / time_scale
+        if tokens > 1 and last is not None and req.stream:
+            res.tpot_s = (last - first) / time_scale / (tokens - 1)
+    elif not res.error:
+        res.error = "no token received"
+    return res
+
+
+def _delta_tokens(data: dict) -> int:
+    n = 0
+    for choice in data.get("choices") or ():
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if text:
+            n += 1
+    return n
+
+
+async def run(base_url: str, requests: list[Request], *, time_scale: float = 1.0, timeout_s: float = 300.0,
+              concurrency_limit: int = 512, on_done: Callable[[Result], None] | None = None) -> list[Result]:
+    connector = aiohttp.TCPConnector(limit=concurrency_limit)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        t0 = time.perf_counter()
+
+        async def scheduled(req: Request) -> Result:
+            delay = req.at * time_scale - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            r = await _one(session, base_url, req, time_scale, timeout_s)
+            if on_done:
+                on_done(r)
+            return r
+
+        return list(await asyncio.gather(*(scheduled(r) for r in requests)))
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return None
+    k = max(0, min(len(vals) - 1, math.ceil(q * len(vals)) - 1))
+    return vals[k]
+
+
+@dataclass
+class Summary:
+    requests: int
+    errors: int
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p95_ms: float | None
+    goodput: float  # share of all requests meeting both SLOs
+    decisions: dict[str, int] = field(default_factory=dict)
+
+    def row(self) -> dict:
+        return self.__dict__
+
+
+def summarise(results: list[Result], ttft_slo_ms: float, tpot_slo_ms: float) -> Summary:
+    ok = [r for r in results if r.ok]
+    ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
+    decisions: dict[str, int] = {}
+    for r in results:
+        decisions[r.decision or "n/a"] = decisions.get(r.decision or "n/a", 0) + 1
+    met = sum(r.meets(ttft_slo_ms / 1000, tpot_slo_ms / 1000) for r in results)
+    return Summary(
+        requests=len(results), errors=len(results) - len(ok),
+        ttft_p50_ms=ms(percentile([r.ttft_s for r in ok], 0.5)), ttft_p95_ms=ms(percentile([r.ttft_s for r in ok], 0.95)),
+        tpot_p50_ms=ms(percentile([r.tpot_s for r in ok if r.tpot_s is not None], 0.5)),
+        tpot_p95_ms=ms(percentile([r.tpot_s for r in ok if r.tpot_s is not None], 0.95)),
+        goodput=round(met / len(results), 4) if results else 0.0, decisions=decisions,
+    )

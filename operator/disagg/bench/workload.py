@@ -1,0 +1,99 @@
+"""Workload mixes: long RAG prompts, short chats, long streams, several tenants.
+
+Deterministic for a seed: the same mix, rate and seed give the same requests in the same order. Prompt text is
+made of short English words, one token each for the simulator's tokenizer stand-in (and roughly one token each
+for real BPE tokenizers), so a prompt's length in tokens is its word count. RAG prompts share a per-corpus
+document prefix, as retrieval over a shared corpus does, so prefix caching has something to hit.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+_WORDS = ("cache", "token", "model", "batch", "query", "prompt", "vector", "decode", "stream", "policy", "router",
+          "tensor", "layer", "score", "index", "corpus", "answer", "cloud", "node", "pool", "queue", "shard")
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    name: str
+    weight: float
+    input_tokens: tuple[int, int]  # uniform range
+    output_tokens: tuple[int, int]
+    tenant: str = "default"
+    shared_prefix_tokens: int = 0  # tokens of a shared document prefix (prefix-cache friendly)
+    prefixes: int = 4  # distinct shared prefixes
+    stream: bool = True
+    chat: bool = True
+
+
+@dataclass(frozen=True)
+class Mix:
+    name: str
+    description: str
+    classes: tuple[RequestClass, ...]
+
+
+MIXES: dict[str, Mix] = {
+    "short-chat": Mix("short-chat", "interactive chat: short prompts, short answers", (
+        RequestClass("chat", 1.0, (64, 512), (32, 192), tenant="chat"),
+    )),
+    "long-rag": Mix("long-rag", "long-context RAG: 6–12k-token prompts with shared documents, medium answers", (
+        RequestClass("rag", 0.8, (6000, 12000), (128, 384), tenant="rag", shared_prefix_tokens=4000),
+        RequestClass("chat", 0.2, (64, 384), (64, 160), tenant="chat"),
+    )),
+    "mixed": Mix("mixed", "mixed: long RAG prompts next to short chats and long streams", (
+        RequestClass("rag", 0.3, (4000, 10000), (128, 256), tenant="rag", shared_prefix_tokens=3000),
+        RequestClass("chat", 0.45, (64, 512), (32, 192), tenant="chat"),
+        RequestClass("stream", 0.25, (128, 1024), (512, 1024), tenant="stream"),
+    )),
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    id: str
+    at: float  # seconds after the start
+    cls: str
+    tenant: str
+    input_tokens: int
+    max_tokens: int
+    stream: bool
+    body: dict = field(repr=False, default_factory=dict)
+    path: str = "/v1/chat/completions"
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return "".join(" " + rng.choice(_WORDS) for _ in range(n))
+
+
+def generate(mix: Mix, rate_per_s: float, duration_s: float, model: str, seed: int = 0) -> list[Request]:
+    """Poisson arrivals at ``rate_per_s`` for ``duration_s`` seconds."""
+    rng = random.Random(seed)
+    prefixes = {c.name: [_words(random.Random(f"{mix.name}-{c.name}-{i}"), c.shared_prefix_tokens)
+                         for i in range(c.prefixes)] for c in mix.classes if c.shared_prefix_tokens}
+    weights = [c.weight for c in mix.classes]
+    out: list[Request] = []
+    t, i = 0.0, 0
+    while True:
+        t += rng.expovariate(rate_per_s)
+        if t >= duration_s:
+            return out
+        c = rng.choices(mix.classes, weights)[0]
+        n_in = rng.randint(*c.input_tokens)
+        n_out = rng.randint(*c.output_tokens)
+        prefix = rng.choice(prefixes[c.name]) if c.name in prefixes else ""
+        text = prefix + _words(rng, max(1, n_in - c.shared_prefix_tokens))
+        rid = f"{mix.name}-{seed}-{i:05d}"
+        body: dict = {"model": model, "max_tokens": n_out, "stream": c.stream, "ignore_eos": True}
+        if c.stream:
+            body["stream_options"] = {"include_usage": True}
+        if c.chat:
+            body["messages"] = [{"role": "user", "content": text}]
+            path = "/v1/chat/completions"
+        else:
+            body["prompt"] = text
+            path = "/v1/completions"
+        out.append(Request(rid, t, c.name, c.tenant, n_in, n_out, c.stream, body, path))
+        i += 1
