@@ -19,26 +19,29 @@ SUBCOMMAND_MODULES = (
 )
 
 DEFAULT_CRD_PATH = Path("crds/disaggregatedmodels.yaml")
+CHART_CRD_PATH = Path("charts/disagg-operator/crds/disaggregatedmodels.yaml")
 
 
 def _cmd_crds(args: argparse.Namespace) -> int:
     from .api.crd import render_crd_yaml
 
     text = render_crd_yaml()
-    out: Path = args.out
-    if args.check:
-        current = out.read_text() if out.exists() else ""
-        if current != text:
-            print(f"{out} is out of date with operator/disagg/api/models.py: run `disagg crds`", file=sys.stderr)
-            return 1
-        print(f"{out} is up to date")
-        return 0
-    if str(out) == "-":
+    if str(args.out) == "-":
         sys.stdout.write(text)
         return 0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(f"wrote {out}")
+    # the chart ships a byte-identical copy when the default output is used
+    outs = [args.out] + ([CHART_CRD_PATH] if args.out == DEFAULT_CRD_PATH and CHART_CRD_PATH.parent.is_dir() else [])
+    if args.check:
+        stale = [o for o in outs if (o.read_text() if o.exists() else "") != text]
+        for o in stale:
+            print(f"{o} is out of date with operator/disagg/api/models.py: run `disagg crds`", file=sys.stderr)
+        if not stale:
+            print(", ".join(map(str, outs)) + " up to date")
+        return 1 if stale else 0
+    for o in outs:
+        o.parent.mkdir(parents=True, exist_ok=True)
+        o.write_text(text)
+        print(f"wrote {o}")
     return 0
 
 

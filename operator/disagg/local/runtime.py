@@ -10,7 +10,8 @@ It registers one Node, binds unscheduled Pods to it, and runs each Pod's first c
 - ConfigMap volumes are written under a per-pod root and kept in sync; paths in args that start with a mount
   path are rewritten to that root;
 - pod phase, IP, container state and the Ready condition (from the readiness probe, HTTP GET on the pod IP) are
-  written back to the Pod status, so EndpointSlices, router discovery and Ready conditions work;
+  written back to the Pod status, so Deployment status, router discovery (it watches Pods) and Ready conditions
+  work (EndpointSlices stay empty: the apiserver refuses loopback endpoint addresses);
 - a Pod being deleted gets SIGTERM, then SIGKILL after its grace period, and is then removed; an exited process is
   restarted (restartPolicy Always) with a restart count.
 

@@ -1,0 +1,85 @@
+"""Wiring: config watcher + workers (static flags or pod discovery) + Router + aiohttp server, until SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from .. import logs
+from .config import ConfigWatcher
+from .load import WorkerSet, parse_worker_arg
+from .policy import Tuning
+from .server import Router, RouterOptions
+
+log = logs.get("disagg.router")
+
+
+@dataclass
+class RouterApp:
+    router: Router
+    host: str
+    port: int
+    discovery_args: dict | None = None
+    shutdown_grace: float = 30.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "RouterApp":
+        watcher = ConfigWatcher(args.config, interval=args.config_poll_seconds)
+        workers = WorkerSet()
+        static = bool(args.prefill or args.decode or args.aggregated)
+        if static:
+            for role, values in (("prefill", args.prefill), ("decode", args.decode),
+                                 ("aggregated", args.aggregated)):
+                workers.set_pool(role, [parse_worker_arg(v) for v in values])
+        opts = RouterOptions(
+            max_body_bytes=args.max_body_bytes, chars_per_token=args.chars_per_token,
+            scrape_interval=args.scrape_interval, client_write_timeout=args.client_write_timeout,
+            tuning=Tuning(decode_pressure_kv_usage=args.decode_pressure_kv_usage,
+                          decode_pressure_running=args.decode_pressure_running),
+            tokenize=getattr(args, "tokenize", None),
+        )
+        discovery = None
+        if not static:
+            discovery = {"namespace": args.namespace, "model": args.model_name, "kubeconfig": args.kubeconfig}
+        return cls(Router(watcher, workers, opts), args.host, args.port, discovery)
+
+    def _start_discovery(self) -> None:
+        from ..kube import api_client
+        from .discovery import PodDiscovery, model_name_from_config
+
+        d = self.discovery_args or {}
+        cfg = self.router.config
+        model = d.get("model") or model_name_from_config(cfg)
+        if not model:
+            raise SystemExit("disagg router: cluster mode needs --model-name or `pools` services in the config")
+        ports = {role: getattr(cfg.pools, role).port if getattr(cfg.pools, role) else 8000
+                 for role in ("prefill", "decode", "aggregated")}
+        disc = PodDiscovery(self.router.workers, d["namespace"], model, ports, asyncio.get_running_loop(),
+                            api_client(d.get("kubeconfig")))
+        disc.start()
+        log.info("discovery_started", namespace=d["namespace"], model=model)
+
+    async def serve_forever(self) -> None:
+        runner = web.AppRunner(self.router.app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, backlog=2048, shutdown_timeout=self.shutdown_grace)
+        await site.start()
+        if self.discovery_args is not None:
+            self._start_discovery()
+        log.info("router_listening", host=self.host, port=self.port,
+                 workers={r: [w.url for w in self.router.workers.pools[r].values()] for r in WorkerSet.ROLES},
+                 mode=self.router.config.effective_mode().value)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # pragma: no cover
+                pass
+        await stop.wait()
+        log.info("router_stopping")
+        await runner.cleanup()

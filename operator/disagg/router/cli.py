@@ -1,0 +1,85 @@
+"""``disagg router``: the data-plane router (argument definitions only; heavy imports in the handler)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..api.contract import ROUTER_PORT
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "router",
+        help="OpenAI-compatible router: per-request remote/local prefill with fallbacks",
+        description="Local mode: --prefill/--decode URLs (URL or URL#compat-hash). Cluster mode (neither given): "
+        "discover ready worker pods of the pools named in the config's `pools` in $POD_NAMESPACE.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a pod)")
+    p.add_argument("--port", type=int, default=ROUTER_PORT, help="listen port")
+    p.add_argument("--config", help="RouterConfig YAML (the operator's ConfigMap key router.yaml); "
+                   "reloaded on change")
+    p.add_argument("--prefill", nargs="+", default=[], metavar="URL", help="prefill worker base URLs")
+    p.add_argument("--decode", nargs="+", default=[], metavar="URL", help="decode worker base URLs")
+    p.add_argument("--aggregated", nargs="+", default=[], metavar="URL",
+                   help="aggregated workers (serve mode Aggregated and fallbacks when present)")
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"),
+                   help="cluster mode: namespace of the worker pods (default $POD_NAMESPACE)")
+    p.add_argument("--model-name", default=os.environ.get("DISAGG_MODEL_NAME"),
+                   help="cluster mode: the DisaggregatedModel's name (default: from the config's pool Services)")
+    p.add_argument("--kubeconfig", default=None, help="cluster mode: kubeconfig (default in-cluster, then ~/.kube)")
+    p.add_argument("--config-poll-seconds", type=float, default=1.0, help="how often --config is checked")
+    p.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between worker /metrics scrapes")
+    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="largest request body accepted")
+    p.add_argument("--chars-per-token", type=float, default=4.0,
+                   help="input-token estimate for text prompts (bytes per token)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json for exact input-token counts (needs the `tokenizers` package)")
+    p.add_argument("--client-write-timeout", type=float, default=30.0,
+                   help="drop a streaming client that does not accept data for this many seconds")
+    p.add_argument("--decode-pressure-kv-usage", type=float, default=0.5,
+                   help="requireDecodePoolPressure: a decode worker is under pressure at this KV-cache usage")
+    p.add_argument("--decode-pressure-running", type=int, default=8,
+                   help="… or with this many running + waiting sequences")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=_cmd_router)
+
+
+def _tokenizer(path: str):
+    from tokenizers import Tokenizer  # optional dependency
+
+    tok = Tokenizer.from_file(path)
+    return lambda text: len(tok.encode(text, add_special_tokens=False).ids)
+
+
+def _cmd_router(args: argparse.Namespace) -> int:
+    import asyncio
+    import sys
+
+    from .. import logs
+    from .app import RouterApp
+
+    logs.configure(args.log_level)
+    if not (args.prefill or args.decode or args.aggregated) and not args.namespace:
+        print("disagg router: give --prefill/--decode URLs (local mode) or run in a pod with POD_NAMESPACE "
+              "(cluster mode)", file=sys.stderr)
+        return 2
+    if args.tokenizer:
+        try:
+            args.tokenize = _tokenizer(args.tokenizer)
+        except ImportError:
+            print("disagg router: --tokenizer needs the `tokenizers` package", file=sys.stderr)
+            return 2
+    else:
+        args.tokenize = None
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    try:
+        runner(RouterApp.from_args(args).serve_forever())
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -1,0 +1,202 @@
+"""Workers the router knows, their load (router in-flight counts + scraped vLLM metrics), and estimates.
+
+Estimates (docs/router.md):
+
+* prefill queue wait of a worker = max(the router's own backlog on it, other clients' queue) where
+  backlog: a virtual "busy until" clock, pushed forward by tokens × seconds-per-token for every prefill leg sent
+  and reset when the worker has no leg of ours in flight; other clients' queue: vllm:num_requests_waiting ×
+  average prompt tokens × seconds-per-token. Seconds per prompt token: the router's own observation (EWMA of
+  prefill-leg time ÷ tokens ahead and own), else Δ vllm:request_prefill_time_seconds_sum ÷
+  Δ vllm:request_prompt_tokens_sum between scrapes (EWMA), else a prior (0.1 ms).
+* per-worker averages of vLLM histograms (queue time, prefill time, NIXL transfer/post time, TPOT) from
+  Δsum / Δcount between scrapes, kept until the next scrape with new observations.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .policy import WorkerLoad
+
+GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+HISTOGRAMS = (
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:nixl_xfer_time_seconds",
+    "vllm:nixl_post_time_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:request_time_per_output_token_seconds",
+)
+_WANTED = {*GAUGES, *(h + s for h in HISTOGRAMS for s in ("_sum", "_count"))}
+DEFAULT_SEC_PER_PROMPT_TOKEN = 0.0001  # 0.1 ms/token (≈10k tokens/s) until measured
+EWMA_ALPHA = 0.3
+
+
+def parse_prometheus(text: str, wanted: set[str] = _WANTED) -> dict[str, float]:
+    """Sum of the samples of the wanted metric names (over all label sets). Tolerant of anything else."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if space < 0:
+            continue
+        if 0 <= brace < space:
+            name = line[:brace]
+            end = line.rfind("}")
+            rest = line[end + 1:].split()
+        else:
+            name = line[:space]
+            rest = line[space + 1:].split()
+        if name not in wanted or not rest:
+            continue
+        try:
+            v = float(rest[0])
+        except ValueError:
+            continue
+        if math.isfinite(v):
+            out[name] = out.get(name, 0.0) + v
+    return out
+
+
+def _ewma(old: float | None, new: float, alpha: float = EWMA_ALPHA) -> float:
+    return new if old is None else old + alpha * (new - old)
+
+
+@dataclass
+class Worker:
+    url: str
+    role: str  # prefill | decode | aggregated
+    compat: str = ""
+    inflight: int = 0
+    inflight_tokens: int = 0
+    down_until: float = 0.0  # passive health: skipped until then (monotonic), or until a scrape succeeds
+    scraped: dict[str, float] = field(default_factory=dict)
+    scraped_at: float = 0.0
+    avg: dict[str, float] = field(default_factory=dict)  # histogram name → recent average
+    sec_per_token: float | None = None  # prefill seconds per prompt token (scraped)
+    observed_sec_per_token: float | None = None  # from the router's own prefill legs
+    avg_prompt_tokens: float | None = None
+    busy_until: float = 0.0  # monotonic time the router's own prefill backlog on this worker should clear
+
+    @property
+    def up(self) -> bool:
+        return self.down_until <= time.monotonic()
+
+    def update_scrape(self, values: dict[str, float]) -> None:
+        prev = self.scraped
+        for h in HISTOGRAMS:
+            s, c = values.get(h + "_sum"), values.get(h + "_count")
+            ps, pc = prev.get(h + "_sum"), prev.get(h + "_count")
+            if s is None or c is None or ps is None or pc is None:
+                continue
+            dc, ds = c - pc, s - ps
+            if dc > 0 and ds >= 0:
+                self.avg[h] = ds / dc
+        pt_s, pt_c = values.get("vllm:request_prompt_tokens_sum"), values.get("vllm:request_prompt_tokens_count")
+        pf = values.get("vllm:request_prefill_time_seconds_sum")
+        if prev and pt_s is not None and pf is not None:
+            dtok = pt_s - prev.get("vllm:request_prompt_tokens_sum", pt_s)
+            dtime = pf - prev.get("vllm:request_prefill_time_seconds_sum", pf)
+            if dtok > 0 and dtime > 0:
+                self.sec_per_token = _ewma(self.sec_per_token, dtime / dtok)
+        if pt_s and pt_c:
+            self.avg_prompt_tokens = pt_s / pt_c
+        self.scraped = values
+        self.scraped_at = time.monotonic()
+        self.down_until = 0.0
+
+    def observe_prefill_leg(self, seconds: float, tokens_ahead_and_own: int) -> None:
+        if tokens_ahead_and_own > 0 and seconds > 0:
+            self.observed_sec_per_token = _ewma(self.observed_sec_per_token, seconds / tokens_ahead_and_own)
+
+    def spt(self) -> float:
+        return self.observed_sec_per_token or self.sec_per_token or DEFAULT_SEC_PER_PROMPT_TOKEN
+
+    def prefill_started(self, tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.busy_until = max(now, self.busy_until) + tokens * self.spt()
+
+    def prefill_ended(self, others_in_flight: int, now: float | None = None) -> None:
+        if others_in_flight <= 0:
+            self.busy_until = min(self.busy_until, time.monotonic() if now is None else now)
+
+    def est_prefill_wait_s(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        others = self.scraped.get("vllm:num_requests_waiting", 0.0) * (self.avg_prompt_tokens or 0.0) * self.spt()
+        return max(self.busy_until - now, others, 0.0)
+
+    def load(self, prefix_tokens: int = 0) -> WorkerLoad:
+        running = self.scraped.get("vllm:num_requests_running", 0.0)
+        return WorkerLoad(
+            url=self.url, compat=self.compat, inflight=self.inflight,
+            est_wait_ms=self.est_prefill_wait_s() * 1000.0 if self.role == "prefill" else 0.0,
+            running=max(running, float(self.inflight)) if self.scraped else float(self.inflight),
+            waiting=self.scraped.get("vllm:num_requests_waiting", 0.0),
+            kv_usage=self.scraped.get("vllm:kv_cache_usage_perc", 0.0),
+            prefix_tokens=prefix_tokens,
+        )
+
+
+class WorkerSet:
+    """The workers of each pool. Updated by static flags or discovery; stats survive updates."""
+
+    ROLES = ("prefill", "decode", "aggregated")
+
+    def __init__(self) -> None:
+        self.pools: dict[str, dict[str, Worker]] = {r: {} for r in self.ROLES}
+
+    def set_pool(self, role: str, endpoints: Iterable[tuple[str, str]]) -> None:
+        old = self.pools[role]
+        new: dict[str, Worker] = {}
+        for url, compat in endpoints:
+            w = old.get(url) or Worker(url=url, role=role)
+            w.compat = compat
+            new[url] = w
+        self.pools[role] = new
+
+    def get(self, url: str) -> Worker | None:
+        for pool in self.pools.values():
+            if url in pool:
+                return pool[url]
+        return None
+
+    def ready(self, role: str) -> list[Worker]:
+        """Workers of the pool not marked down. For decode/aggregated, when all are marked down, all of them
+        (the mark is advisory: trying a worker beats refusing the request; prefill has the local path)."""
+        up = [w for w in self.pools[role].values() if w.up]
+        if not up and role != "prefill":
+            return list(self.pools[role].values())
+        return up
+
+    def all(self) -> list[Worker]:
+        return [w for pool in self.pools.values() for w in pool.values()]
+
+
+class TenantStats:
+    """Observed average output tokens per tenant (EWMA), for requests without max_tokens."""
+
+    def __init__(self) -> None:
+        self.avg: dict[str, float] = {}
+
+    def observe(self, tenant: str, output_tokens: int) -> None:
+        self.avg[tenant] = _ewma(self.avg.get(tenant), float(output_tokens), 0.1)
+
+    def get(self, tenant: str) -> float | None:
+        return self.avg.get(tenant)
+
+
+def parse_worker_arg(value: str) -> tuple[str, str]:
+    """``URL`` or ``URL#compat-hash`` → (base URL without trailing slash, compat hash or "")."""
+    url, _, compat = value.partition("#")
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    return url, compat.strip()

@@ -1,0 +1,64 @@
+"""The router's Prometheus metrics (prefix ``disagg_``), in their own registry (one per router instance).
+
+Phase histograms carry ``path`` (remote | local | fallback) and ``tenant`` (a configured tenant name or
+``default``: bounded by the config). docs/router.md says which phase the router measures and which it derives
+from the workers' own vLLM metrics.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Latency buckets from 1 ms to 120 s (phases span sub-millisecond relays to multi-second prefills).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0,
+                   3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+                0.3, 0.5, 0.75, 1.0, 2.5)
+
+PHASES = {
+    "request_queue_wait": "Time a request waits in the router before its first upstream request is sent.",
+    "prefill_compute": "Remote path: prefill leg round trip minus the prefill worker's queue wait "
+                       "(vllm:request_queue_time_seconds average of that worker).",
+    "kv_cache_pack": "Remote path: KV-transfer post/prepare time on the decode worker "
+                     "(vllm:nixl_post_time_seconds average of that worker).",
+    "kv_cache_transfer": "Remote path: KV-cache transfer time (vllm:nixl_xfer_time_seconds average of the decode "
+                         "worker), capped at the decode leg's time to first byte.",
+    "kv_cache_unpack": "Remote path: decode leg time to first byte not explained by decode queue, pack, transfer "
+                       "and one decode step (derived; 0 when fully explained).",
+    "decode_queue_wait": "Time the request waits on the decode worker before it is scheduled "
+                         "(vllm:request_queue_time_seconds average of that worker, capped at time to first byte).",
+    "first_token_emit": "Time to first token (TTFT) as the client sees it: request received to first token relayed.",
+    "per_token_decode": "Time per output token (TPOT) after the first, as relayed to the client.",
+}
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.phase: dict[str, Histogram] = {}
+        for name, doc in PHASES.items():
+            self.phase[name] = Histogram(
+                f"disagg_{name}_seconds", doc, ["path", "tenant"], registry=r,
+                buckets=TPOT_BUCKETS if name == "per_token_decode" else LATENCY_BUCKETS)
+        self.decisions = Counter("disagg_routing_decisions", "Routing decisions by decision and reason.",
+                                 ["decision", "reason"], registry=r)
+        self.fallbacks = Counter("disagg_fallbacks", "Requests that left their chosen path, by cause.",
+                                 ["cause"], registry=r)
+        self.requests = Counter("disagg_requests", "Requests by outcome (ok, client_error, upstream_error, "
+                                "rejected, cancelled).", ["outcome", "path"], registry=r)
+        self.slo_requests = Counter("disagg_slo_requests", "Successful requests evaluated against the SLOs.",
+                                    ["tenant"], registry=r)
+        self.slo_met = Counter("disagg_slo_met_requests", "Requests that met both the TTFT and TPOT SLOs (goodput).",
+                               ["tenant"], registry=r)
+        self.inflight = Gauge("disagg_inflight_requests", "Requests in flight from this router, per pool.",
+                              ["pool"], registry=r)
+        self.workers = Gauge("disagg_workers", "Ready workers known to the router, per pool.", ["pool"], registry=r)
+        self.prefill_wait_estimate = Gauge(
+            "disagg_prefill_queue_wait_estimate_seconds", "The router's current lowest estimated prefill-queue wait.",
+            registry=r)
+        self.config_reloads = Counter("disagg_config_reloads", "Router config reloads by result.", ["result"],
+                                      registry=r)
+        for pool in ("prefill", "decode", "aggregated"):
+            self.inflight.labels(pool)
+            self.workers.labels(pool)

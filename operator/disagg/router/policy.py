@@ -1,0 +1,249 @@
+"""The per-request decision: remote prefill, local prefill, or reject. PURE: request features + load snapshot +
+config → Decision (with a reason). No I/O, no clocks, no randomness (the canary slice is a hash of the request id).
+
+Rule order (first match wins; docs/router.md has the table):
+
+ 1. mode Aggregated (RouterConfig.effective_mode())                    → local  mode_aggregated
+    (on the aggregated pool when it has workers, else a decode worker)
+ 2. no decode worker at all                                              → reject no_decode_worker (503)
+ 3. tenant disaggregation Never                                          → local  tenant_never
+ 4. canary: tenant / endpoint / input length / traffic percent           → local  canary_excluded
+ 5. bucket prefill Local                                                 → local  bucket_local
+ 6. tenant Always / bucket Remote                                        → remote candidate (skip 7–11)
+ 7. input ≤ localPrefill.maxInputTokens                                  → local  short_prompt
+ 8. prefix hit: chosen decode worker holds the prefix and the uncached
+    suffix ≤ localPrefill.maxInputTokens (preferWhenPrefixCacheHit)      → local  prefix_cache_hit
+ 9. input < remotePrefill.minInputTokens                                 → local  below_remote_threshold
+10. expected output < minExpectedOutputTokens                            → local  short_output
+11. requireDecodePoolPressure, chosen decode worker not under pressure   → local  no_decode_pressure
+12. no ready prefill worker / none with a decode worker's compat hash    → local  no_prefill_worker|no_compatible_pair
+13. est. prefill queue wait > maxPrefillQueueWaitMs: onPrefillQueueOverload
+        LocalPrefill → local  prefill_queue_overload
+        Queue        → remote prefill_queue_overload_queued
+        Reject       → reject prefill_queue_overload (429)
+14. otherwise                                                            → remote policy|tenant_always|bucket_remote
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..api.contract import RouterConfig
+from ..api.models import ActiveMode, PromptBucket, TenantPolicy
+
+DecisionKind = Literal["remote", "local", "reject"]
+DEFAULT_TENANT = "default"
+
+
+@dataclass(frozen=True)
+class RequestFeatures:
+    request_id: str
+    endpoint: str  # /v1/completions | /v1/chat/completions
+    input_tokens: int
+    max_tokens: int | None = None  # what the client asked for, if anything
+    tenant: str | None = None  # TenantPolicy.name, None when no tenant matched
+    canary_fraction: float = 0.0  # features.request_hash_fraction(request_id)
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    url: str
+    compat: str = ""
+    inflight: int = 0  # router's own in-flight requests on this worker
+    est_wait_ms: float = 0.0  # prefill workers: estimated queue wait for a new prefill
+    running: float = 0.0  # vllm:num_requests_running (scraped), or the router's count if higher
+    waiting: float = 0.0  # vllm:num_requests_waiting (scraped)
+    kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
+    prefix_tokens: int = 0  # decode workers: tokens of this prompt's prefix the router thinks it holds
+
+
+@dataclass(frozen=True)
+class LoadSnapshot:
+    prefill: tuple[WorkerLoad, ...] = ()
+    decode: tuple[WorkerLoad, ...] = ()
+    aggregated: tuple[WorkerLoad, ...] = ()  # optional aggregated pool: serves mode Aggregated when present
+    tenant_avg_output_tokens: float | None = None  # observed average output of this request's tenant
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Router knobs outside the API (CLI flags), with defaults."""
+
+    decode_pressure_kv_usage: float = 0.5  # decode worker under pressure at this KV-cache usage …
+    decode_pressure_running: int = 8  # … or this many running + waiting sequences
+    prefix_affinity_slack: int = 4  # prefer the prefix-holding decode worker unless it has this many more in flight
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision: DecisionKind
+    reason: str
+    decode: str | None = None  # decode worker URL (both paths)
+    prefill: str | None = None  # prefill worker URL (remote only)
+    tenant: str = DEFAULT_TENANT
+    bucket: str | None = None
+    est_prefill_wait_ms: float | None = None
+    prefix_tokens: int = 0
+    status: int = 200  # HTTP status for reject
+    # Decode worker choice for a local path if the remote decision must fall back (compat group may differ).
+    local_decode: str | None = None
+    detail: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EffectivePolicy:
+    min_input_tokens: int
+    max_prefill_queue_wait_ms: int
+    min_expected_output_tokens: int
+    require_decode_pool_pressure: bool
+    local_max_input_tokens: int
+    prefer_when_prefix_cache_hit: bool
+
+
+def effective_policy(cfg: RouterConfig, tenant: TenantPolicy | None) -> EffectivePolicy:
+    r, lp = cfg.routing.remote_prefill, cfg.routing.local_prefill
+    ro = tenant.remote_prefill if tenant and tenant.remote_prefill else None
+    lo = tenant.local_prefill if tenant and tenant.local_prefill else None
+
+    def pick(override, name, base):
+        v = getattr(override, name) if override is not None else None
+        return getattr(base, name) if v is None else v
+
+    return EffectivePolicy(
+        min_input_tokens=pick(ro, "min_input_tokens", r),
+        max_prefill_queue_wait_ms=pick(ro, "max_prefill_queue_wait_ms", r),
+        min_expected_output_tokens=pick(ro, "min_expected_output_tokens", r),
+        require_decode_pool_pressure=pick(ro, "require_decode_pool_pressure", r),
+        local_max_input_tokens=pick(lo, "max_input_tokens", lp),
+        prefer_when_prefix_cache_hit=pick(lo, "prefer_when_prefix_cache_hit", lp),
+    )
+
+
+def find_bucket(cfg: RouterConfig, input_tokens: int) -> PromptBucket | None:
+    for b in cfg.routing.buckets:
+        if input_tokens >= b.min_input_tokens and (b.max_input_tokens is None or input_tokens < b.max_input_tokens):
+            return b
+    return None
+
+
+def find_tenant(cfg: RouterConfig, name: str | None) -> TenantPolicy | None:
+    if name is None:
+        return None
+    return next((t for t in cfg.routing.tenants if t.name == name), None)
+
+
+def in_canary(cfg: RouterConfig, f: RequestFeatures) -> bool:
+    c = cfg.rollout.canary
+    if c.tenants and (f.tenant or DEFAULT_TENANT) not in c.tenants:
+        return False
+    if c.endpoints and f.endpoint not in c.endpoints:
+        return False
+    if f.input_tokens < c.input_tokens_gte:
+        return False
+    return f.canary_fraction * 100.0 < c.traffic_percent
+
+
+def _decode_load(w: WorkerLoad) -> float:
+    return max(float(w.inflight), w.running + w.waiting)
+
+
+def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = Tuning()) -> WorkerLoad | None:
+    """Least loaded decode worker; the one holding the longest prefix wins unless it is `slack` busier."""
+    if not workers:
+        return None
+    least = min(workers, key=lambda w: (_decode_load(w), w.kv_usage, w.url))
+    best_prefix = max(workers, key=lambda w: (w.prefix_tokens, -_decode_load(w), w.url))
+    slack = tuning.prefix_affinity_slack
+    if best_prefix.prefix_tokens > 0 and _decode_load(best_prefix) <= _decode_load(least) + slack:
+        return best_prefix
+    return least
+
+
+def choose_prefill(workers: tuple[WorkerLoad, ...], compat: str | None) -> WorkerLoad | None:
+    """Least estimated queue wait among prefill workers with the given compat hash (None: any)."""
+    pool = [w for w in workers if compat is None or w.compat == compat]
+    if not pool:
+        return None
+    return min(pool, key=lambda w: (w.est_wait_ms, w.inflight, w.url))
+
+
+def under_pressure(w: WorkerLoad, tuning: Tuning) -> bool:
+    return w.kv_usage >= tuning.decode_pressure_kv_usage or _decode_load(w) >= tuning.decode_pressure_running
+
+
+def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning = Tuning()) -> Decision:
+    tenant = find_tenant(cfg, f.tenant)
+    tname = tenant.name if tenant else DEFAULT_TENANT
+    bucket = find_bucket(cfg, f.input_tokens)
+    bname = bucket.name if bucket else None
+    local_d = choose_decode(snap.decode, tuning) or choose_decode(snap.aggregated, tuning)
+
+    def local(reason: str, **detail) -> Decision:
+        return Decision("local", reason, decode=local_d.url if local_d else None, tenant=tname, bucket=bname,
+                        prefix_tokens=local_d.prefix_tokens if local_d else 0,
+                        local_decode=local_d.url if local_d else None, detail=detail)
+
+    if cfg.effective_mode() == ActiveMode.AGGREGATED:
+        agg = choose_decode(snap.aggregated, tuning) if snap.aggregated else local_d
+        if agg is None:
+            return Decision("reject", "no_decode_worker", tenant=tname, bucket=bname, status=503)
+        return Decision("local", "mode_aggregated", decode=agg.url, tenant=tname, bucket=bname,
+                        prefix_tokens=agg.prefix_tokens, local_decode=agg.url)
+    if local_d is None:
+        return Decision("reject", "no_decode_worker", tenant=tname, bucket=bname, status=503)
+    if tenant is not None and tenant.disaggregation == "Never":
+        return local("tenant_never")
+    if not in_canary(cfg, f):
+        return local("canary_excluded")
+    if bucket is not None and bucket.prefill == "Local":
+        return local("bucket_local")
+
+    pol = effective_policy(cfg, tenant)
+    forced = None
+    if tenant is not None and tenant.disaggregation == "Always":
+        forced = "tenant_always"
+    elif bucket is not None and bucket.prefill == "Remote":
+        forced = "bucket_remote"
+
+    if forced is None:
+        if f.input_tokens <= pol.local_max_input_tokens:
+            return local("short_prompt")
+        if (pol.prefer_when_prefix_cache_hit and local_d.prefix_tokens > 0
+                and f.input_tokens - local_d.prefix_tokens <= pol.local_max_input_tokens):
+            return local("prefix_cache_hit", prefix_tokens=local_d.prefix_tokens)
+        if f.input_tokens < pol.min_input_tokens:
+            return local("below_remote_threshold")
+        expected = f.max_tokens if f.max_tokens is not None else snap.tenant_avg_output_tokens
+        if expected is not None and expected < pol.min_expected_output_tokens:
+            return local("short_output", expected_output_tokens=expected)
+
+    # Remote candidate: a decode worker that has a compatible prefill worker.
+    compat_groups = {w.compat for w in snap.prefill}
+    if not snap.prefill:
+        return local("no_prefill_worker")
+    remote_decodes = tuple(w for w in snap.decode if w.compat in compat_groups)
+    d = choose_decode(remote_decodes, tuning)
+    if d is None:
+        return local("no_compatible_pair")
+    if forced is None and pol.require_decode_pool_pressure and not under_pressure(d, tuning):
+        return local("no_decode_pressure")
+    p = choose_prefill(snap.prefill, d.compat)
+    assert p is not None
+    reason = forced or "policy"
+
+    def remote(reason: str) -> Decision:
+        return Decision("remote", reason, decode=d.url, prefill=p.url, tenant=tname, bucket=bname,
+                        est_prefill_wait_ms=p.est_wait_ms, prefix_tokens=d.prefix_tokens,
+                        local_decode=local_d.url)
+
+    if p.est_wait_ms > pol.max_prefill_queue_wait_ms:
+        action = cfg.routing.fallback.on_prefill_queue_overload
+        if action == "Queue":
+            return remote("prefill_queue_overload_queued")
+        if action == "Reject":
+            return Decision("reject", "prefill_queue_overload", tenant=tname, bucket=bname,
+                            est_prefill_wait_ms=p.est_wait_ms, status=429)
+        d2 = local("prefill_queue_overload")
+        return Decision(**{**d2.__dict__, "est_prefill_wait_ms": p.est_wait_ms})
+    return remote(reason)

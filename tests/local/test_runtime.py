@@ -1,0 +1,92 @@
+"""The local pod runtime runs Deployments' pods as processes with their own loopback IPs, reports readiness,
+restarts crashed containers and stops processes on scale-down.
+
+(EndpointSlices stay empty locally: the apiserver refuses loopback endpoint addresses. The router discovers
+workers from Pods — their IP, Ready condition and compat-hash label — so it works the same here and in a
+cluster.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.request
+
+import pytest
+from kubernetes import client
+
+from disagg.local.runtime import LocalRuntime
+
+
+def _deployment(name: str, replicas: int) -> dict:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels},
+            "spec": {"terminationGracePeriodSeconds": 5, "containers": [{
+                "name": "vllm", "image": "vllm/vllm-openai:v0.11.2", "command": ["vllm", "serve"],
+                "args": ["meta-llama/Llama-3.1-8B-Instruct", "--port", "8000", "--served-model-name", "$(MODEL_NAME)",
+                         "--time-scale", "0.05"],
+                "env": [{"name": "MODEL_NAME", "value": "llama"},
+                        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "ports": [{"name": "http", "containerPort": 8000}],
+                "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
+            }]}}}}
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def runtime(control_plane, kube, namespace):
+    rt = LocalRuntime(kube, control_plane.kubeconfig, namespaces=[namespace], poll_seconds=0.3)
+    rt.start()
+    yield rt
+    rt.stop()
+
+
+def test_deployment_pods_run_with_their_own_ips(kube, namespace, runtime) -> None:
+    apps, core = client.AppsV1Api(kube), client.CoreV1Api(kube)
+    apps.create_namespaced_deployment(namespace, _deployment("w", 2))
+
+    def ready_pods():
+        pods = core.list_namespaced_pod(namespace, label_selector="app=w").items
+        ok = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        return ok if len(ok) == 2 else None
+
+    pods = _wait(ready_pods, 60, "2 ready pods")
+    ips = {p.status.pod_ip for p in pods}
+    assert len(ips) == 2 and all(ip.startswith("127.0.") for ip in ips)
+    for ip in ips:  # each pod's process serves vLLM's API on its own IP, same port
+        with urllib.request.urlopen(f"http://{ip}:8000/v1/models", timeout=5) as r:
+            assert b'"llama"' in r.read()
+
+    # a crashed container is restarted
+    victim = pods[0]
+    local = next(lp for lp in runtime.pods.values() if lp.name == victim.metadata.name)
+    os.killpg(local.proc.pid, signal.SIGKILL)
+
+    def restarted():
+        p = core.read_namespaced_pod(victim.metadata.name, namespace)
+        cs = p.status.container_statuses or []
+        return cs and cs[0].restart_count >= 1 and cs[0].ready
+
+    _wait(restarted, 60, "restart of the killed container")
+
+    # scale down: the process of the removed pod stops
+    procs = {lp.name: lp.proc for lp in runtime.pods.values()}
+    apps.patch_namespaced_deployment_scale("w", namespace, {"spec": {"replicas": 1}})
+
+    def one_left():
+        pods = core.list_namespaced_pod(namespace, label_selector="app=w").items
+        return len(pods) == 1 and sum(p.poll() is None for p in procs.values()) == 1
+
+    _wait(one_left, 60, "scale-down to 1 pod and 1 process")

@@ -1,0 +1,350 @@
+"""Fixtures for the router tests.
+
+* ``FakeWorker``: a tiny in-process aiohttp stand-in for a vLLM worker that speaks the NixlConnector proxy
+  protocol (prefill answers with opaque kv_transfer_params, decode streams tokens) and records what it got,
+  with simple faults. For fast proxy tests only; the end-to-end tests use real ``disagg sim`` processes.
+* ``router_factory``: an in-process Router (disagg.router.server) on a free loopback port.
+* ``free_port``, ``wait_http``: helpers for subprocess tests (poll with deadlines, never sleep as sync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from disagg.api.contract import RouterConfig
+from disagg.router.config import ConfigWatcher
+from disagg.router.load import WorkerSet
+from disagg.router.server import Router, RouterOptions
+
+OPAQUE_KV = {
+    "do_remote_prefill": True,
+    "do_remote_decode": False,
+    "remote_block_ids": [3, 1, 4, 1, 5],
+    "remote_engine_id": "engine-7f",
+    "remote_host": "10.0.0.7",
+    "remote_port": 5600,
+    "tp_size": 1,
+    "future_field": {"nested": [1, {"x": None}]},
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0, proc=None) -> None:
+    """Poll ``url`` until it answers 200, with a deadline; fail early if ``proc`` exited."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except Exception as e:  # noqa: BLE001
+            last = e
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not healthy after {timeout}s: {last}")
+
+
+@dataclass
+class FakeWorker:
+    role: str  # prefill | decode
+    tokens: int = 5
+    token_delay: float = 0.0
+    fault: str | None = None  # None | "500" | "400" | "hang" | "drop" | "no_kv"
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    cancelled: int = 0
+    completed: int = 0
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    async def start(self) -> "FakeWorker":
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, handler_cancellation=True)
+        await self._runner.setup()
+        port = free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._runner:
+            await self._runner.cleanup()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text="# HELP vllm:num_requests_waiting x\n"
+                                 "vllm:num_requests_waiting{model_name=\"m\"} 0\n"
+                                 "vllm:num_requests_running{model_name=\"m\"} 0\n")
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.requests.append({"path": request.path, "body": body, "headers": headers})
+        if self.fault == "500":
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        if self.fault == "400":
+            return web.json_response({"error": {"message": "bad", "code": 400}}, status=400)
+        if self.fault == "drop":
+            request.transport.close()
+            await asyncio.sleep(10)
+        try:
+            if self.fault == "hang":
+                await asyncio.sleep(3600)
+            chat = request.path.endswith("chat/completions")
+            if self.role == "prefill":
+                out: dict[str, Any] = {"id": "cmpl-p", "choices": [{"index": 0, "text": "x"}],
+                                       "usage": {"prompt_tokens": 10, "completion_tokens": 1}}
+                if self.fault != "no_kv":
+                    out["kv_transfer_params"] = OPAQUE_KV
+                self.completed += 1
+                return web.json_response(out)
+            n = body.get("max_tokens") or self.tokens
+            n = min(n, self.tokens)
+            if not body.get("stream"):
+                await asyncio.sleep(self.token_delay * n)
+                self.completed += 1
+                key = "message" if chat else "text"
+                return web.json_response({"id": "cmpl-d", "choices": [{"index": 0, key: " tok" * n}],
+                                          "usage": {"prompt_tokens": 10, "completion_tokens": n}})
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for i in range(n):
+                await asyncio.sleep(self.token_delay)
+                ev = {"id": "cmpl-d", "choices": [{"index": 0, "text": f" t{i}"}]}
+                await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            self.completed += 1
+            return resp
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+@pytest.fixture
+async def fake_workers() -> AsyncIterator[Any]:
+    started: list[FakeWorker] = []
+
+    async def make(role: str, **kw: Any) -> FakeWorker:
+        w = await FakeWorker(role=role, **kw).start()
+        started.append(w)
+        return w
+
+    yield make
+    for w in started:
+        await w.stop()
+
+
+@dataclass
+class RunningRouter:
+    router: Router
+    url: str
+    session: aiohttp.ClientSession
+
+    def set_config(self, cfg: RouterConfig) -> None:
+        self.router.watcher.config = cfg
+
+    async def post(self, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+        async with self.session.post(self.url + path, data=data, headers=headers or {}) as r:
+            return r.status, await r.read()
+
+    async def metrics(self) -> str:
+        async with self.session.get(self.url + "/metrics") as r:
+            return await r.text()
+
+
+@pytest.fixture
+async def router_factory() -> AsyncIterator[Any]:
+    runners: list[web.AppRunner] = []
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def make(prefill: list[str] = (), decode: list[str] = (), aggregated: list[str] = (),
+                   config: RouterConfig | None = None, **opts: Any) -> RunningRouter:
+        from disagg.router.load import parse_worker_arg
+
+        ws = WorkerSet()
+        ws.set_pool("prefill", [parse_worker_arg(u) for u in prefill])
+        ws.set_pool("decode", [parse_worker_arg(u) for u in decode])
+        ws.set_pool("aggregated", [parse_worker_arg(u) for u in aggregated])
+        router = Router(ConfigWatcher(None, initial=config or RouterConfig()), ws,
+                        RouterOptions(**{"scrape_interval": 0.2, **opts}))
+        runner = web.AppRunner(router.app(), handler_cancellation=True)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        s = aiohttp.ClientSession()
+        sessions.append(s)
+        return RunningRouter(router, f"http://127.0.0.1:{port}", s)
+
+    yield make
+    for s in sessions:
+        await s.close()
+    for r in runners:
+        await r.cleanup()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels`` (Prometheus text format)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, lab = head.partition("{")
+        if metric != name:
+            continue
+        if all(f'{k}="{v}"' in lab for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+@pytest.fixture
+def metric():
+    return metric_value
+
+
+@pytest.fixture
+def opaque_kv() -> dict[str, Any]:
+    return json.loads(json.dumps(OPAQUE_KV))
+
+
+@pytest.fixture(name="free_port")
+def free_port_fixture():
+    return free_port
+
+
+@pytest.fixture(name="wait_http")
+def wait_http_fixture():
+    return wait_http
+
+
+
+# ------------------------------------------------------------------------------ real processes (sims, router)
+
+SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+SIM_TIME_SCALE = "0.05"
+
+
+@dataclass
+class Proc:
+    proc: Any
+    url: str
+    log_path: Any
+    side_port: int = 0
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+class ProcessStack:
+    """Real `disagg sim` workers and `disagg router` processes on free loopback ports; all stopped at teardown."""
+
+    def __init__(self, tmp) -> None:
+        self.tmp = tmp
+        self.procs: list[Proc] = []
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], url: str, side_port: int = 0) -> Proc:
+        import os
+        import subprocess
+
+        log_path = self.tmp / f"{name}.log"
+        with open(log_path, "wb") as f:
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
+        p = Proc(proc, url, log_path, side_port)
+        self.procs.append(p)
+        return p
+
+    def sim(self, role: str, *extra: str, wait: bool = True) -> Proc:
+        import sys
+
+        port, side = free_port(), free_port()
+        kv = {"kv_connector": "NixlConnector",
+              "kv_role": {"prefill": "kv_producer", "decode": "kv_consumer"}[role],
+              "kv_load_failure_policy": "recompute"}
+        argv = [sys.executable, "-m", "disagg.sim", SIM_MODEL, "--host", "127.0.0.1", "--port", str(port),
+                "--time-scale", SIM_TIME_SCALE, "--kv-transfer-config", json.dumps(kv), *extra]
+        p = self._spawn(f"sim-{role}-{port}", argv, {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                                                     "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
+                        f"http://127.0.0.1:{port}", side)
+        if wait:
+            self.wait(p)
+        return p
+
+    def router(self, prefill: list[str], decode: list[str], config_path=None, *extra: str, wait: bool = True) -> Proc:
+        import sys
+        from pathlib import Path
+
+        port = free_port()
+        argv = [str(Path(sys.executable).with_name("disagg")), "router", "--port", str(port),
+                "--scrape-interval", "0.25", "--config-poll-seconds", "0.1", *extra]
+        if prefill:
+            argv += ["--prefill", *prefill]
+        if decode:
+            argv += ["--decode", *decode]
+        if config_path is not None:
+            argv += ["--config", str(config_path)]
+        p = self._spawn(f"router-{port}", argv, {}, f"http://127.0.0.1:{port}")
+        if wait:
+            self.wait(p)
+        return p
+
+    def wait(self, p: Proc, timeout: float = 30.0) -> None:
+        try:
+            wait_http(p.url + "/health", timeout, p.proc)
+        except Exception as e:
+            raise AssertionError(f"{p.url} did not come up: {e}\n{p.log()[-3000:]}") from None
+
+    def stop_all(self) -> None:
+        import subprocess
+
+        for p in self.procs:
+            if p.alive():
+                p.proc.terminate()
+        for p in self.procs:
+            try:
+                p.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.proc.kill()
+                p.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory):
+    stack = ProcessStack(tmp_path_factory.mktemp("router-procs"))
+    try:
+        yield stack
+    finally:
+        stack.stop_all()

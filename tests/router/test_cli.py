@@ -1,0 +1,106 @@
+"""`disagg router` as a process: flags, config reload without dropping requests, JSON log lines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+LONG = "The quick brown fox jumps over the lazy dog. " * 400
+DISAGG = str(Path(sys.executable).with_name("disagg"))
+
+
+async def wait_health(session: aiohttp.ClientSession, url: str, proc: subprocess.Popen, timeout: float = 20) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"router exited with {proc.returncode}"
+        try:
+            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
+                if r.status == 200:
+                    return await r.json()
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{url}/health")
+
+
+async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
+    p, d = await fake_workers("prefill"), await fake_workers("decode", tokens=3, token_delay=0.05)
+    conf = tmp_path / "router.yaml"
+    conf.write_text(yaml.safe_dump({"model": "", "mode": "Auto",
+                                    "routing": {"remotePrefill": {"minInputTokens": 2048}}}))
+    port = free_port()
+    log = (tmp_path / "router.log").open("w")
+    proc = subprocess.Popen([DISAGG, "router", "--port", str(port), "--prefill", p.url + "#h1",
+                             "--decode", d.url + "#h1", "--config", str(conf), "--config-poll-seconds", "0.1"],
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            h = await wait_health(s, url, proc)
+            assert h["workers"] == {"prefill": 1, "decode": 1, "aggregated": 0}
+            body = {"prompt": LONG, "max_tokens": 200, "stream": True}
+
+            async def one() -> int:
+                async with s.post(url + "/v1/completions", json=body) as r:
+                    data = await r.read()
+                    assert data.endswith(b"data: [DONE]\n\n")
+                    return r.status
+
+            # requests in flight while the config flips to Aggregated: none is dropped
+            first = asyncio.gather(*(one() for _ in range(4)))
+            await asyncio.sleep(0)
+            conf.write_text(yaml.safe_dump({"mode": "Aggregated"}))
+            deadline = time.monotonic() + 10
+            while (await wait_health(s, url, proc))["mode"] != "Aggregated":
+                assert time.monotonic() < deadline, "config not reloaded"
+                await asyncio.sleep(0.05)
+            assert await first == [200] * 4
+            n_prefill = len(p.requests)
+            assert await one() == 200
+            assert len(p.requests) == n_prefill  # aggregated: no remote prefill
+
+            # a broken file keeps the last good config
+            conf.write_text("mode: [not, a, mode")
+            deadline = time.monotonic() + 10
+            while True:
+                async with s.get(url + "/metrics") as r:
+                    text = await r.text()
+                if 'disagg_config_reloads_total{result="error"} 1.0' in text:
+                    break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            assert (await wait_health(s, url, proc))["mode"] == "Aggregated"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    lines = [json.loads(line) for line in (tmp_path / "router.log").read_text().splitlines() if line.startswith("{")]
+    reqs = [x for x in lines if x.get("event") == "request"]
+    assert len(reqs) == 5
+    for x in reqs:
+        assert {"request_id", "tenant", "decision", "reason", "prefill_worker", "decode_worker", "timings_ms",
+                "outcome", "path"} <= x.keys()
+        assert x["outcome"] == "ok"
+    assert reqs[-1]["reason"] == "mode_aggregated"
+    assert any(x["decision"] == "remote" and x["prefill_worker"] == p.url for x in reqs)
+    assert any(x.get("event") == "config_reloaded" for x in lines)
+    assert proc.returncode == 0
+
+
+def test_router_needs_workers_or_namespace():
+    env = {k: v for k, v in os.environ.items() if k != "POD_NAMESPACE"}
+    r = subprocess.run([DISAGG, "router", "--port", "0"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 2 and "--prefill" in r.stderr

@@ -1,0 +1,262 @@
+"""End to end against real processes: `disagg sim` prefill + decode workers and a `disagg router`, on loopback.
+
+One stack per module (1 prefill, 2 decode sims, 1 router with a --config file); each test restores the config
+and the faults it changes. Assertions use deltas of the sims' and the router's metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+BASE_CONFIG: dict[str, Any] = {"model": MODEL, "mode": "Auto", "transferTimeoutMs": 10000}
+
+
+def long_prompt(tag: str = "", words: int = 3000) -> str:
+    """A unique prompt of ≈ `words` sim tokens (≈ 1.5 × words estimated router tokens): > minInputTokens."""
+    tag = tag or uuid.uuid4().hex
+    return f"[{tag}] " + " ".join(f"word{i % 97}" for i in range(words))
+
+
+@pytest.fixture(scope="module")
+def stack(processes, tmp_path_factory):
+    conf = tmp_path_factory.mktemp("router-conf") / "router.yaml"
+    conf.write_text(yaml.safe_dump(BASE_CONFIG))
+    p = processes.sim("prefill")
+    d1, d2 = processes.sim("decode"), processes.sim("decode")
+    r = processes.router([p.url], [d1.url, d2.url], conf)
+    return {"prefill": p, "decode": [d1, d2], "router": r, "config": conf, "processes": processes}
+
+
+class Client:
+    def __init__(self, stack: dict, session: aiohttp.ClientSession) -> None:
+        self.s = stack
+        self.session = session
+        self.url = stack["router"].url
+
+    async def complete(self, body: dict, path: str = "/v1/completions", headers: dict | None = None
+                       ) -> tuple[int, bytes]:
+        async with self.session.post(self.url + path, json={"model": MODEL, **body}, headers=headers or {}) as r:
+            return r.status, await r.read()
+
+    async def get_json(self, url: str) -> Any:
+        async with self.session.get(url) as r:
+            return await r.json(content_type=None)
+
+    async def text(self, url: str) -> str:
+        async with self.session.get(url) as r:
+            return await r.text()
+
+    async def sim_state(self, sim) -> dict:
+        return await self.get_json(sim.url + "/sim/state")
+
+    async def faults(self, sim, **faults: Any) -> None:
+        async with self.session.post(sim.url + "/sim/faults", json=faults) as r:
+            assert r.status == 200, await r.text()
+
+    async def config(self, **cfg: Any) -> None:
+        """Write the router config (BASE_CONFIG + cfg) and wait until the router has loaded it."""
+        before = (await self.get_json(self.url + "/health"))["config_generation"]
+        self.s["config"].write_text(yaml.safe_dump({**BASE_CONFIG, **cfg}))
+        deadline = time.monotonic() + 10
+        while (await self.get_json(self.url + "/health"))["config_generation"] == before:
+            assert time.monotonic() < deadline, "router did not reload its config"
+            await asyncio.sleep(0.05)
+
+    async def decode_totals(self) -> dict[str, float]:
+        out = {"computed": 0.0, "transfers_ok": 0.0, "recomputed": 0.0}
+        for d in self.s["decode"]:
+            st = await self.sim_state(d)
+            out["computed"] += st["computed_prompt_tokens"]
+            out["transfers_ok"] += st["kv_transfer"]["transfers_ok"]
+            out["recomputed"] += st["kv_transfer"]["recomputed"]
+        return out
+
+
+@pytest.fixture
+async def client(stack, metric):
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+        c = Client(stack, s)
+
+        async def router_metric(name: str, **labels: str) -> float:
+            return metric(await c.text(c.url + "/metrics"), name, **labels)
+
+        c.router_metric = router_metric  # type: ignore[method-assign]
+        yield c
+        # restore
+        if yaml.safe_load(stack["config"].read_text()) != BASE_CONFIG:
+            await c.config()
+        for sim in [stack["prefill"], *stack["decode"]]:
+            if sim.alive():
+                await c.faults(sim, kv_transfer_fail_rate=0.0, kv_transfer_delay_ms=0.0, prefill_error_rate=0.0,
+                               error_rate=0.0, prefill_stall_ms=0.0)
+
+
+async def test_long_prompt_goes_remote_without_reprefill(client, stack):
+    before_d = await client.decode_totals()
+    before_p = (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"]
+    remote0 = await client.router_metric("disagg_routing_decisions_total", decision="remote")
+    status, out = await client.complete({"prompt": long_prompt(words=3000), "max_tokens": 150})
+    assert status == 200, out
+    body = json.loads(out)
+    assert body["usage"]["completion_tokens"] == 150 and body["usage"]["prompt_tokens"] > 3000
+    after_d = await client.decode_totals()
+    after_p = (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"]
+    assert await client.router_metric("disagg_routing_decisions_total", decision="remote") == remote0 + 1
+    assert after_p - before_p > 3000  # the prefill worker computed the prompt
+    # the decode worker pulled the KV with the prefill's (verbatim) kv_transfer_params and did not re-prefill
+    assert after_d["transfers_ok"] == before_d["transfers_ok"] + 1
+    assert after_d["recomputed"] == before_d["recomputed"]
+    assert after_d["computed"] - before_d["computed"] < 32
+
+
+async def test_short_prompt_stays_local(client, stack):
+    before_p = (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"]
+    before_d = await client.decode_totals()
+    status, out = await client.complete({"prompt": "Say hello in five words.", "max_tokens": 20})
+    assert status == 200 and json.loads(out)["usage"]["completion_tokens"] == 20
+    assert (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"] == before_p
+    after_d = await client.decode_totals()
+    assert after_d["transfers_ok"] == before_d["transfers_ok"] and after_d["computed"] > before_d["computed"]
+    assert await client.router_metric("disagg_routing_decisions_total", decision="local", reason="short_prompt") >= 1
+
+
+async def test_streaming_chat_relayed_and_phase_metrics(client, stack):
+    async def one() -> list[bytes]:
+        body = {"messages": [{"role": "user", "content": long_prompt(words=2500)}], "max_tokens": 130,
+                "stream": True, "stream_options": {"include_usage": True}}
+        status, raw = await client.complete(body, "/v1/chat/completions")
+        assert status == 200
+        return [e for e in raw.split(b"\n\n") if e]
+
+    events = await one()
+    assert events[-1] == b"data: [DONE]"
+    chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text and chunks[-1]["usage"]["completion_tokens"] == 130
+    assert await client.router_metric("disagg_first_token_emit_seconds_count", path="remote") >= 1
+    assert await client.router_metric("disagg_per_token_decode_seconds_count", path="remote") >= 1
+    # phases measured inside vLLM come from the workers' metrics once the router has scraped them
+    deadline = time.monotonic() + 20
+    while await client.router_metric("disagg_kv_cache_transfer_seconds_count", path="remote") == 0:
+        assert time.monotonic() < deadline, "no kv transfer phase observed"
+        await one()
+    m = await client.text(client.url + "/metrics")
+    for name in ("request_queue_wait", "prefill_compute", "kv_cache_pack", "kv_cache_transfer", "kv_cache_unpack",
+                 "decode_queue_wait", "first_token_emit", "per_token_decode"):
+        assert f"# TYPE disagg_{name}_seconds histogram" in m
+    for name in ("disagg_routing_decisions_total", "disagg_fallbacks_total", "disagg_requests_total",
+                 "disagg_slo_requests_total", "disagg_slo_met_requests_total", "disagg_inflight_requests"):
+        assert f"# TYPE {name.removesuffix('_total')}" in m
+    assert await client.router_metric("disagg_slo_requests_total") >= 2
+
+
+async def test_prefill_faults_fall_back_with_zero_client_errors(client, stack):
+    await client.faults(stack["prefill"], error_rate=1.0)
+    fb0 = await client.router_metric("disagg_fallbacks_total", cause="prefill_error")
+    ov0 = await client.router_metric("disagg_routing_decisions_total", reason="prefill_queue_overload")
+    results = await asyncio.gather(*(client.complete({"prompt": long_prompt(words=2500), "max_tokens": 128,
+                                                      "stream": i % 2 == 0}) for i in range(8)))
+    assert [s for s, _ in results] == [200] * 8
+    assert all(out.endswith(b"data: [DONE]\n\n") for s, out in results[::2])
+    fb = await client.router_metric("disagg_fallbacks_total", cause="prefill_error") - fb0
+    # concurrent long prompts may also find the prefill queue estimate over maxPrefillQueueWaitMs (→ local)
+    ov = await client.router_metric("disagg_routing_decisions_total", reason="prefill_queue_overload") - ov0
+    assert fb >= 1 and fb + ov == 8
+    assert await client.router_metric("disagg_requests_total", outcome="ok", path="fallback") >= fb
+
+
+async def test_slow_kv_transfer_times_out_to_local(client, stack):
+    await client.config(transferTimeoutMs=300)
+    for d in stack["decode"]:
+        await client.faults(d, kv_transfer_delay_ms=60_000)  # 60 simulated s = 3 wall s at time-scale 0.05
+    before = await client.router_metric("disagg_fallbacks_total", cause="kv_transfer_timeout")
+    t = time.monotonic()
+    status, out = await client.complete({"prompt": long_prompt(words=2500), "max_tokens": 128, "stream": True})
+    assert status == 200 and out.endswith(b"data: [DONE]\n\n")
+    assert time.monotonic() - t < 2.5  # did not wait for the slow transfer
+    assert await client.router_metric("disagg_fallbacks_total", cause="kv_transfer_timeout") == before + 1
+
+
+async def test_config_mode_flip_is_immediate(client, stack):
+    await client.config(mode="Aggregated")
+    before_p = (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"]
+    status, _ = await client.complete({"prompt": long_prompt(), "max_tokens": 128})
+    assert status == 200
+    assert (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"] == before_p
+    assert await client.router_metric("disagg_routing_decisions_total", reason="mode_aggregated") >= 1
+    await client.config(activeMode="Aggregated")  # the operator's Auto flip works the same way
+    status, _ = await client.complete({"prompt": long_prompt(), "max_tokens": 128})
+    assert status == 200 and (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"] == before_p
+
+
+async def test_prefix_hit_goes_local_on_the_same_decode_worker(client, stack, metric):
+    prompt = long_prompt(words=3000)
+    status, _ = await client.complete({"prompt": prompt, "max_tokens": 128})
+    assert status == 200
+    hits0 = await client.router_metric("disagg_routing_decisions_total", reason="prefix_cache_hit")
+
+    async def cache_hits() -> float:
+        return sum([metric(await client.text(d.url + "/metrics"), "vllm:prefix_cache_hits_total")
+                    for d in stack["decode"]])
+
+    cached0 = await cache_hits()
+    before_p = (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"]
+    status, _ = await client.complete({"prompt": prompt + " Now answer briefly please.", "max_tokens": 128})
+    assert status == 200
+    assert await client.router_metric("disagg_routing_decisions_total", reason="prefix_cache_hit") == hits0 + 1
+    assert (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"] == before_p
+    # the decode sim served the prefix from its cache (the KV it received for the first request)
+    assert await cache_hits() - cached0 > 2000
+
+
+async def test_tenant_never_and_canary_percent(client, stack):
+    await client.config(routing={"tenants": [{"name": "chat", "match": {"values": ["chat"]},
+                                              "disaggregation": "Never"}]},
+                        rollout={"canary": {"trafficPercent": 30}})
+    status, _ = await client.complete({"prompt": long_prompt(), "max_tokens": 128}, headers={"x-tenant-id": "chat"})
+    assert status == 200
+    assert await client.router_metric("disagg_routing_decisions_total", reason="tenant_never") >= 1
+
+    remote0 = await client.router_metric("disagg_routing_decisions_total", decision="remote")
+    canary0 = await client.router_metric("disagg_routing_decisions_total", reason="canary_excluded")
+    n = 40
+    sem = asyncio.Semaphore(10)
+
+    async def one(i: int) -> int:
+        async with sem:
+            return (await client.complete({"prompt": long_prompt(words=1500), "max_tokens": 128}))[0]
+
+    assert await asyncio.gather(*(one(i) for i in range(n))) == [200] * n
+    remote = await client.router_metric("disagg_routing_decisions_total", decision="remote") - remote0
+    excluded = await client.router_metric("disagg_routing_decisions_total", reason="canary_excluded") - canary0
+    assert remote + excluded == n
+    assert 3 <= remote <= 22  # 30 % of 40 = 12, sd ≈ 2.9: a ±3 sd band
+
+
+async def test_prefill_sim_killed_zero_client_errors(client, stack, metric):
+    processes = stack["processes"]
+    p2 = processes.sim("prefill")
+    r2 = processes.router([p2.url], [d.url for d in stack["decode"]], None)
+    p2.proc.kill()
+    p2.proc.wait()
+    async with aiohttp.ClientSession() as s:
+        async def one(i: int) -> int:
+            body = {"model": MODEL, "prompt": long_prompt(words=2500), "max_tokens": 128, "stream": i % 2 == 0}
+            async with s.post(r2.url + "/v1/completions", json=body) as resp:
+                await resp.read()
+                return resp.status
+
+        assert await asyncio.gather(*(one(i) for i in range(6))) == [200] * 6
+        async with s.get(r2.url + "/metrics") as resp:
+            m = await resp.text()
+    assert metric(m, "disagg_requests_total", outcome="ok") == 6
+    assert metric(m, "disagg_requests_total") == 6
