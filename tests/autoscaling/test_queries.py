@@ -70,8 +70,8 @@ def test_collect_reads_the_named_series(prometheus) -> None:
     server = _text_exporter(registry)
     port = server.server_address[1]
     try:
-        base = {"namespace": "ns", "disagg_model": "m"}
-        prometheus.set_targets([Target(f"127.0.0.1:{port}", {**base, "disagg_role": "decode"})])
+        base = {"namespace": "ns", "model": "m"}
+        prometheus.set_targets([Target(f"127.0.0.1:{port}", {**base, "role": "decode"})])
         query = connect(prometheus.url)
         deadline = time.monotonic() + 30
         sample = collect(query, "ns", "m", spec)

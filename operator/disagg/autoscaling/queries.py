@@ -3,7 +3,7 @@
 Every series is selected by the labels the scrape configuration attaches to a model's pods (the chart's
 PodMonitor/ServiceMonitor relabelings; the local demo's file_sd labels):
 
-    namespace="<ns>", disagg_model="<DisaggregatedModel name>", disagg_role="prefill|decode|aggregated|router"
+    namespace="<ns>", disagg_model="<DisaggregatedModel name>", role="prefill|decode|aggregated|router"
 
 docs/autoscaling.md lists each query with its meaning. Queries run through prometheus-api-client (sync, with
 retries), off the event loop.
@@ -22,7 +22,7 @@ from ..api.models import DisaggregatedModelSpec
 # name -> (PromQL template, description). {sel} is the model selector; {w} the window.
 QUERIES: dict[str, tuple[str, str]] = {
     "prefill_queue_wait_p95": (
-        'histogram_quantile(0.95, sum by (le) (rate(vllm:request_queue_time_seconds_bucket{{{sel},disagg_role="prefill"}}[{w}])))',
+        'histogram_quantile(0.95, sum by (le) (rate(vllm:request_queue_time_seconds_bucket{{{sel},role="prefill"}}[{w}])))',
         "p95 time requests wait in the prefill workers' queues (vLLM's own histogram), seconds",
     ),
     "ttft_p95": (
@@ -30,7 +30,7 @@ QUERIES: dict[str, tuple[str, str]] = {
         "p95 time to first token as clients see it (router), seconds",
     ),
     "prefill_waiting_per_replica": (
-        'avg(vllm:num_requests_waiting{{{sel},disagg_role="prefill"}})',
+        'avg(vllm:num_requests_waiting{{{sel},role="prefill"}})',
         "requests waiting per prefill worker",
     ),
     "tpot_p95": (
@@ -38,15 +38,15 @@ QUERIES: dict[str, tuple[str, str]] = {
         "p95 time per output token as clients see it (router), seconds",
     ),
     "decode_running_per_replica": (
-        'avg(vllm:num_requests_running{{{sel},disagg_role="decode"}})',
+        'avg(vllm:num_requests_running{{{sel},role="decode"}})',
         "sequences running per decode worker",
     ),
     "decode_kv_cache_usage": (
-        'avg(vllm:kv_cache_usage_perc{{{sel},disagg_role="decode"}})',
+        'avg(vllm:kv_cache_usage_perc{{{sel},role="decode"}})',
         "KV-cache usage of the decode workers, 0..1",
     ),
     "decode_active_sequences": (
-        'sum(vllm:num_requests_running{{{sel},disagg_role="decode"}})',
+        'sum(vllm:num_requests_running{{{sel},role="decode"}})',
         "sequences running on the decode pool",
     ),
     "kv_transfer_p95": (
@@ -54,7 +54,8 @@ QUERIES: dict[str, tuple[str, str]] = {
         "p95 KV-cache transfer time on the remote path (router, from the decode workers' NIXL metrics), seconds",
     ),
     "kv_failure_rate": (
-        "sum(rate(disagg_fallbacks_total{{{sel}}}[{w}])) / sum(rate(disagg_routing_decisions_total{{{sel},decision=\"remote\"}}[{w}]))",
+        'sum(rate(disagg_fallbacks_total{{{sel},cause=~"prefill_.*|kv_transfer_.*|decode_rejected"}}[{w}])) / '
+        'sum(rate(disagg_routing_decisions_total{{{sel},decision="remote"}}[{w}]))',
         "share of remote-prefill requests that fell back (prefill-leg or KV-transfer failure or timeout)",
     ),
     "goodput": (
@@ -62,8 +63,8 @@ QUERIES: dict[str, tuple[str, str]] = {
         "share of requests meeting both the TTFT and TPOT SLOs",
     ),
     "prefix_cache_hit_rate": (
-        'sum(rate(vllm:prefix_cache_hits_total{{{sel},disagg_role="decode"}}[{w}])) / '
-        'sum(rate(vllm:prefix_cache_queries_total{{{sel},disagg_role="decode"}}[{w}]))',
+        'sum(rate(vllm:prefix_cache_hits_total{{{sel},role="decode"}}[{w}])) / '
+        'sum(rate(vllm:prefix_cache_queries_total{{{sel},role="decode"}}[{w}]))',
         "prefix-cache hit rate of the decode pool (tokens)",
     ),
     "targets_up": (
@@ -74,7 +75,7 @@ QUERIES: dict[str, tuple[str, str]] = {
 
 
 def selector(namespace: str, model: str) -> str:
-    return f'namespace="{namespace}",disagg_model="{model}"'
+    return f'namespace="{namespace}",model="{model}"'
 
 
 def render(name: str, namespace: str, model: str, window_seconds: int) -> str:
