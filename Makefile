@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane prometheus crds test test-fast demo lint clean
+.PHONY: help setup control-plane prometheus crds test test-fast demo bench-sim lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -38,6 +38,9 @@ test-fast: setup
 
 demo: setup control-plane prometheus
 	$(BIN)/disagg demo
+
+bench-sim: setup
+	$(BIN)/python -m disagg.sim.bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

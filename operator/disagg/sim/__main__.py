@@ -1,0 +1,7 @@
+"""``python -m disagg.sim ARGS`` == ``disagg sim ARGS``."""
+
+import sys
+
+from .main import run
+
+sys.exit(run(sys.argv[1:]))

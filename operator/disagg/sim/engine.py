@@ -1,0 +1,466 @@
+"""The simulated engine: an asyncio task that advances simulated time one step at a time.
+
+Each iteration asks the scheduler for a batch, prices it with the roofline (perf.py), sleeps
+``step × time_scale`` wall seconds, and applies the step: tokens go to the requests' queues, metrics
+are observed in simulated seconds. KV pulls (decode side) and the side-channel server (prefill side) run
+beside the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import logs
+from .config import SimConfig
+from .kv import BlockPool
+from .metrics import Metrics, Registry
+from .nixl import PullOutcome, SideChannelClient, SideChannelServer, compat_hash
+from .perf import PerfModel, SeqWork
+from .presets import human_bytes
+from .scheduler import Request, Scheduler, SchedulerStats, Status
+
+log = logs.get("disagg.sim.engine")
+
+# How far the engine's own timeline may run behind the wall-derived clock before it jumps forward: 25 ms of
+# simulated time, or 20 ms of wall time, whichever is more (see docs/simulator.md, "Time").
+MAX_CLOCK_LAG_S = 0.025
+MAX_CLOCK_LAG_WALL_S = 0.020
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class SimClock:
+    """Simulated seconds since start = wall seconds since start ÷ time_scale."""
+
+    def __init__(self, time_scale: float) -> None:
+        self.scale = time_scale
+        self.wall0 = time.monotonic()
+
+    def now(self) -> float:
+        return (time.monotonic() - self.wall0) / self.scale
+
+    async def sleep_until(self, t: float) -> None:
+        d = (t - self.now()) * self.scale
+        if d > 0:
+            await asyncio.sleep(d)
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds * self.scale)
+
+
+@dataclass(eq=False)
+class ReqCtx:
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    max_tokens_param: int | None = None
+    kv_params_out: dict[str, Any] | None = None
+    error: str | None = None
+    xfer_s: float | None = None
+    last_ts: float = 0.0
+    engine: Any = None  # the Engine (data-parallel rank) serving the request
+
+
+def _kv_dtype_bytes(cfg: SimConfig) -> float:
+    return 1.0 if cfg.kv_cache_dtype.startswith("fp8") else 2.0
+
+
+def build_perf(cfg: SimConfig) -> PerfModel:
+    fp8 = (cfg.quantization or "").lower() in ("fp8", "modelopt", "fbgemm_fp8", "compressed-tensors")
+    return PerfModel(cfg.gpu, cfg.model_preset, cfg.tp, cfg.pp, weight_bytes=1.0 if fp8 else 2.0,
+                     kv_bytes=_kv_dtype_bytes(cfg), fp8_compute=fp8)
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig, metrics: Metrics | None = None, *, dp_rank: int = 0,
+                 clock: SimClock | None = None, shared: Registry | None = None) -> None:
+        self.cfg = cfg
+        self.dp_rank = dp_rank
+        self.perf = build_perf(cfg)
+        if cfg.num_gpu_blocks_override:
+            self.num_blocks = cfg.num_gpu_blocks_override
+        elif cfg.kv_cache_memory_bytes:
+            self.num_blocks = int(cfg.kv_cache_memory_bytes // (self.perf.kv_bytes_per_token_per_gpu * cfg.block_size))
+        else:
+            self.num_blocks = self.perf.num_kv_blocks(cfg.gpu_memory_utilization, cfg.block_size,
+                                                      cfg.max_num_batched_tokens, cfg.max_num_seqs)
+        capacity = self.num_blocks * cfg.block_size
+        if capacity < cfg.max_model_len:
+            free = self.perf.kv_cache_bytes_per_gpu(cfg.gpu_memory_utilization, cfg.max_num_batched_tokens,
+                                                    cfg.max_num_seqs)
+            need = cfg.max_model_len * self.perf.kv_bytes_per_token_per_gpu
+            raise StartupError(
+                f"To serve at least one request with the models's max seq len ({cfg.max_model_len}), "
+                f"({human_bytes(need)} KV cache is needed, which is larger than the available KV cache memory "
+                f"({human_bytes(max(free, 0))}) of {cfg.model_preset.name} on {cfg.gpu.name} x{cfg.tp * cfg.pp}. "
+                "Try increasing `gpu_memory_utilization`, a larger --tensor-parallel-size, or decreasing "
+                "`max_model_len` when initializing the engine.")
+        self.pool = BlockPool(self.num_blocks, cfg.block_size, cfg.prefix_caching)
+        self.sched = Scheduler(self.pool, max_num_seqs=cfg.max_num_seqs,
+                               max_num_batched_tokens=cfg.max_num_batched_tokens, chunked_prefill=cfg.chunked_prefill,
+                               long_prefill_token_threshold=cfg.long_prefill_token_threshold)
+        self.kvt = cfg.kv_transfer
+        if self.kvt and self.kvt.producer:
+            self.sched.set_kv_lease(self.kvt.lease_s)
+        # vLLM: each data-parallel rank is its own engine, with engine_id "<id>_dp<rank>" and side-channel port
+        # VLLM_NIXL_SIDE_CHANNEL_PORT + rank
+        self.engine_id = None
+        if self.kvt:
+            self.engine_id = self.kvt.engine_id if cfg.dp == 1 else f"{self.kvt.engine_id}_dp{dp_rank}"
+        self.side_port = cfg.side_channel_port + dp_rank
+        self.metrics = metrics or Metrics(cfg.served_model_name, cfg.max_model_len, engine=str(dp_rank),
+                                          nixl=self.kvt is not None, shared=shared)
+        self.metrics.cache_config.labels(block_size=str(cfg.block_size), num_gpu_blocks=str(self.num_blocks),
+                                         gpu_memory_utilization=str(cfg.gpu_memory_utilization),
+                                         enable_prefix_caching=str(cfg.prefix_caching),
+                                         cache_dtype=cfg.kv_cache_dtype, engine=str(dp_rank)).set(1)
+        self.clock = clock or SimClock(cfg.time_scale)
+        self.max_lag = max(MAX_CLOCK_LAG_S, MAX_CLOCK_LAG_WALL_S / cfg.time_scale)
+        self.rng = random.Random(cfg.seed + dp_rank)
+        mp = cfg.model_preset
+        self.compat = compat_hash(cfg.vllm_version, mp.name, cfg.block_size, cfg.kv_cache_dtype, mp.layers,
+                                  mp.kv_heads, mp.head_dim)
+        self.client: SideChannelClient | None = None
+        self.side_server: SideChannelServer | None = None
+        if self.kvt:
+            self.client = SideChannelClient(engine_id=self.engine_id, compat=self.compat, tp_size=cfg.tp)
+            self.side_server = SideChannelServer(engine_id=self.engine_id, compat=self.compat, tp_size=cfg.tp,
+                                                 read=self._serve_read, release=self._serve_release,
+                                                 payload_scale=cfg.kv_payload_scale)
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._pulls: set[asyncio.Task] = set()
+        self._prev = SchedulerStats()
+        self._busy_until: float | None = None  # end of the last step while continuously busy
+        self._ready_at = 0.0  # simulated time of the latest event that made work available while idle
+        self.steps = 0
+        self.transfers_ok = 0
+        self.transfers_failed = 0
+        self.recomputed = 0
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        if self.side_server:
+            try:
+                await self.side_server.start(self.cfg.side_channel_host, self.side_port)
+            except OSError as e:
+                raise StartupError(f"NIXL side channel cannot listen on {self.cfg.side_channel_host}:"
+                                   f"{self.side_port} (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT + DP rank): {e}") from e
+        self._task = asyncio.create_task(self._loop(), name="sim-engine")
+
+    async def stop(self) -> None:
+        for t in list(self._pulls):
+            t.cancel()
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self.side_server:
+            await self.side_server.close()
+
+    def wake(self, at: float | None = None) -> None:
+        self._ready_at = max(self._ready_at, self.clock.now() if at is None else at)
+        if self._wake is not None:
+            self._wake.set()
+
+    # ------------------------------------------------------------------------------------ requests
+    def submit(self, req: Request) -> ReqCtx:
+        ctx = req.ctx if isinstance(req.ctx, ReqCtx) else ReqCtx()
+        req.ctx = ctx
+        rp = req.remote_prefill
+        if rp is not None and (self.kvt is None or not rp.get("remote_block_ids") or not all(
+                rp.get(k) not in (None, "") for k in ("remote_engine_id", "remote_host", "remote_port"))):
+            # no connector, nothing to pull, or incomplete params: plain local prefill (vLLM: "Got invalid
+            # KVTransferParams ... will not utilize KVTransfer")
+            if rp is not None and self.kvt is not None:
+                log.warning("invalid_kv_transfer_params", request_id=req.request_id, params=rp)
+            req.remote_prefill = None
+        if self.kvt is None:
+            req.remote_decode = False
+        self.sched.add(req)
+        self.metrics.req_max_tokens.observe(ctx.max_tokens_param or req.max_new_tokens)
+        self._gauges()
+        self.wake(req.arrival)
+        return ctx
+
+    def abort(self, req: Request) -> None:
+        if req.status == Status.FINISHED:
+            return
+        self.sched.abort(req)
+        self._record_finish(req, self.clock.now())
+        self._gauges()
+        self.wake()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.sched.running or self.sched.waiting)
+
+    # ------------------------------------------------------------------------------------ loop
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            now = self.clock.now()
+            for req in self.sched.expire_held(now):
+                if self.metrics.nixl:
+                    self.metrics.nixl_expired.inc()
+                log.warning("kv_lease_expired", request_id=req.request_id, lease_s=self.kvt.lease_s if self.kvt
+                            else None)
+            batch = self.sched.schedule(now)
+            floor = self._busy_until if self._busy_until is not None else self._ready_at
+            for req in batch.pulls:
+                t0 = max(floor, req.arrival, now - self.max_lag)
+                t = asyncio.create_task(self._pull(req, t0))
+                self._pulls.add(t)
+                t.add_done_callback(self._pulls.discard)
+            self._sync_stats()
+            self._gauges()
+            if not batch.items:
+                self._busy_until = None
+                self._ready_at = now
+                self._wake.clear()
+                timeout = None
+                nxt = self.sched.next_expiry()
+                if nxt is not None:
+                    timeout = max(0.0, (nxt - now) * self.cfg.time_scale) + 0.001
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            # The step starts when its work became available in simulated time (end of the previous step, an
+            # arrival, a finished KV pull), not when Python got round to it: up to max_lag of event-loop latency
+            # is absorbed instead of being counted as simulated time.
+            floor = self._busy_until if self._busy_until is not None else self._ready_at
+            newest = max((s.request.arrival for s in batch.items), default=0.0)
+            start = max(floor, newest, now - self.max_lag)  # never before the previous step's end
+            for s in batch.items:
+                if s.request.first_scheduled is not None and s.request.first_scheduled > start:
+                    s.request.first_scheduled = start
+                if s.request.first_scheduled is not None and s.request.first_scheduled < s.request.arrival:
+                    s.request.first_scheduled = s.request.arrival
+            cost = self.perf.step(SeqWork(s.new_tokens, s.context, s.samples) for s in batch.items)
+            dt = cost.total_s
+            if self.cfg.faults.prefill_stall_ms and any(s.context < s.request.prompt_len for s in batch.items):
+                dt += self.cfg.faults.prefill_stall_ms / 1000.0
+            end = start + dt
+            await self.clock.sleep_until(end)
+            self._busy_until = end
+            self.steps += 1
+            self.metrics.iteration_tokens.observe(batch.tokens)
+            for req, done in self.sched.finish_step(batch, end):
+                self._on_token(req, done, end)
+            self._sync_stats()
+            self._gauges()
+
+    def _sync_stats(self) -> None:
+        s, p, m = self.sched.stats, self._prev, self.metrics
+        if s.prefix_queries != p.prefix_queries:
+            m.prefix_queries.inc(s.prefix_queries - p.prefix_queries)
+        if s.prefix_hits != p.prefix_hits:
+            m.prefix_hits.inc(s.prefix_hits - p.prefix_hits)
+        if s.preemptions != p.preemptions:
+            m.preemptions.inc(s.preemptions - p.preemptions)
+        self._prev = SchedulerStats(**vars(s))
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        deferred = self.sched.num_waiting_deferred
+        m.running.set(len(self.sched.running))
+        m.waiting.set(len(self.sched.waiting))
+        m.waiting_deferred.set(deferred)
+        m.waiting_capacity.set(len(self.sched.waiting) - deferred)
+        m.kv_usage.set(self.pool.usage)
+
+    def _on_token(self, req: Request, done: bool, now: float) -> None:
+        ctx: ReqCtx = req.ctx
+        m = self.metrics
+        m.generation_tokens.inc()
+        if req.num_output == 1:
+            m.ttft.observe(now - req.arrival)
+            m.prompt_tokens.inc(req.prompt_len)
+            external = req.num_external if not req.recomputed else 0
+            m.prompt_local_cache_hit.inc(req.num_cached)
+            m.prompt_external.inc(external)
+            m.prompt_local_compute.inc(max(0, req.prompt_len - req.num_cached - external))
+            m.prompt_cached.inc(req.num_cached + external)
+        else:
+            itl = now - ctx.last_ts
+            m.itl.observe(itl)
+            m.tpot.observe(itl)
+        ctx.last_ts = now
+        if done and req.remote_decode and req.finish_reason == "length" and self.kvt and self.kvt.producer:
+            ctx.kv_params_out = self._kv_params_for(req)
+        ctx.queue.put_nowait(("token", req.num_output, now))
+        if done:
+            self._record_finish(req, now)
+
+    def _record_finish(self, req: Request, now: float) -> None:
+        ctx: ReqCtx = req.ctx
+        m = self.metrics
+        reason = req.finish_reason or "abort"
+        m.success.get(reason, m.success["abort"]).inc()
+        m.e2e.observe(now - req.arrival)
+        m.req_prompt_tokens.observe(req.prompt_len)
+        m.req_generation_tokens.observe(req.num_output)
+        if req.first_scheduled is not None:
+            m.queue_time.observe(max(0.0, req.first_scheduled - req.arrival))
+            if req.first_token is not None:
+                m.prefill_time.observe(req.first_token - req.first_scheduled)
+                m.inference_time.observe((req.last_token or now) - req.first_scheduled)
+        if req.first_token is not None:
+            decode = (req.last_token or now) - req.first_token
+            m.decode_time.observe(decode)
+            if req.num_output > 1:
+                m.req_tpot.observe(decode / (req.num_output - 1))
+        if self.cfg.log_requests:
+            log.info("request_finished", request_id=req.request_id, prompt_tokens=req.prompt_len,
+                     cached_tokens=req.num_cached, external_tokens=req.num_external, output_tokens=req.num_output,
+                     finish_reason=reason, ttft_s=(req.first_token - req.arrival) if req.first_token else None,
+                     e2e_s=now - req.arrival, preemptions=req.preemptions, recomputed=req.recomputed)
+        ctx.queue.put_nowait(("finish", reason, now))
+
+    # ------------------------------------------------------------------------------------ P/D
+    def _kv_params_for(self, req: Request) -> dict[str, Any]:
+        assert self.kvt is not None
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": list(req.blocks),
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": req.request_id,
+            "remote_host": self.cfg.side_channel_host,
+            "remote_port": self.side_port,
+            "tp_size": self.cfg.tp,
+        }
+
+    def _serve_read(self, request_id: str, block_ids: list[int]) -> tuple[bool, str, int, float]:
+        entry = self.sched.held.get(request_id)
+        if entry is None:
+            return False, f"no KV blocks held for request {request_id} (unknown, already pulled, or lease " \
+                          "expired)", 0, 0.0
+        req, _ = entry
+        if block_ids and list(block_ids) != list(req.blocks)[: len(block_ids)]:
+            return False, f"remote_block_ids do not match the blocks held for request {request_id}", 0, 0.0
+        return True, "", req.prompt_len, self.perf.transfer_bytes(req.prompt_len)
+
+    def _serve_release(self, request_id: str) -> bool:
+        freed = self.sched.release_held(request_id) is not None
+        self._gauges()
+        self.wake()
+        return freed
+
+    async def _pull(self, req: Request, t0: float) -> None:
+        assert self.kvt is not None and self.client is not None and req.remote_prefill is not None
+        params = req.remote_prefill
+        remote_id = str(params.get("remote_request_id") or req.request_id)
+        faults = self.cfg.faults
+        delay = faults.kv_transfer_delay_ms / 1000.0
+        outcome: PullOutcome
+        marks: dict[str, float] = {}
+        try:
+            if req.num_external <= 0:
+                await self.client.notify_only(params, remote_id)
+                outcome = PullOutcome(True, "", 0, 0.0)
+            elif faults.kv_transfer_fail_rate and self.rng.random() < faults.kv_transfer_fail_rate:
+                await self.clock.sleep_until(t0 + self.cfg.transport.latency_s + delay)
+                outcome = PullOutcome(False, "injected KV transfer failure (--fault-kv-transfer-fail-rate)")
+            else:
+                remote_tp = int(params.get("tp_size") or 1)
+
+                async def wait_modelled(out: PullOutcome) -> None:
+                    model = self.perf.transfer_time(req.num_external, self.cfg.transport, remote_tp=remote_tp,
+                                                    first_contact=out.first_contact)
+                    marks["data"], marks["target"] = self.clock.now(), t0 + model + delay
+                    await self.clock.sleep_until(t0 + model + delay)
+
+                outcome = await self.client.pull(params, remote_id, wait_modelled)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # pragma: no cover - defensive
+            outcome = PullOutcome(False, f"side channel error: {e!r}")
+        t1 = self.clock.now()
+        if outcome.ok and marks:  # done when the bytes are in and the modelled time has passed (the NIXL
+            t1 = min(t1, max(marks["data"], marks["target"]))  # notification rides on the transfer itself)
+        m = self.metrics
+        ctx: ReqCtx = req.ctx
+        if outcome.ok:
+            self.transfers_ok += 1
+            ctx.xfer_s = t1 - t0
+            if req.num_external > 0:
+                m.nixl_xfer_time.observe(t1 - t0)
+                m.nixl_post_time.observe(min(t1 - t0, self.cfg.transport.latency_s))
+                m.nixl_bytes.observe(self.perf.transfer_bytes(req.num_external))
+                m.nixl_descs.observe(len(params.get("remote_block_ids") or []) * 2 * self.cfg.model_preset.layers)
+        else:
+            self.transfers_failed += 1
+            m.nixl_failed.inc()
+            log.warning("kv_transfer_failed", request_id=req.request_id, remote_engine_id=params.get(
+                "remote_engine_id"), error=outcome.error, policy=self.kvt.load_failure_policy)
+        recompute = self.kvt.load_failure_policy == "recompute"
+        if not outcome.ok and recompute:
+            self.recomputed += 1
+        if not self.sched.kv_loaded(req, outcome.ok, recompute):
+            ctx.error = f"KV cache load failed for request {req.request_id} ({outcome.error}); " \
+                        "kv_load_failure_policy=fail"
+            self._record_finish(req, t1)
+        self._gauges()
+        self.wake(t1)
+
+    # ------------------------------------------------------------------------------------ state
+    def state(self) -> dict[str, Any]:
+        c = self.cfg
+        return {
+            "dp_rank": self.dp_rank,
+            "model": c.model,
+            "served_model_name": c.served_model_name,
+            "model_preset": c.model_preset.name,
+            "model_preset_inferred": c.model_preset_inferred,
+            "gpu": c.gpu.name,
+            "tensor_parallel_size": c.tp,
+            "pipeline_parallel_size": c.pp,
+            "time_scale": c.time_scale,
+            "sim_time_s": self.clock.now(),
+            "num_gpu_blocks": self.num_blocks,
+            "block_size": c.block_size,
+            "kv_cache_tokens": self.num_blocks * c.block_size,
+            "free_blocks": self.pool.num_free,
+            "kv_cache_usage": self.pool.usage,
+            "running": len(self.sched.running),
+            "waiting": len(self.sched.waiting),
+            "waiting_deferred": self.sched.num_waiting_deferred,
+            "held_requests": sorted(self.sched.held),
+            "held_blocks": sum(len(r.blocks) for r, _ in self.sched.held.values()),
+            "steps": self.steps,
+            "max_num_seqs": c.max_num_seqs,
+            "max_num_batched_tokens": c.max_num_batched_tokens,
+            "chunked_prefill": c.chunked_prefill,
+            "prefix_caching": c.prefix_caching,
+            "computed_prompt_tokens": self.sched.stats.computed_prompt_tokens,
+            "kv_transfer": None if not self.kvt else {
+                "role": self.kvt.role, "engine_id": self.engine_id,
+                "load_failure_policy": self.kvt.load_failure_policy, "lease_s": self.kvt.lease_s,
+                "transport": c.transport.name, "side_channel": f"{c.side_channel_host}:{self.side_port}",
+                "compat": self.compat, "transfers_ok": self.transfers_ok, "transfers_failed": self.transfers_failed,
+                "recomputed": self.recomputed,
+            },
+            "faults": c.faults.as_dict(),
+            "kv_bytes_per_token": self.perf.kv_bytes_per_token,
+            "weight_bytes_per_gpu": self.perf.weight_bytes_per_gpu,
+        }
+
+
+def make_request(request_id: str, prompt_ids: list[int], max_new_tokens: int, arrival: float, *,
+                 limit_reason: str = "length", kv_params: dict[str, Any] | None = None, seed: int = 0) -> Request:
+    remote_decode = bool(kv_params and kv_params.get("do_remote_decode"))
+    remote_prefill = dict(kv_params) if kv_params and kv_params.get("do_remote_prefill") else None
+    return Request(request_id=request_id, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, arrival=arrival,
+                   limit_reason=limit_reason, remote_decode=remote_decode, remote_prefill=remote_prefill, seed=seed)
+

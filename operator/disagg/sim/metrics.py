@@ -1,0 +1,149 @@
+"""vLLM's Prometheus metrics, same names, types, labels and buckets (vLLM v0.11.2 vllm/v1/metrics/loggers.py
+and NixlPromMetrics; ``num_requests_waiting_by_reason``, ``prompt_tokens_by_source``,
+``prompt_tokens_cached`` and ``nixl_num_kv_expired_reqs`` from later releases, which the router may read).
+
+All durations are *simulated* seconds (see docs/simulator.md, "Time").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0]
+ITERATION_TOKENS_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+NIXL_TIME_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]
+NIXL_BYTES_BUCKETS = [2 ** (10 + i) for i in range(1, 25, 2)]
+NIXL_DESC_BUCKETS = [10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000]
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """vLLM's vllm.v1.metrics.loggers.build_1_2_5_buckets."""
+    out, exponent = [], 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exponent
+            if v > max_value:
+                return out
+            out.append(v)
+        exponent += 1
+
+
+class Registry:
+    """One per process: the families, shared by the engines (data-parallel ranks) of the process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._families: dict[str, Any] = {}
+
+    def family(self, cls: type, name: str, doc: str, labelnames: list[str], **kw: Any) -> Any:
+        f = self._families.get(name)
+        if f is None:
+            f = self._families[name] = cls(name, doc, labelnames, registry=self.registry, **kw)
+        return f
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Metrics:
+    """The series of one engine (label ``engine`` = its data-parallel rank)."""
+
+    def __init__(self, model_name: str, max_model_len: int, engine: str = "0", nixl: bool = False,
+                 shared: Registry | None = None) -> None:
+        self.shared = shared or Registry()
+        self.registry = self.shared.registry
+        fam = self.shared.family
+        ln = ["model_name", "engine"]
+        lv = {"model_name": model_name, "engine": engine}
+
+        def g(name: str, doc: str) -> Gauge:
+            return fam(Gauge, name, doc, ln).labels(**lv)
+
+        def c(name: str, doc: str) -> Counter:
+            return fam(Counter, name, doc, ln).labels(**lv)
+
+        def h(name: str, doc: str, buckets: list) -> Histogram:
+            return fam(Histogram, name, doc, ln, buckets=buckets).labels(**lv)
+
+        self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        by_reason = fam(Gauge, "vllm:num_requests_waiting_by_reason",
+                        "Number of requests waiting, by reason (capacity: no room; deferred: waiting for remote KV).",
+                        ln + ["reason"])
+        self.waiting_capacity = by_reason.labels(**lv, reason="capacity")
+        self.waiting_deferred = by_reason.labels(**lv, reason="deferred")
+        self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = c("vllm:prefix_cache_queries",
+                                "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        by_source = fam(Counter, "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ln + ["source"])
+        self.prompt_local_compute = by_source.labels(**lv, source="local_compute")
+        self.prompt_local_cache_hit = by_source.labels(**lv, source="local_cache_hit")
+        self.prompt_external = by_source.labels(**lv, source="external_kv_transfer")
+        self.prompt_cached = c("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+        self.generation_tokens = c("vllm:generation_tokens", "Number of generation tokens processed.")
+        success = fam(Counter, "vllm:request_success", "Count of successfully processed requests.",
+                      ln + ["finished_reason"])
+        self.success = {reason: success.labels(**lv, finished_reason=reason) for reason in FINISH_REASONS}
+        self.req_prompt_tokens = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                   build_1_2_5_buckets(max_model_len))
+        self.req_generation_tokens = h("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                                       build_1_2_5_buckets(max_model_len))
+        self.req_max_tokens = h("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+                                build_1_2_5_buckets(max_model_len))
+        self.iteration_tokens = h("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                  ITERATION_TOKENS_BUCKETS)
+        self.ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                      TTFT_BUCKETS)
+        self.tpot = h("vllm:time_per_output_token_seconds",
+                      "Histogram of time per output token in seconds."
+                      "DEPRECATED: Use vllm:inter_token_latency_seconds instead.", ITL_BUCKETS)
+        self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.req_tpot = h("vllm:request_time_per_output_token_seconds",
+                          "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                     REQUEST_LATENCY_BUCKETS)
+        self.queue_time = h("vllm:request_queue_time_seconds",
+                            "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.inference_time = h("vllm:request_inference_time_seconds",
+                                "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = h("vllm:request_prefill_time_seconds",
+                              "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.decode_time = h("vllm:request_decode_time_seconds",
+                             "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.cache_config = fam(Gauge, "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                ["block_size", "num_gpu_blocks", "gpu_memory_utilization", "enable_prefix_caching",
+                                 "cache_dtype", "engine"])
+        self.nixl = nixl
+        if nixl:
+            self.nixl_xfer_time = h("vllm:nixl_xfer_time_seconds",
+                                    "Histogram of transfer duration for NIXL KV Cache transfers.", NIXL_TIME_BUCKETS)
+            self.nixl_post_time = h("vllm:nixl_post_time_seconds",
+                                    "Histogram of transfer post time for NIXL KV Cache transfers.",
+                                    [0.001] + NIXL_TIME_BUCKETS)
+            self.nixl_bytes = h("vllm:nixl_bytes_transferred",
+                                "Histogram of bytes transferred per NIXL KV Cache transfers.", NIXL_BYTES_BUCKETS)
+            self.nixl_descs = h("vllm:nixl_num_descriptors",
+                                "Histogram of number of descriptors per NIXL KV Cache transfers.", NIXL_DESC_BUCKETS)
+            self.nixl_failed = c("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.")
+            self.nixl_failed_notifs = c("vllm:nixl_num_failed_notifications",
+                                        "Number of failed NIXL KV Cache notifications.")
+            self.nixl_expired = c("vllm:nixl_num_kv_expired_reqs",
+                                  "Number of requests that had their KV expire. "
+                                  "NOTE: This metric is tracked on the P instance.")
+
+    def render(self) -> bytes:
+        return self.shared.render()

@@ -1,0 +1,259 @@
+"""Hardware, model and KV-transport presets of the digital twin.
+
+Every number here has its source in docs/simulator.md (vendor datasheets for GPUs, the models' own
+``config.json`` for shapes). Peak FLOPs are *dense* (no 2:4 sparsity) tensor-core figures.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+GB = 1e9
+GiB = 1024**3
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class GPUPreset:
+    name: str
+    bf16_flops: float  # dense BF16/FP16 tensor-core peak, FLOP/s
+    fp8_flops: float  # dense FP8 peak, FLOP/s (== bf16 where the GPU has no FP8 tensor cores)
+    hbm_bw: float  # bytes/s
+    memory_bytes: float  # device memory, bytes
+    link_bw: float  # GPU-to-GPU bandwidth per direction (NVLink / xGMI / PCIe), bytes/s
+    link_latency_s: float  # per collective call (small-message all-reduce latency)
+    aliases: tuple[str, ...] = ()
+
+
+# Datasheet figures; see docs/simulator.md "GPU presets".
+GPUS: dict[str, GPUPreset] = {
+    g.name: g
+    for g in (
+        GPUPreset("H100-SXM", 989.4 * TFLOPS, 1978.9 * TFLOPS, 3.35e12, 80 * GB, 450 * GB, 8e-6,
+                  ("h100", "h100-sxm5", "h100-80gb-hbm3", "nvidia-h100-80gb-hbm3")),
+        GPUPreset("H100-PCIe", 756.0 * TFLOPS, 1513.0 * TFLOPS, 2.0e12, 80 * GB, 300 * GB, 10e-6,
+                  ("h100-pcie", "nvidia-h100-pcie")),
+        GPUPreset("H200", 989.4 * TFLOPS, 1978.9 * TFLOPS, 4.8e12, 141 * GB, 450 * GB, 8e-6,
+                  ("h200-sxm", "nvidia-h200", "h200-141gb")),
+        GPUPreset("A100-80GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 2.039e12, 80 * GB, 300 * GB, 10e-6,
+                  ("a100", "a100-sxm4-80gb", "nvidia-a100-sxm4-80gb")),
+        GPUPreset("A100-40GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 1.555e12, 40 * GB, 300 * GB, 10e-6,
+                  ("a100-sxm4-40gb", "nvidia-a100-sxm4-40gb")),
+        GPUPreset("L40S", 362.05 * TFLOPS, 733.0 * TFLOPS, 0.864e12, 48 * GB, 32 * GB, 20e-6,
+                  ("nvidia-l40s",)),
+        GPUPreset("B200", 2250.0 * TFLOPS, 4500.0 * TFLOPS, 8.0e12, 180 * GB, 900 * GB, 8e-6,
+                  ("nvidia-b200", "b200-180gb")),
+        GPUPreset("MI300X", 1307.4 * TFLOPS, 2614.9 * TFLOPS, 5.3e12, 192 * GB, 448 * GB, 10e-6,
+                  ("amd-mi300x", "mi300x-192gb")),
+    )
+}
+DEFAULT_GPU = "H100-SXM"
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """Shapes from the model's config.json (decoder-only transformer, GQA, SwiGLU MLP or MoE)."""
+
+    name: str
+    hf_id: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int  # dense MLP width (0 for all-MoE models)
+    vocab: int
+    max_position: int
+    tie_embeddings: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+    patterns: tuple[str, ...] = field(default=())
+
+    # ---- parameter counts (norms and biases are < 0.1 % and left out; see docs)
+    @property
+    def attn_params_per_layer(self) -> int:
+        q = self.hidden * self.heads * self.head_dim
+        kv = 2 * self.hidden * self.kv_heads * self.head_dim
+        o = self.heads * self.head_dim * self.hidden
+        return q + kv + o
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_params(self) -> int:
+        return 3 * self.hidden * self.moe_intermediate
+
+    @property
+    def router_params_per_layer(self) -> int:
+        return self.hidden * self.num_experts if self.is_moe else 0
+
+    @property
+    def mlp_params_per_layer(self) -> int:
+        """All MLP weights of one layer (every expert for MoE)."""
+        if self.is_moe:
+            return self.num_experts * self.expert_params + self.router_params_per_layer
+        return 3 * self.hidden * self.intermediate
+
+    @property
+    def active_mlp_params_per_layer(self) -> int:
+        if self.is_moe:
+            return self.experts_per_token * self.expert_params + self.router_params_per_layer
+        return self.mlp_params_per_layer
+
+    @property
+    def embed_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def total_params(self) -> int:
+        body = self.layers * (self.attn_params_per_layer + self.mlp_params_per_layer)
+        return body + self.embed_params + (0 if self.tie_embeddings else self.lm_head_params)
+
+    @property
+    def active_params(self) -> int:
+        body = self.layers * (self.attn_params_per_layer + self.active_mlp_params_per_layer)
+        return body + self.embed_params + (0 if self.tie_embeddings else self.lm_head_params)
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: float = 2.0) -> float:
+        """K and V for every layer, all KV heads (whole model, before any TP split)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * kv_dtype_bytes
+
+
+MODELS: dict[str, ModelPreset] = {
+    m.name: m
+    for m in (
+        ModelPreset("Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct", hidden=4096, layers=32, heads=32,
+                    kv_heads=8, head_dim=128, intermediate=14336, vocab=128256, max_position=131072,
+                    patterns=(r"llama-?3(\.\d)?-8b", r"llama-3\.1-8b", r"llama3.*8b")),
+        ModelPreset("Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct", hidden=8192, layers=80, heads=64,
+                    kv_heads=8, head_dim=128, intermediate=28672, vocab=128256, max_position=131072,
+                    patterns=(r"llama-?3(\.\d)?-70b", r"llama3.*70b")),
+        ModelPreset("Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct", hidden=2048, layers=16, heads=32,
+                    kv_heads=8, head_dim=64, intermediate=8192, vocab=128256, max_position=131072,
+                    tie_embeddings=True, patterns=(r"llama-?3\.2-1b",)),
+        ModelPreset("Qwen3-8B", "Qwen/Qwen3-8B", hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128,
+                    intermediate=12288, vocab=151936, max_position=40960, patterns=(r"qwen3-8b",)),
+        ModelPreset("Qwen3-32B", "Qwen/Qwen3-32B", hidden=5120, layers=64, heads=64, kv_heads=8, head_dim=128,
+                    intermediate=25600, vocab=151936, max_position=40960, patterns=(r"qwen3-32b",)),
+        ModelPreset("Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B", hidden=2048, layers=48, heads=32, kv_heads=4,
+                    head_dim=128, intermediate=0, vocab=151936, max_position=40960, num_experts=128,
+                    experts_per_token=8, moe_intermediate=768, patterns=(r"qwen3-30b-a3b",)),
+        ModelPreset("Mixtral-8x7B", "mistralai/Mixtral-8x7B-Instruct-v0.1", hidden=4096, layers=32, heads=32,
+                    kv_heads=8, head_dim=128, intermediate=0, vocab=32000, max_position=32768, num_experts=8,
+                    experts_per_token=2, moe_intermediate=14336, patterns=(r"mixtral-8x7b",)),
+    )
+}
+DEFAULT_MODEL = "Llama-3.1-8B"
+
+
+@dataclass(frozen=True)
+class TransportPreset:
+    """How NIXL/UCX moves KV blocks between a prefill and a decode worker."""
+
+    name: str
+    bandwidth: float  # effective bytes/s for one KV pull (already derated; see docs)
+    latency_s: float  # per pull: descriptor post + completion notification
+    handshake_s: float  # first contact with a remote engine (NIXL metadata exchange)
+
+
+TRANSPORTS: dict[str, TransportPreset] = {
+    t.name: t
+    for t in (
+        # One 400 Gb/s NDR InfiniBand / RoCE NIC per GPU (50 GB/s line rate) derated to 80 %.
+        TransportPreset("rdma", 40 * GB, 200e-6, 20e-3),
+        # cuda_ipc over NVLink 4 (450 GB/s per direction) derated to 80 %.
+        TransportPreset("nvlink", 360 * GB, 50e-6, 10e-3),
+        # UCX tcp over a pod network: one TCP stream with kernel copies through host memory.
+        TransportPreset("tcp", 2.5 * GB, 1e-3, 50e-3),
+    )
+}
+
+
+class PresetError(ValueError):
+    pass
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[\s_]+", "-", s.strip().lower())
+
+
+def get_gpu(name: str) -> GPUPreset:
+    key = _norm(name)
+    for g in GPUS.values():
+        if key == _norm(g.name) or key in g.aliases:
+            return g
+    raise PresetError(f"unknown GPU preset {name!r}; known: {', '.join(GPUS)}")
+
+
+def get_model(name: str) -> ModelPreset:
+    key = _norm(name)
+    for m in MODELS.values():
+        if key in (_norm(m.name), _norm(m.hf_id)):
+            return m
+    raise PresetError(f"unknown model preset {name!r}; known: {', '.join(MODELS)}")
+
+
+def infer_model(model_name: str) -> ModelPreset | None:
+    """Best match for a served model id (``meta-llama/Llama-3.1-70B-Instruct`` → Llama-3.1-70B)."""
+    key = _norm(model_name.rsplit("/", 1)[-1] if "/" in model_name else model_name)
+    full = _norm(model_name)
+    for m in MODELS.values():
+        if key.startswith(_norm(m.name)) or full == _norm(m.hf_id):
+            return m
+    for m in MODELS.values():
+        if any(re.search(p, full) for p in m.patterns):
+            return m
+    return None
+
+
+def get_transport(name: str) -> TransportPreset:
+    try:
+        return TRANSPORTS[_norm(name)]
+    except KeyError:
+        raise PresetError(f"unknown KV transport {name!r}; known: {', '.join(TRANSPORTS)}, auto") from None
+
+
+def transport_from_ucx_tls(ucx_tls: str | None) -> str:
+    """What UCX would pick given UCX_TLS: verbs (rc/ud/dc/ib) → rdma, else cuda_ipc → nvlink, tcp only → tcp.
+
+    Unset (UCX picks the best available) is taken as rdma: the GPU clusters NIXL targets have it.
+    """
+    if not ucx_tls:
+        return "rdma"
+    tls = {t.strip().lstrip("^").lower() for t in ucx_tls.split(",") if t.strip()}
+    negated = ucx_tls.strip().startswith("^")
+    if negated:
+        return "rdma"
+    # verbs first: "rc,cuda_copy,cuda_ipc" is an RDMA setup that also allows CUDA IPC to same-node peers
+    if tls & {"rc", "rc_x", "rc_v", "rc_mlx5", "ud", "ud_x", "ud_v", "ud_mlx5", "dc", "dc_x", "dc_mlx5", "ib", "all"}:
+        return "rdma"
+    if "cuda_ipc" in tls:
+        return "nvlink"
+    if "tcp" in tls:
+        return "tcp"
+    return "rdma"
+
+
+def resolve_transport(name: str, env: dict[str, str] | None = None) -> TransportPreset:
+    env = os.environ if env is None else env
+    if _norm(name) == "auto":
+        return TRANSPORTS[transport_from_ucx_tls(env.get("UCX_TLS"))]
+    return get_transport(name)
+
+
+def human_bytes(n: float) -> str:
+    if n <= 0:
+        return "0 B"
+    units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    i = min(int(math.log(n, 1024)), len(units) - 1)
+    return f"{n / 1024**i:.1f} {units[i]}"

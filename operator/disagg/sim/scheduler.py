@@ -1,0 +1,346 @@
+"""vLLM V1's scheduler, reduced to what decides timing: continuous batching, token budget, KV blocks.
+
+Pure and synchronous (no clock of its own, no asyncio): ``schedule(now)`` picks the next step's batch,
+the caller prices it with the roofline, and ``finish_step(batch, end)`` applies it. Unit tests drive it
+directly; the engine drives it from an asyncio loop.
+
+Behaviour kept from vLLM (vllm/v1/core/sched/scheduler.py, v0.11.2):
+- running requests first (decodes: 1 token; unfinished prefills: the rest, capped by the budget), then
+  waiting ones FCFS while ``len(running) < max_num_seqs`` and budget remains;
+- without chunked prefill a waiting prompt that does not fit the remaining budget is skipped this step;
+- when blocks run out the *last* running request is preempted (blocks freed, recomputed later);
+- prefix caching: the longest run of cached full blocks, capped at prompt length − 1;
+- remote prefill (NixlConnector consumer): blocks for the whole prompt are allocated, the request
+  waits in WAITING_FOR_REMOTE_KVS (not using a running slot or the budget) until the pull completes,
+  then recomputes only the last prompt token;
+- remote decode (producer): a request finishing length-capped keeps its blocks for the decode side to pull.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .kv import BlockPool, block_hashes
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    arrival: float
+    limit_reason: str = "length"  # finish_reason when max_new_tokens is reached ("stop" when it models EOS)
+    remote_decode: bool = False  # producer side: hold KV for a decode engine
+    remote_prefill: dict[str, Any] | None = None  # consumer side: kv_transfer_params to pull from
+    seed: int = 0
+
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    num_output: int = 0
+    blocks: list[int] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)
+    num_cached: int = 0  # prompt tokens served from the local prefix cache (first schedule)
+    num_external: int = 0  # prompt tokens loaded from a remote engine
+    kv_ready: bool = False  # remote KV arrived (or the pull failed and recompute was chosen)
+    pull_started: bool = False
+    recomputed: bool = False  # remote KV failed and the prompt was prefilled locally
+    preemptions: int = 0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finish_reason: str | None = None
+    prompt_computed_counted: bool = False
+    ctx: Any = None  # the engine's per-request state (output queue, timings)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_output
+
+    @property
+    def finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+
+@dataclass
+class Scheduled:
+    request: Request
+    new_tokens: int
+    context: int  # tokens in KV before this step
+    samples: bool  # completes the sequence's pending tokens → samples one token
+
+
+@dataclass
+class Batch:
+    items: list[Scheduled] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    pulls: list[Request] = field(default_factory=list)  # remote-KV pulls to start now
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.new_tokens for s in self.items)
+
+
+@dataclass
+class SchedulerStats:
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preemptions: int = 0
+    computed_prompt_tokens: int = 0  # prompt tokens actually run through the model (incl. recompute)
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 chunked_prefill: bool = True, long_prefill_token_threshold: int = 0) -> None:
+        self.pool = pool
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.held: dict[str, tuple[Request, float]] = {}  # producer: request id → (request, expiry)
+        self.stats = SchedulerStats()
+
+    # ------------------------------------------------------------------------------------ intake
+    def add(self, req: Request) -> None:
+        req.hashes = block_hashes(req.prompt_ids, self.pool.block_size) if self.pool.enable_caching else []
+        req.status = Status.WAITING
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        if self.running:
+            return True
+        return any(r.status == Status.WAITING or r.kv_ready or not r.pull_started for r in self.waiting)
+
+    @property
+    def num_waiting_deferred(self) -> int:
+        return sum(1 for r in self.waiting if r.status == Status.WAITING_FOR_REMOTE_KVS)
+
+    # ------------------------------------------------------------------------------------ schedule
+    def _chunk(self, remaining: int, budget: int) -> int:
+        n = remaining
+        if self.long_prefill_token_threshold and n > 1:
+            n = min(n, self.long_prefill_token_threshold)
+        return min(n, budget)
+
+    def _preempt_last(self, batch: Batch) -> Request:
+        victim = self.running.pop()
+        self.pool.release(victim.blocks)
+        victim.blocks = []
+        victim.num_computed = 0
+        victim.status = Status.WAITING
+        victim.preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(victim)
+        batch.preempted.append(victim)
+        batch.items = [s for s in batch.items if s.request is not victim]
+        return victim
+
+    def schedule(self, now: float) -> Batch:
+        batch = Batch()
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            remaining = req.num_tokens - req.num_computed
+            n = self._chunk(remaining, budget)
+            if n <= 0:
+                i += 1
+                continue
+            need = self.pool.blocks_for(req.num_computed + n) - len(req.blocks)
+            new: list[int] | None = []
+            while need > 0:
+                new = self.pool.allocate(need)
+                if new is not None:
+                    break
+                victim = self._preempt_last(batch)
+                if victim is req:
+                    break
+            if req.status != Status.RUNNING:  # preempted itself: nothing left to try
+                break
+            req.blocks += new or []
+            batch.items.append(Scheduled(req, n, req.num_computed, req.num_computed + n >= req.num_tokens))
+            budget -= n
+            i += 1
+
+        if batch.preempted:
+            return batch
+
+        # Waiting requests that already hold blocks (remote KV loaded, or a failed load to recompute) go first:
+        # otherwise a preempted request re-admitted ahead of them can livelock a small KV pool.
+        if any(r.blocks and r.kv_ready for r in self.waiting):
+            holders = [r for r in self.waiting if r.blocks and r.kv_ready]
+            rest = [r for r in self.waiting if not (r.blocks and r.kv_ready)]
+            self.waiting = deque(holders + rest)
+        skipped: list[Request] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            if req.status == Status.WAITING_FOR_REMOTE_KVS:
+                if not req.kv_ready:
+                    skipped.append(self.waiting.popleft())
+                    continue
+                req.status = Status.WAITING
+            if req.remote_prefill is not None and not req.pull_started:
+                if not self._start_remote(req, batch):
+                    break
+                skipped.append(self.waiting.popleft())
+                continue
+            hit: list[int] = []
+            if not req.blocks:
+                hit = self.pool.lookup(req.hashes, req.num_tokens - 1)
+                self.stats.prefix_queries += req.num_tokens
+                self.stats.prefix_hits += len(hit) * self.pool.block_size
+                computed = len(hit) * self.pool.block_size
+            else:
+                computed = req.num_computed
+            remaining = req.num_tokens - computed
+            if not self.chunked_prefill and remaining > budget:
+                skipped.append(self.waiting.popleft())
+                continue
+            n = self._chunk(remaining, budget)
+            have = len(hit) if hit else len(req.blocks)
+            need = self.pool.blocks_for(computed + n) - have
+            self.pool.touch(hit)
+            new = self.pool.allocate(need) if need > 0 else []
+            if new is None:
+                self.pool.release(hit)
+                break
+            if hit or not req.blocks:
+                req.blocks = hit + new
+                req.num_computed = computed
+                if req.first_scheduled is None:
+                    req.num_cached = computed
+            else:
+                req.blocks += new
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            if req.first_scheduled is None:
+                req.first_scheduled = now
+            batch.items.append(Scheduled(req, n, req.num_computed, req.num_computed + n >= req.num_tokens))
+            budget -= n
+        self.waiting.extendleft(reversed(skipped))
+        return batch
+
+    def _start_remote(self, req: Request, batch: Batch) -> bool:
+        """Allocate blocks for the whole prompt and hand the pull to the engine (vLLM: load_kv_async)."""
+        hit = self.pool.lookup(req.hashes, req.prompt_len - 1)
+        self.stats.prefix_queries += req.prompt_len
+        self.stats.prefix_hits += len(hit) * self.pool.block_size
+        need = self.pool.blocks_for(req.prompt_len) - len(hit)
+        self.pool.touch(hit)
+        new = self.pool.allocate(need) if need > 0 else []
+        if new is None:
+            self.pool.release(hit)
+            return False
+        req.blocks = hit + new
+        req.num_cached = len(hit) * self.pool.block_size
+        req.num_computed = req.num_cached
+        req.num_external = req.prompt_len - req.num_cached
+        req.pull_started = True
+        req.status = Status.WAITING_FOR_REMOTE_KVS
+        batch.pulls.append(req)
+        return True
+
+    # ------------------------------------------------------------------------------------ results
+    def finish_step(self, batch: Batch, now: float) -> list[tuple[Request, bool]]:
+        """Apply a priced step. Returns (request, finished) for every request that sampled a token."""
+        out: list[tuple[Request, bool]] = []
+        bs = self.pool.block_size
+        for s in batch.items:
+            req = s.request
+            if req.status != Status.RUNNING:
+                continue  # aborted while the step ran
+            if req.num_output == 0:
+                self.stats.computed_prompt_tokens += min(s.new_tokens, max(0, req.prompt_len - req.num_computed))
+            req.num_computed += s.new_tokens
+            self.pool.commit(req.blocks, req.hashes, min(req.num_computed, req.prompt_len) // bs)
+            if req.num_computed < req.num_tokens:
+                continue
+            req.num_output += 1
+            if req.first_token is None:
+                req.first_token = now
+            req.last_token = now
+            done = req.num_output >= req.max_new_tokens
+            if done:
+                self._finish(req, req.limit_reason, now)
+            out.append((req, done))
+        self.running = [r for r in self.running if r.status == Status.RUNNING]
+        return out
+
+    def _finish(self, req: Request, reason: str, now: float, hold_until: float | None = None) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        if req.remote_decode and reason == "length" and req.blocks and self._hold_lease is not None:
+            self.held[req.request_id] = (req, now + self._hold_lease)
+            return
+        self.pool.release(req.blocks)
+        req.blocks = []
+
+    _hold_lease: float | None = None  # set by the engine when it is a KV producer
+
+    def set_kv_lease(self, seconds: float | None) -> None:
+        self._hold_lease = seconds
+
+    def abort(self, req: Request, reason: str = "abort") -> None:
+        if req.status == Status.FINISHED:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            pass
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        self.pool.release(req.blocks)
+        req.blocks = []
+
+    # ------------------------------------------------------------------------------------ remote KV
+    def kv_loaded(self, req: Request, ok: bool, recompute: bool) -> bool:
+        """A pull finished. Returns False when the request must fail (policy fail)."""
+        if req.status != Status.WAITING_FOR_REMOTE_KVS:
+            return True  # aborted meanwhile
+        if ok:
+            # vLLM: all prompt tokens computed except the last, recomputed to get logits.
+            req.num_computed = req.prompt_len - 1
+            self.pool.commit(req.blocks, req.hashes, req.prompt_len // self.pool.block_size)
+        elif recompute:
+            req.num_computed = req.num_cached
+            req.num_external = 0
+            req.recomputed = True
+        else:
+            self.abort(req, "error")
+            return False
+        req.kv_ready = True
+        return True
+
+    def release_held(self, request_id: str) -> Request | None:
+        entry = self.held.pop(request_id, None)
+        if entry is None:
+            return None
+        req, _ = entry
+        self.pool.release(req.blocks)
+        req.blocks = []
+        return req
+
+    def expire_held(self, now: float) -> list[Request]:
+        gone = [rid for rid, (_, exp) in self.held.items() if exp <= now]
+        return [r for r in (self.release_held(rid) for rid in gone) if r is not None]
+
+    def next_expiry(self) -> float | None:
+        return min((exp for _, exp in self.held.values()), default=None)

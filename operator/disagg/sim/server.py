@@ -1,0 +1,432 @@
+"""HTTP front of the simulated worker: vLLM's OpenAI-compatible API plus a small admin API.
+
+vLLM endpoints: POST /v1/completions, POST /v1/chat/completions (stream and not), GET /v1/models,
+GET /health, GET /ping, GET /version, GET /metrics. Sim admin: GET/POST /sim/faults, GET /sim/state,
+POST /sim/crash. Response shapes follow vllm/entrypoints/openai/protocol.py (v0.11.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+import zlib
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from .. import logs
+from . import tokenizer
+from .config import SimConfig
+from .engine import Engine, ReqCtx, make_request
+from .metrics import CONTENT_TYPE
+
+log = logs.get("disagg.sim.server")
+
+ENGINE_KEY = web.AppKey("engine", Engine)
+CFG_KEY = web.AppKey("cfg", SimConfig)
+
+
+class ApiError(Exception):
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError", param: str | None = None):
+        super().__init__(message)
+        self.message, self.status, self.err_type, self.param = message, status, err_type, param
+
+
+def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def error_response(e: ApiError, request_id: str | None = None) -> web.Response:
+    headers = {"X-Request-Id": request_id} if request_id else None
+    return web.json_response(error_body(e.message, e.err_type, e.status, e.param), status=e.status,
+                             dumps=lambda o: orjson.dumps(o).decode(), headers=headers)
+
+
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json", headers=headers)
+
+
+def _sse(data: Any) -> bytes:
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+# ------------------------------------------------------------------------------------------ parsing
+def _int_param(body: dict, name: str, minimum: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ApiError(f"{name} must be an integer, got {v!r}", param=name)
+    if minimum is not None and v < minimum:
+        raise ApiError(f"{name} must be at least {minimum}, got {v}.", param=name)
+    return v
+
+
+async def _read_body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ApiError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError("request body must be a JSON object")
+    return body
+
+
+def _check_model(cfg: SimConfig, body: dict) -> str:
+    model = body.get("model")
+    if model is None:
+        return cfg.served_model_name
+    if not isinstance(model, str) or model not in cfg.served_model_names:
+        raise ApiError(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
+    return model
+
+
+def _prompts(body: dict, vocab: int) -> list[list[int]]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise ApiError("prompt is required", param="prompt")
+    if isinstance(prompt, str):
+        return [[tokenizer.BOS_ID] + tokenizer.encode(prompt, vocab)]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, str) for p in prompt):
+            return [[tokenizer.BOS_ID] + tokenizer.encode(p, vocab) for p in prompt]
+        if all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise ApiError("prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids",
+                   param="prompt")
+
+
+def _check_lengths(cfg: SimConfig, n_prompt: int, max_tokens: int | None) -> None:
+    if n_prompt >= cfg.max_model_len:
+        raise ApiError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, your request "
+                       f"has {n_prompt} input tokens. Please reduce the length of the input messages.",
+                       param="prompt")
+    if max_tokens is not None and n_prompt + max_tokens > cfg.max_model_len:
+        raise ApiError(f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+                       f"context length is {cfg.max_model_len} tokens and your request has {n_prompt} input tokens "
+                       f"({max_tokens} > {cfg.max_model_len} - {n_prompt}).", param="max_tokens")
+
+
+def _output_plan(cfg: SimConfig, n_prompt: int, max_tokens: int | None) -> tuple[int, str]:
+    """How many tokens to generate and the finish reason: max_tokens → length; unset → the sim's EOS (stop)."""
+    if max_tokens is not None:
+        return max_tokens, "length"
+    room = cfg.max_model_len - n_prompt
+    if cfg.output_tokens >= room:
+        return room, "length"
+    return cfg.output_tokens, "stop"
+
+
+def _kv_params(body: dict) -> dict[str, Any] | None:
+    p = body.get("kv_transfer_params")
+    if p is None:
+        return None
+    if not isinstance(p, dict):
+        raise ApiError("kv_transfer_params must be an object", param="kv_transfer_params")
+    return p
+
+
+# ------------------------------------------------------------------------------------------ handlers
+class Api:
+    def __init__(self, cfg: SimConfig, engines: list[Engine]) -> None:
+        self.cfg, self.engines = cfg, engines
+        self.engine = engines[0]  # the shared clock and the fault RNG
+        self.requests_seen = 0
+
+    def pick(self) -> Engine:
+        """Like vLLM's DP coordinator: the data-parallel rank with the fewest requests (then the emptiest KV)."""
+        if len(self.engines) == 1:
+            return self.engine
+        return min(self.engines, key=lambda e: (len(e.sched.running) + len(e.sched.waiting), e.pool.usage,
+                                                e.dp_rank))
+
+    def _faults_on_request(self, needs_local_prefill: bool) -> None:
+        f = self.cfg.faults
+        self.requests_seen += 1
+        if f.crash_after_requests and self.requests_seen >= f.crash_after_requests:
+            log.error("injected_crash", after_requests=self.requests_seen)
+            asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+            raise ApiError("injected crash (--fault-crash-after-requests)", 500, "InternalServerError")
+        if f.error_rate and self.engine.rng.random() < f.error_rate:
+            raise ApiError("injected server error (--fault-error-rate)", 500, "InternalServerError")
+        if needs_local_prefill and f.prefill_error_rate and self.engine.rng.random() < f.prefill_error_rate:
+            raise ApiError("injected prefill error (--fault-prefill-error-rate)", 500, "InternalServerError")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        base = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        request_id = ("chatcmpl-" if chat else "cmpl-") + base
+        try:
+            body = await _read_body(request)
+            model = _check_model(self.cfg, body)
+            vocab = self.cfg.model_preset.vocab
+            if chat:
+                messages = body.get("messages")
+                if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+                    raise ApiError("messages must be a non-empty list of message objects", param="messages")
+                prompts = [tokenizer.encode_chat(messages, vocab)]
+                max_tokens = _int_param(body, "max_completion_tokens", 1)
+                if max_tokens is None:
+                    max_tokens = _int_param(body, "max_tokens", 1)
+            else:
+                prompts = _prompts(body, vocab)
+                max_tokens = _int_param(body, "max_tokens", 1)
+            n = _int_param(body, "n", 1)
+            if n not in (None, 1):
+                raise ApiError("n > 1 is not supported by the simulator", param="n")
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise ApiError("stream must be a boolean", param="stream")
+            opts = body.get("stream_options") or {}
+            if not isinstance(opts, dict):
+                raise ApiError("stream_options must be an object", param="stream_options")
+            include_usage = bool(opts.get("include_usage")) and stream
+            if stream and len(prompts) > 1:
+                raise ApiError("streaming with several prompts is not supported by the simulator", param="prompt")
+            kvp = _kv_params(body)
+            for p in prompts:
+                _check_lengths(self.cfg, len(p), max_tokens)
+            remote_prefill = bool(kvp and kvp.get("do_remote_prefill") and self.cfg.kv_transfer)
+            self._faults_on_request(needs_local_prefill=not remote_prefill)
+        except ApiError as e:
+            return error_response(e, base)
+
+        now = self.engine.clock.now()
+        reqs = []
+        for i, ids in enumerate(prompts):
+            count, reason = _output_plan(self.cfg, len(ids), max_tokens)
+            rid = request_id if chat else f"{request_id}-{i}"
+            req = make_request(rid, ids, count, now, limit_reason=reason, kv_params=kvp,
+                               seed=zlib.crc32(rid.encode()) & 0xFFFF)
+            req.ctx = ReqCtx(max_tokens_param=max_tokens)
+            reqs.append(req)
+        for req in reqs:
+            engine = self.pick()
+            req.ctx.engine = engine
+            engine.submit(req)
+        created = int(time.time())
+        if stream:
+            return await self._stream(request, reqs[0], request_id, base, model, created, chat, include_usage)
+        return await self._full(reqs, request_id, base, model, created, chat)
+
+    async def _full(self, reqs, request_id, base, model, created, chat) -> web.Response:
+        choices = []
+        completion_tokens = 0
+        kv_out = None
+        try:
+            for i, req in enumerate(reqs):
+                ctx: ReqCtx = req.ctx
+                pieces = []
+                reason = None
+                while True:
+                    kind, val, _ = await ctx.queue.get()
+                    if kind == "token":
+                        pieces.append(tokenizer.synthetic_piece(req.seed, val - 1))
+                    else:
+                        reason = val
+                        break
+                if ctx.error:
+                    raise ApiError(ctx.error, 500, "InternalServerError")
+                completion_tokens += len(pieces)
+                text = "".join(pieces)
+                kv_out = kv_out or ctx.kv_params_out
+                if chat:
+                    choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None,
+                                                            "annotations": None, "audio": None, "function_call": None,
+                                                            "tool_calls": [], "reasoning": None, "reasoning_content": None},
+                                    "logprobs": None, "finish_reason": reason, "stop_reason": None})
+                else:
+                    choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason,
+                                    "stop_reason": None, "prompt_logprobs": None})
+        except ApiError as e:
+            return error_response(e, base)
+        except asyncio.CancelledError:
+            for req in reqs:
+                req.ctx.engine.abort(req)
+            raise
+        prompt_tokens = sum(r.prompt_len for r in reqs)
+        body = {
+            "id": request_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+                      "completion_tokens": completion_tokens, "prompt_tokens_details": None},
+        }
+        if chat:
+            body["prompt_logprobs"] = None
+        body["kv_transfer_params"] = kv_out
+        return _json(body, headers={"X-Request-Id": base})
+
+    async def _stream(self, request, req, request_id, base, model, created, chat, include_usage):
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                        "Cache-Control": "no-cache", "X-Request-Id": base})
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        ctx: ReqCtx = req.ctx
+
+        def chunk(choice: dict) -> bytes:
+            if chat:  # vLLM dumps chat chunks with exclude_unset=True ...
+                return _sse({"id": request_id, "object": obj, "created": created, "model": model,
+                             "choices": [choice]})
+            # ... and completion chunks with exclude_unset=False (every field, nulls included)
+            choice.setdefault("stop_reason", None)
+            choice.update(prompt_token_ids=None, token_ids=None)
+            return _sse({"id": request_id, "object": obj, "created": created, "model": model, "choices": [choice],
+                         "usage": None})
+
+        try:
+            await resp.prepare(request)
+            if chat:
+                await resp.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                        "finish_reason": None}))
+            pending: list[bytes] = []
+            while True:
+                kind, val, _ = await ctx.queue.get()
+                if kind == "token":
+                    piece = tokenizer.synthetic_piece(req.seed, val - 1)
+                    done = req.finished and val == req.num_output and ctx.queue.qsize() > 0
+                    finish = None
+                    if done:  # the finish event is already queued: put the reason on the last token's chunk
+                        nxt = ctx.queue.get_nowait()
+                        finish = nxt[1]
+                    if chat:
+                        c = {"index": 0, "delta": {"content": piece}, "logprobs": None, "finish_reason": finish}
+                    else:
+                        c = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+                    if finish is not None:
+                        c["stop_reason"] = None
+                    pending.append(chunk(c))
+                    if ctx.queue.qsize() == 0 or finish is not None:
+                        await resp.write(b"".join(pending))
+                        pending.clear()
+                    if finish is not None:
+                        break
+                else:
+                    if ctx.error or val == "error":
+                        err = ctx.error or "request failed"
+                        if chat:
+                            c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "error"}
+                        else:
+                            c = {"index": 0, "text": "", "logprobs": None, "finish_reason": "error", "stop_reason": None}
+                        await resp.write(chunk(c) + _sse(error_body(err, "InternalServerError", 500)))
+                    else:
+                        if chat:
+                            c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": val}
+                        else:
+                            c = {"index": 0, "text": "", "logprobs": None, "finish_reason": val, "stop_reason": None}
+                        await resp.write(chunk(c))
+                    break
+            if include_usage:
+                usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + req.num_output,
+                         "completion_tokens": req.num_output}
+                await resp.write(_sse({"id": request_id, "object": obj, "created": created, "model": model,
+                                       "choices": [], "usage": usage}))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
+            ctx.engine.abort(req)
+            raise
+        return resp
+
+    # -------------------------------------------------------------------------------------- misc
+    async def models(self, request: web.Request) -> web.Response:
+        now = int(time.time())
+        data = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": self.cfg.model,
+                 "parent": None, "max_model_len": self.cfg.max_model_len, "permission": []}
+                for name in self.cfg.served_model_names]
+        return _json({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.cfg.faults.health_fail:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return _json({"version": self.cfg.vllm_version})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        for e in self.engines:
+            e._gauges()
+        return web.Response(body=self.engine.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return _json(self.cfg.faults.as_dict())
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        try:
+            body = await _read_body(request)
+            self.cfg.faults.update(body)
+        except ApiError as e:
+            return error_response(e)
+        except ValueError as e:
+            return error_response(ApiError(str(e)))
+        log.warning("faults_updated", **self.cfg.faults.as_dict())
+        return _json(self.cfg.faults.as_dict())
+
+    async def state(self, request: web.Request) -> web.Response:
+        return _json(aggregate_state([e.state() for e in self.engines]))
+
+    async def crash(self, request: web.Request) -> web.Response:
+        log.error("injected_crash", via="POST /sim/crash")
+        asyncio.get_running_loop().call_later(0.05, os._exit, 1)
+        return _json({"crashing": True})
+
+
+_SUMMED = ("num_gpu_blocks", "kv_cache_tokens", "free_blocks", "running", "waiting", "waiting_deferred", "held_blocks",
+           "steps", "computed_prompt_tokens")
+
+
+def aggregate_state(states: list[dict[str, Any]]) -> dict[str, Any]:
+    """/sim/state: the first engine's view with counts summed over data-parallel ranks, plus ``engines``."""
+    out = dict(states[0])
+    out.pop("dp_rank", None)
+    for k in _SUMMED:
+        out[k] = sum(s[k] for s in states)
+    out["held_requests"] = sorted(r for s in states for r in s["held_requests"])
+    out["kv_cache_usage"] = 1.0 - out["free_blocks"] / out["num_gpu_blocks"]
+    if out.get("kv_transfer"):
+        kv = dict(out["kv_transfer"])
+        for k in ("transfers_ok", "transfers_failed", "recomputed"):
+            kv[k] = sum(s["kv_transfer"][k] for s in states)
+        kv["engine_ids"] = [s["kv_transfer"]["engine_id"] for s in states]
+        out["kv_transfer"] = kv
+    out["data_parallel_size"] = len(states)
+    out["engines"] = states
+    return out
+
+
+def build_app(cfg: SimConfig, engines: list[Engine] | Engine) -> web.Application:
+    engines = engines if isinstance(engines, list) else [engines]
+    engine = engines[0]
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    api = Api(cfg, engines)
+    app[ENGINE_KEY] = engine
+    app[CFG_KEY] = cfg
+    r = app.router
+    r.add_post("/v1/completions", api.completions)
+    r.add_post("/v1/chat/completions", api.chat)
+    r.add_get("/v1/models", api.models)
+    r.add_get("/health", api.health)
+    r.add_get("/ping", api.health)
+    r.add_post("/ping", api.health)
+    r.add_get("/version", api.version)
+    r.add_get("/metrics", api.metrics)
+    r.add_get("/sim/faults", api.get_faults)
+    r.add_post("/sim/faults", api.set_faults)
+    r.add_get("/sim/state", api.state)
+    r.add_post("/sim/crash", api.crash)
+    return app

@@ -1,0 +1,22 @@
+"""Fixtures for the digital-twin tests (helpers live in simtest_util.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests here import simtest_util
+
+from simtest_util import SimFactory  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFactory]:
+    f = SimFactory(tmp_path_factory.mktemp("sims"))
+    try:
+        yield f
+    finally:
+        f.stop_all()

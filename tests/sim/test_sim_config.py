@@ -1,0 +1,124 @@
+"""`disagg sim` accepts `vllm serve`'s command line (as the operator renders it) and the sim flags/env."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from disagg.cli import build_parser
+from disagg.sim.config import Faults, env_name, parse
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+NIXL = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer"})
+
+
+def test_operator_style_args_parse_like_vllm():
+    cfg = parse([MODEL, "--port", "8000", "--served-model-name", "llama", "alias", "--tensor-parallel-size", "2",
+                 "--pipeline-parallel-size", "2", "--max-model-len", "32k", "--max-num-seqs", "128",
+                 "--max-num-batched-tokens", "32K", "--no-enable-chunked-prefill", "--enable-prefix-caching",
+                 "--gpu-memory-utilization", "0.85", "--kv-transfer-config", NIXL, "--shutdown-timeout", "30",
+                 "--data-parallel-size", "1"], env={})
+    assert cfg.model == MODEL and cfg.served_model_names == ["llama", "alias"]
+    assert (cfg.tp, cfg.pp, cfg.max_model_len, cfg.max_num_seqs) == (2, 2, 32000, 128)
+    assert cfg.max_num_batched_tokens == 32768 and cfg.chunked_prefill is False and cfg.prefix_caching
+    assert cfg.gpu_memory_utilization == 0.85 and cfg.shutdown_timeout == 30
+    assert cfg.kv_transfer and cfg.kv_transfer.role == "kv_producer" and cfg.kv_transfer.producer
+    assert cfg.kv_transfer.load_failure_policy == "fail"  # vLLM's default
+    assert cfg.model_preset.name == "Llama-3.1-8B" and cfg.model_preset_inferred
+
+
+def test_vllm_spellings_and_defaults():
+    cfg = parse(["--model", MODEL, "-tp", "1", "--max_model_len=8192", "--kv-transfer-config",
+                 json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}),
+                 "--kv-transfer-config.kv_connector_extra_config.kv_lease_duration", "7",
+                 "--kv-transfer-config.kv_load_failure_policy", "recompute"], env={})
+    assert cfg.max_model_len == 8192
+    assert cfg.kv_transfer.lease_s == 7 and cfg.kv_transfer.load_failure_policy == "recompute"
+    # H100 defaults of vLLM 0.11 for the OpenAI server: 8192 batched tokens, 1024 sequences, chunked on
+    assert cfg.max_num_batched_tokens == 8192 and cfg.max_num_seqs == 1024 and cfg.chunked_prefill
+    a100 = parse([MODEL, "--gpu", "A100-80GB", "--max-model-len", "4096"], env={})
+    assert a100.max_num_batched_tokens == 2048 and a100.max_num_seqs == 256
+    nochunk = parse([MODEL, "--max-model-len", "16384", "--no-enable-chunked-prefill"], env={})
+    assert nochunk.max_num_batched_tokens == 16384
+
+
+def test_unknown_vllm_flags_are_accepted_and_reported():
+    cfg = parse([MODEL, "--enforce-eager", "--swap-space", "4", "--disable-log-requests", "--foo=bar",
+                 "--seed", "3", "--trust-remote-code", "--port", "9000"], env={})
+    assert cfg.port == 9000 and cfg.seed == 3
+    assert cfg.ignored_flags == ["--enforce-eager", "--swap-space", "--foo", "--trust-remote-code"]
+
+
+def test_lease_defaults_to_vllm_abort_timeout_env():
+    cfg = parse([MODEL, "--kv-transfer-config", NIXL], env={"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "12",
+                                                             "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601",
+                                                             "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7"})
+    assert cfg.kv_transfer.lease_s == 12
+    assert (cfg.side_channel_host, cfg.side_channel_port) == ("10.0.0.7", 5601)
+    assert parse([MODEL, "--kv-transfer-config", NIXL], env={}).kv_transfer.lease_s == 480
+
+
+def test_sim_flags_from_env_and_cli_wins():
+    env = {"DISAGG_SIM_GPU": "H200", "DISAGG_SIM_TIME_SCALE": "0.1", "DISAGG_SIM_FAULT_KV_TRANSFER_FAIL_RATE": "0.5",
+           "DISAGG_SIM_MODEL_PRESET": "Qwen3-32B", "DISAGG_SIM_OUTPUT_TOKENS": "9", "UCX_TLS": "tcp,cuda_copy"}
+    cfg = parse([MODEL, "--gpu", "B200"], env=env)
+    assert cfg.gpu.name == "B200" and cfg.time_scale == 0.1 and cfg.faults.kv_transfer_fail_rate == 0.5
+    assert cfg.model_preset.name == "Qwen3-32B" and cfg.output_tokens == 9
+    assert cfg.transport.name == "tcp"
+    assert parse([MODEL, "--kv-transport", "nvlink"], env=env).transport.name == "nvlink"
+    assert env_name("--sim-vllm-version") == "DISAGG_SIM_VLLM_VERSION"
+    assert env_name("--fault-prefill-stall-ms") == "DISAGG_SIM_FAULT_PREFILL_STALL_MS"
+
+
+def test_unknown_model_falls_back_to_default_preset():
+    cfg = parse(["facebook/opt-125m", "--max-model-len", "2048"], env={})
+    assert cfg.model_preset.name == "Llama-3.1-8B" and not cfg.model_preset_inferred
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        ([MODEL, "--port", "abc"], "argument --port"),
+        ([MODEL, "--kv-transfer-config", "{not json"], "argument --kv-transfer-config"),
+        ([MODEL, "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "producer"})],
+         "Unsupported kv_role: producer"),
+        ([MODEL, "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector"})], "kv_role is required"),
+        ([MODEL, "--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both",
+                                                     "kv_load_failure_policy": "retry"})], "kv_load_failure_policy"),
+        ([MODEL, "--gpu", "TPU-v9"], "argument --gpu"),
+        ([MODEL, "--model-preset", "GPT-5"], "argument --model-preset"),
+        ([MODEL, "--time-scale", "0"], "argument --time-scale"),
+        ([MODEL, "--fault-kv-transfer-fail-rate", "2"], "argument --fault-kv-transfer-fail-rate"),
+        (["--port", "8000"], "model is required"),
+        ([MODEL, "-pp", "3"], "argument --pipeline-parallel-size"),
+        ([MODEL, "--no-enable-chunked-prefill", "--max-num-batched-tokens", "512", "--max-model-len", "4096"],
+         "argument --max-num-batched-tokens"),
+    ],
+)
+def test_bad_flags_fail_naming_the_flag(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(argv, env={})
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_bad_env_value_names_the_variable(capsys):
+    with pytest.raises(SystemExit):
+        parse([MODEL], env={"DISAGG_SIM_TIME_SCALE": "fast"})
+    assert "DISAGG_SIM_TIME_SCALE" in capsys.readouterr().err
+
+
+def test_main_cli_hands_every_argument_to_the_sim_parser():
+    argv = ["sim", MODEL, "--port", "8001", "-tp", "2", "--kv-transfer-config", NIXL, "--unknown", "-h"]
+    args = build_parser().parse_args(argv)
+    assert args.argv == argv[1:]
+
+
+def test_faults_update_validates():
+    f = Faults()
+    f.update({"kv_transfer_fail_rate": 1, "health_fail": True})
+    assert f.kv_transfer_fail_rate == 1.0 and f.health_fail is True
+    for bad in ({"nope": 1}, {"error_rate": 1.5}, {"health_fail": "yes"}, {"kv_transfer_delay_ms": -1}):
+        with pytest.raises(ValueError):
+            f.update(bad)
