@@ -260,3 +260,16 @@ async def test_prefill_sim_killed_zero_client_errors(client, stack, metric):
             m = await resp.text()
     assert metric(m, "disagg_requests_total", outcome="ok") == 6
     assert metric(m, "disagg_requests_total") == 6
+
+
+async def test_responses_say_which_path_served_them(client, stack):
+    async with client.session.post(client.url + "/v1/completions",
+                                   json={"model": MODEL, "prompt": long_prompt(words=3000), "max_tokens": 150}) as r:
+        assert r.status == 200
+        assert (r.headers["X-Disagg-Decision"], r.headers["X-Disagg-Path"]) == ("remote", "remote")
+        await r.read()
+    async with client.session.post(client.url + "/v1/completions",
+                                   json={"model": MODEL, "prompt": "Say hi.", "max_tokens": 8, "stream": True}) as r:
+        assert r.status == 200
+        assert (r.headers["X-Disagg-Decision"], r.headers["X-Disagg-Reason"]) == ("local", "short_prompt")
+        await r.read()

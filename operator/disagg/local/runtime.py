@@ -234,6 +234,10 @@ class LocalRuntime:
         fields = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
                   "metadata.uid": pod.metadata.uid, "status.podIP": local.ip, "status.hostIP": "127.0.0.1",
                   "spec.nodeName": NODE_NAME, "spec.serviceAccountName": pod.spec.service_account_name or "default"}
+        # the simulated GPU follows the pod's GPU-product node selector (heterogeneous pools stay heterogeneous)
+        for key, value in (pod.spec.node_selector or {}).items():
+            if key.endswith("gpu.product") and "DISAGG_SIM_GPU" not in env:
+                env["DISAGG_SIM_GPU"] = value
         for e in pod.spec.containers[0].env or []:
             if e.value is not None:
                 env[e.name] = _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), e.value)

@@ -222,6 +222,12 @@ class Router:
         return LoadSnapshot(prefill=loads("prefill", False), decode=loads("decode", True),
                             aggregated=loads("aggregated", True), tenant_avg_output_tokens=self.tenants.get(tenant))
 
+    @staticmethod
+    def _decision_headers(ctx: "Ctx") -> dict[str, str]:
+        """Response headers telling the client which path served it and why (debugging, demo, benchmarks)."""
+        return {"X-Request-Id": ctx.request_id, "X-Disagg-Decision": ctx.decision, "X-Disagg-Reason": ctx.reason,
+                "X-Disagg-Path": ctx.path}
+
     async def handle_completion(self, request: web.Request) -> web.StreamResponse:
         t0 = time.monotonic()
         client_rid = request.headers.get("X-Request-Id")
@@ -502,13 +508,13 @@ class Router:
                     self._derive_phases(ctx, w, remote, ttfb=None)
                     ctx.outcome, ctx.status = "ok", 200
                     return web.Response(body=first, status=200, content_type="application/json",
-                                        headers={"X-Request-Id": ctx.request_id})
+                                        headers=self._decision_headers(ctx))
                 # ---- phase B: committed to the client
                 acct = StreamAccount(chat=ctx.endpoint.endswith("chat/completions"))
                 acct.feed(first, t_first)
                 out = web.StreamResponse(status=200, headers={
                     "Content-Type": resp.headers.get("Content-Type", "text/event-stream"),
-                    "Cache-Control": "no-cache", "X-Request-Id": ctx.request_id})
+                    "Cache-Control": "no-cache", **self._decision_headers(ctx)})
                 if acct.first_at is not None:
                     ctx.timings["ttft"] = acct.first_at - ctx.t0
                 try:

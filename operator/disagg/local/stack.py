@@ -1,0 +1,176 @@
+"""The whole local stack in one object: control plane, pod runtime, operator, Prometheus.
+
+Used by ``disagg demo`` and the e2e tests. Everything runs on 127.0.0.0/8; :meth:`LocalStack.stop` (also on
+interpreter exit) stops every process it started.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from kubernetes import client
+
+from ..api import GROUP, PLURAL, VERSION
+from ..api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, ROUTER_PORT
+from ..api.crd import build_crd
+from ..kube import api_client, install_crd, server_side_apply
+from .controlplane import ControlPlane, free_ports
+from .prometheus import LocalPrometheus, Target
+from .runtime import LocalRuntime
+
+WORKER_PORT = 8000
+
+
+class LocalStack:
+    def __init__(self, namespace: str = "default", workdir: Path | None = None,
+                 sim_env: dict[str, str] | None = None, log_dir: Path | None = None,
+                 operator_args: tuple[str, ...] = ()):
+        self.namespace = namespace
+        self.workdir = workdir
+        self.log_dir = log_dir
+        self.sim_env = dict(sim_env or {})
+        self.operator_args = operator_args
+        self.cp = ControlPlane(with_controller_manager=True, workdir=workdir, log_to=log_dir)
+        self.prometheus = LocalPrometheus()
+        self.runtime: LocalRuntime | None = None
+        self.operator: subprocess.Popen | None = None
+        self.api: client.ApiClient | None = None
+        self._stop = threading.Event()
+        self._targets_thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, say: Callable[[str], None] = lambda m: None) -> None:
+        atexit.register(self.stop)
+        say("starting etcd + kube-apiserver + kube-controller-manager on 127.0.0.1")
+        self.cp.start()
+        self.api = api_client(self.cp.kubeconfig)
+        install_crd(self.api, build_crd())
+        say("starting the local pod runtime (pods run as processes, `vllm serve` → `disagg sim`)")
+        self.runtime = LocalRuntime(self.api, self.cp.kubeconfig, namespaces=[self.namespace],
+                                    extra_env=self.sim_env, workdir=self.workdir)
+        self.runtime.start()
+        say("starting Prometheus (Debian package) scraping every pod of every model")
+        self.prometheus.start()
+        self._targets_thread = threading.Thread(target=self._sync_targets, daemon=True, name="prom-targets")
+        self._targets_thread.start()
+        say("starting the operator (`disagg operator`)")
+        self._start_operator()
+
+    def _start_operator(self) -> None:
+        (liveness_port,) = free_ports(1)
+        logdir = self.log_dir or Path(self.cp._tmp or ".")  # noqa: SLF001 - the control plane's temp dir
+        logdir.mkdir(parents=True, exist_ok=True)
+        log = open(logdir / "operator.log", "ab")
+        self.operator = subprocess.Popen(
+            [sys.executable, "-m", "disagg.cli", "operator", "--namespace", self.namespace,
+             "--kubeconfig", str(self.cp.kubeconfig), "--liveness", f"http://127.0.0.1:{liveness_port}/healthz",
+             *self.operator_args],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "KUBECONFIG": str(self.cp.kubeconfig)})
+        log.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.operator and self.operator.poll() is None:
+            try:
+                os.killpg(self.operator.pid, signal.SIGTERM)
+                self.operator.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.operator.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.operator = None
+        if self.runtime:
+            self.runtime.stop()
+            self.runtime = None
+        self.prometheus.stop()
+        self.cp.stop()
+
+    def __enter__(self) -> "LocalStack":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ Prometheus targets
+    def _sync_targets(self) -> None:
+        """Scrape every running pod of every model, labelled as the chart's PodMonitors label them."""
+        core = client.CoreV1Api(self.api)
+        last: list[tuple[str, tuple]] = []
+        while not self._stop.is_set():
+            try:
+                pods = core.list_namespaced_pod(self.namespace, label_selector=LABEL_MODEL).items
+                targets = []
+                for p in pods:
+                    if not p.status.pod_ip or p.metadata.deletion_timestamp:
+                        continue
+                    labels = p.metadata.labels or {}
+                    role = labels.get(LABEL_ROLE, "")
+                    port = ROUTER_PORT if role == "router" else WORKER_PORT
+                    targets.append(Target(f"{p.status.pod_ip}:{port}", {
+                        "namespace": self.namespace, "model": labels.get(LABEL_MODEL, ""), "role": role,
+                        "pod": p.metadata.name, "compat_hash": labels.get(LABEL_COMPAT, "")}))
+                key = sorted((t.address, tuple(sorted(t.labels.items()))) for t in targets)
+                if key != last:
+                    self.prometheus.set_targets(targets)
+                    last = key
+            except Exception:  # noqa: BLE001 - the apiserver may be stopping; try again
+                pass
+            self._stop.wait(1.0)
+
+    # ------------------------------------------------------------------ helpers
+    def apply(self, doc: dict[str, Any]) -> None:
+        doc = {**doc, "metadata": {**doc.get("metadata", {}), "namespace": self.namespace}}
+        server_side_apply(self.api, doc, field_manager="disagg-demo")
+
+    def model(self, name: str) -> dict[str, Any]:
+        return client.CustomObjectsApi(self.api).get_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                                              PLURAL, name)
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        client.CustomObjectsApi(self.api).patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec})
+
+    def condition(self, name: str, type_: str) -> str | None:
+        for c in (self.model(name).get("status") or {}).get("conditions") or []:
+            if c.get("type") == type_:
+                return c.get("status")
+        return None
+
+    def pods(self, model: str, role: str) -> list[client.V1Pod]:
+        core = client.CoreV1Api(self.api)
+        return core.list_namespaced_pod(self.namespace,
+                                        label_selector=f"{LABEL_MODEL}={model},{LABEL_ROLE}={role}").items
+
+    def ready_pod_ips(self, model: str, role: str) -> list[str]:
+        return [p.status.pod_ip for p in self.pods(model, role)
+                if p.status.pod_ip and not p.metadata.deletion_timestamp
+                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+
+    def router_url(self, model: str) -> str | None:
+        ips = self.ready_pod_ips(model, "router")
+        return f"http://{ips[0]}:{ROUTER_PORT}" if ips else None
+
+    def wait_for(self, what: str, pred: Callable[[], Any], timeout: float, poll: float = 0.5) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.operator is not None and self.operator.poll() is not None:
+                raise RuntimeError(f"the operator exited ({self.operator.returncode}) while waiting for {what}")
+            try:
+                got = pred()
+            except client.ApiException:
+                got = None
+            if got:
+                return got
+            time.sleep(poll)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
