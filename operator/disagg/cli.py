@@ -63,7 +63,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(keep=args.keep)
+    return run_demo(keep=args.keep, results_dir=args.results, quick=args.quick)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,8 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", help="YAML files (multi-document allowed)")
     p.set_defaults(func=_cmd_validate)
 
-    p = sub.add_parser("demo", help="run the local demo (real control plane; see README)")
-    p.add_argument("--keep", action="store_true", help="keep the control plane running until Ctrl-C")
+    p = sub.add_parser("demo", help="the whole loop on this machine: route, fall back, scale (see README)")
+    p.add_argument("--keep", action="store_true", help="keep everything running at the end until Ctrl-C")
+    p.add_argument("--quick", action="store_true", help="half-length traffic phases")
+    p.add_argument("--results", type=Path, default=None, help="results directory (default results/demo-<time>)")
     p.set_defaults(func=_cmd_demo)
 
     for name in SUBCOMMAND_MODULES:

@@ -1,57 +1,250 @@
-"""`disagg demo`: the local loop on this machine (no GPU, no cluster, no Docker).
+"""`disagg demo`: prefill/decode disaggregation routing, falling back and scaling, on this machine.
 
-Starts a real control plane (etcd + kube-apiserver + kube-controller-manager on loopback), installs the
-CRD, applies the examples in docs/examples and prints `kubectl get dm`. Everything it starts is stopped
-when it ends or is interrupted.
+No GPU, no cluster, no Docker. A real control plane (etcd + kube-apiserver + kube-controller-manager built from
+Go sources), the operator, a local pod runtime that runs the operator's pods as processes (`vllm serve` →
+`disagg sim`, the digital twin), Prometheus (Debian) scraping them, and a mixed workload through the router:
+
+1. mixed traffic — long RAG prompts, short chats, long streams, three tenants: per-request decisions;
+2. KV-transfer failures injected into the decode workers → per-request fallbacks (no client errors) → the
+   operator flips the model to Aggregated → faults healed → it flips back after the hold;
+3. a load step of long prompts, then of long outputs → the autoscaler grows prefill and decode independently.
+
+Results: a summary in the terminal, PNG plots and report.html in the results directory. Everything started is
+stopped at the end, on Ctrl-C, or on error.
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
+import json
 import signal
-import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from .api.crd import build_crd
-from .kube import api_client, install_crd
-from .local.controlplane import REPO_ROOT, ControlPlane
+import yaml
 
-EXAMPLES_DIR = REPO_ROOT / "docs" / "examples"
+from .bench import loadgen
+from .bench.workload import MIXES, Mix, RequestClass, generate
+from .local.controlplane import REPO_ROOT
+from .local.stack import LocalStack
+
+DEMO_MODEL = REPO_ROOT / "docs" / "examples" / "local-demo.yaml"
 
 
 def _say(msg: str) -> None:
     print(f"==> {msg}", flush=True)
 
 
-def run_demo(keep: bool = False, examples_dir: Path = EXAMPLES_DIR) -> int:
+@dataclass
+class Timeline:
+    """Model status sampled once a second (for the plots and the e2e assertions)."""
+
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    marks: list[tuple[float, str]] = field(default_factory=list)
+
+    def mark(self, t0: float, label: str) -> None:
+        self.marks.append((time.monotonic() - t0, label))
+
+    def modes(self) -> list[str]:
+        out: list[str] = []
+        for s in self.samples:
+            if s["mode"] and (not out or out[-1] != s["mode"]):
+                out.append(s["mode"])
+        return out
+
+    def max_desired(self, pool: str) -> int:
+        return max((s[f"{pool}_desired"] for s in self.samples), default=0)
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    results: list[loadgen.Result]
+    summary: loadgen.Summary
+
+
+class Demo:
+    def __init__(self, stack: LocalStack, name: str = "demo", slo_ttft_ms: int = 3000, slo_tpot_ms: int = 60):
+        self.stack = stack
+        self.name = name
+        self.slo = (slo_ttft_ms, slo_tpot_ms)
+        self.timeline = Timeline()
+        self.t0 = time.monotonic()
+        self.phases: list[PhaseResult] = []
+        self._stop = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ set-up
+    def deploy(self, overrides: dict[str, Any] | None = None, timeout: float = 120) -> str:
+        doc = yaml.safe_load(DEMO_MODEL.read_text())
+        doc["metadata"]["name"] = self.name
+        doc["spec"]["autoscaling"]["prometheus"]["url"] = self.stack.prometheus.url
+        for key, value in (overrides or {}).items():
+            doc["spec"][key] = {**doc["spec"].get(key, {}), **value} if isinstance(value, dict) else value
+        self.slo = (doc["spec"]["slo"]["ttftP95Ms"], doc["spec"]["slo"]["tpotP95Ms"])
+        self.stack.apply(doc)
+        self._sampler = threading.Thread(target=self._sample, daemon=True, name="timeline")
+        self._sampler.start()
+        return self.stack.wait_for(
+            "the model's router, prefill and decode pods to be ready",
+            lambda: self.stack.condition(self.name, "Ready") == "True" and self._router_ready(), timeout)
+
+    def _router_ready(self) -> str | None:
+        url = self.stack.router_url(self.name)
+        if not url:
+            return None
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=2) as r:
+                return url if r.status == 200 else None
+        except OSError:
+            return None
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            try:
+                st = self.stack.model(self.name).get("status") or {}
+                pools = st.get("pools") or {}
+                self.timeline.samples.append({
+                    "t": round(time.monotonic() - self.t0, 2), "mode": st.get("activeMode"),
+                    **{f"{p}_{k}": (pools.get(p) or {}).get(f"{k}Replicas", 0)
+                       for p in ("prefill", "decode") for k in ("ready", "desired")},
+                    "ttft_p95_ms": (st.get("observed") or {}).get("ttftP95Ms"),
+                    "goodput": (st.get("observed") or {}).get("goodput"),
+                })
+            except Exception:  # noqa: BLE001 - the apiserver may be stopping
+                pass
+            self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------------ traffic
+    def drive(self, name: str, mix: Mix, rate: float, seconds: float, seed: int = 0,
+              progress: bool = True) -> PhaseResult:
+        url = self.stack.router_url(self.name)
+        if url is None:
+            raise RuntimeError("no ready router")
+        model = yaml.safe_load(DEMO_MODEL.read_text())["spec"]["model"]["servedName"]
+        requests = generate(mix, rate, seconds, model, seed=seed)
+        done: list[loadgen.Result] = []
+
+        def on_done(r: loadgen.Result) -> None:
+            done.append(r)
+            if progress:
+                _progress(name, len(done), len(requests), done)
+
+        self.timeline.mark(self.t0, name)
+        results = asyncio.run(loadgen.run(url, requests, on_done=on_done, timeout_s=120))
+        if progress:
+            print(file=sys.stderr)
+        phase = PhaseResult(name, results, loadgen.summarise(results, *self.slo))
+        self.phases.append(phase)
+        return phase
+
+    # ------------------------------------------------------------------ faults
+    def set_decode_faults(self, **faults: float) -> None:
+        for ip in self.stack.ready_pod_ips(self.name, "decode"):
+            req = urllib.request.Request(f"http://{ip}:8000/sim/faults", data=json.dumps(faults).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+            with urllib.request.urlopen(req, timeout=5) as r:
+                r.read()
+
+    def active_mode(self) -> str | None:
+        return (self.stack.model(self.name).get("status") or {}).get("activeMode")
+
+    def desired(self, pool: str) -> int:
+        return ((self.stack.model(self.name).get("status") or {}).get("pools") or {}).get(pool, {}).get(
+            "desiredReplicas", 0)
+
+
+def _progress(name: str, n: int, total: int, done: list[loadgen.Result]) -> None:
+    width = 30
+    filled = int(width * n / max(total, 1))
+    errors = sum(not r.ok for r in done)
+    remote = sum(r.decision == "remote" for r in done)
+    fallback = sum(r.reason.startswith(("prefill_", "kv_", "decode_")) or r.decision == "fallback" for r in done)
+    print(f"\r    {name:<22} [{'#' * filled}{'.' * (width - filled)}] {n}/{total}  remote {remote}  "
+          f"local {n - remote}  errors {errors}", end="", file=sys.stderr, flush=True)
+
+
+LONG_PROMPTS = Mix("long-prompts", "long RAG prompts, short answers", (
+    RequestClass("rag", 1.0, (6000, 10000), (64, 128), tenant="rag", shared_prefix_tokens=0),))
+LONG_OUTPUTS = Mix("long-outputs", "short prompts, long streams", (
+    RequestClass("stream", 1.0, (128, 512), (600, 1000), tenant="stream"),))
+
+
+def run_loop(demo: Demo, *, quick: bool = False) -> dict[str, Any]:
+    """The three acts. Returns what happened (for the report and the e2e assertions)."""
+    s = 0.5 if quick else 1.0
+    out: dict[str, Any] = {}
+
+    _say("act 1: mixed traffic (long RAG prompts, short chats, long streams; tenants rag/chat/stream)")
+    mixed = demo.drive("mixed traffic", MIXES["mixed"], rate=1.5, seconds=40 * s, seed=1)
+    out["mixed"] = mixed
+
+    _say("act 2: KV transfers stall on the decode workers (5 s > transferTimeoutMs 3 s)")
+    demo.set_decode_faults(kv_transfer_delay_ms=5000)
+    faulty = demo.drive("KV transfers failing", MIXES["long-rag"], rate=1.0, seconds=30 * s, seed=2)
+    out["faulty"] = faulty
+    demo.stack.wait_for("the operator to flip the model to Aggregated",
+                        lambda: demo.active_mode() == "Aggregated", 60)
+    demo.timeline.mark(demo.t0, "flipped to Aggregated")
+    _say("    the operator flipped the model to Aggregated; healing the KV path")
+    demo.set_decode_faults(kv_transfer_delay_ms=0)
+    healed = demo.drive("aggregated, healing", MIXES["mixed"], rate=1.0, seconds=20 * s, seed=3)
+    out["healed"] = healed
+    demo.stack.wait_for("the operator to flip back to Disaggregated",
+                        lambda: demo.active_mode() == "Disaggregated", 90)
+    demo.timeline.mark(demo.t0, "back to Disaggregated")
+    _say("    back to Disaggregated after the healthy hold")
+
+    _say("act 3: load step of long prompts → the prefill pool grows")
+    p0, d0 = demo.desired("prefill"), demo.desired("decode")
+    demo.drive("long-prompt load step", LONG_PROMPTS, rate=2.0, seconds=40 * s, seed=4)
+    out["prefill_grew"] = (p0, demo.desired("prefill"), d0, demo.desired("decode"))
+    _say("act 3b: load step of long outputs → the decode pool grows")
+    d1 = demo.desired("decode")
+    demo.drive("long-output load step", LONG_OUTPUTS, rate=3.0, seconds=40 * s, seed=5)
+    out["decode_grew"] = (d1, demo.desired("decode"))
+    return out
+
+
+def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = False) -> int:
+    from .bench.report import write_report
+
     started = time.monotonic()
-    cp = ControlPlane(with_controller_manager=True)
+    results_dir = results_dir or (REPO_ROOT / "results" / time.strftime("demo-%Y%m%d-%H%M%S"))
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stack = LocalStack(log_dir=results_dir / "logs", sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
+    demo: Demo | None = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        _say("starting etcd + kube-apiserver + kube-controller-manager on 127.0.0.1 (built from Go sources)")
-        cp.start()
-        _say(f"control plane ready at {cp.server} ({time.monotonic() - started:.1f}s)")
-        install_crd(api_client(cp.kubeconfig), build_crd())
-        _say("CRD disaggregatedmodels.serving.disagg.dev established")
-        env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig)}
-        for path in sorted(examples_dir.glob("*.yaml")):
-            out = subprocess.run(["kubectl", "apply", "--server-side", "-n", "default", "-f", str(path)],
-                                 env=env, capture_output=True, text=True)
-            if out.returncode != 0:
-                print(out.stderr, file=sys.stderr)
-                return 1
-            _say(out.stdout.strip())
-        _say("kubectl get dm")
-        subprocess.run(["kubectl", "get", "dm", "-n", "default"], env=env, check=True)
+        stack.start(say=_say)
+        _say(f"control plane at {stack.cp.server}; Prometheus at {stack.prometheus.url} "
+             f"({time.monotonic() - started:.0f}s)")
+        demo = Demo(stack)
+        _say("applying DisaggregatedModel 'demo' (docs/examples/local-demo.yaml)")
+        url = demo.deploy()
+        _say(f"router ready at {url}")
+        outcome = run_loop(demo, quick=quick)
+        demo.stop()
+        report = write_report(results_dir, demo, outcome)
+        print(report.terminal)
+        _say(f"plots and report: {results_dir}/report.html ({time.monotonic() - started:.0f}s)")
         if keep:
-            _say(f"control plane kept running; export KUBECONFIG={cp.kubeconfig}  (Ctrl-C to stop)")
+            _say(f"kept running; export KUBECONFIG={stack.cp.kubeconfig}  (Ctrl-C to stop)")
             while True:
                 time.sleep(3600)
         return 0
     except KeyboardInterrupt:
         return 130
     finally:
-        cp.stop()
-        _say(f"stopped everything ({time.monotonic() - started:.1f}s)")
+        if demo:
+            demo.stop()
+        stack.stop()
+        _say(f"stopped everything ({time.monotonic() - started:.0f}s)")

@@ -1,0 +1,173 @@
+"""The demo's report: a terminal summary, PNG plots and a small HTML page in the results directory."""
+
+from __future__ import annotations
+
+import html
+import json
+import urllib.request
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..router.metrics import PHASES
+
+
+@dataclass
+class Report:
+    terminal: str
+    files: list[Path]
+
+
+def phase_means(metrics_text: str) -> dict[str, dict[str, float]]:
+    """Mean seconds per phase and path, from the router's /metrics histograms."""
+    sums: dict[tuple[str, str], float] = {}
+    counts: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(metrics_text):
+        phase = fam.name.removeprefix("disagg_").removesuffix("_seconds")
+        if phase not in PHASES:
+            continue
+        for s in fam.samples:
+            key = (phase, s.labels.get("path", ""))
+            if s.name.endswith("_sum"):
+                sums[key] = sums.get(key, 0.0) + s.value
+            elif s.name.endswith("_count"):
+                counts[key] = counts.get(key, 0.0) + s.value
+    out: dict[str, dict[str, float]] = {}
+    for (phase, path), n in counts.items():
+        if n:
+            out.setdefault(path, {})[phase] = sums.get((phase, path), 0.0) / n
+    return out
+
+
+def _fetch(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    return "—" if v is None else f"{v:,.0f}{unit}" if isinstance(v, float) and v >= 100 else f"{v}{unit}"
+
+
+def write_report(results_dir: Path, demo: Any, outcome: dict[str, Any]) -> Report:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    router = demo.stack.router_url(demo.name)
+    phases = phase_means(_fetch(router + "/metrics")) if router else {}
+    lines: list[str] = ["", "=" * 100, "disagg demo — results (latencies in ms; SLO: TTFT p95 "
+                        f"{demo.slo[0]} ms, TPOT p95 {demo.slo[1]} ms)", "=" * 100]
+    header = f"{'phase':<24}{'reqs':>6}{'err':>5}{'remote':>8}{'local':>7}{'TTFT p50':>10}{'TTFT p95':>10}" \
+             f"{'TPOT p50':>10}{'TPOT p95':>10}{'goodput':>9}"
+    lines += [header, "-" * len(header)]
+    rows = []
+    for ph in demo.phases:
+        s = ph.summary
+        remote = sum(r.decision == "remote" for r in ph.results)
+        lines.append(f"{ph.name:<24}{s.requests:>6}{s.errors:>5}{remote:>8}{s.requests - remote:>7}"
+                     f"{_fmt(s.ttft_p50_ms):>10}{_fmt(s.ttft_p95_ms):>10}{_fmt(s.tpot_p50_ms):>10}"
+                     f"{_fmt(s.tpot_p95_ms):>10}{s.goodput:>9.0%}")
+        rows.append({"phase": ph.name, **asdict(s)})
+    reasons = Counter(f"{r.decision}/{r.reason}" for ph in demo.phases for r in ph.results if r.decision)
+    lines += ["", "decisions (decision/reason): " + ", ".join(f"{k} {v}" for k, v in reasons.most_common())]
+    if phases:
+        lines.append("")
+        lines.append("phase breakdown, mean ms per request (router; see docs/router.md for each phase's source):")
+        for path, values in sorted(phases.items()):
+            lines.append(f"  {path:<9}" + "  ".join(f"{k} {v * 1000:,.1f}" for k, v in values.items()))
+    lines.append("")
+    lines.append("mode: " + " → ".join(demo.timeline.modes()))
+    if "prefill_grew" in outcome:
+        p0, p1, d0, d1 = outcome["prefill_grew"]
+        lines.append(f"long-prompt step: prefill desired {p0} → {p1} (decode {d0} → {d1})")
+    if "decode_grew" in outcome:
+        lines.append(f"long-output step: decode desired {outcome['decode_grew'][0]} → {outcome['decode_grew'][1]}")
+    terminal = "\n".join(lines)
+
+    files = [results_dir / "results.json"]
+    files[0].write_text(json.dumps({"phases": rows, "decisions": dict(reasons), "phase_means_s": phases,
+                                    "timeline": demo.timeline.samples, "marks": demo.timeline.marks,
+                                    "outcome": {k: v for k, v in outcome.items() if isinstance(v, tuple)}},
+                                   indent=1, default=str))
+    files += _plots(results_dir, demo, phases)
+    html_path = results_dir / "report.html"
+    imgs = "".join(f'<h2>{html.escape(p.stem)}</h2><img src="{p.name}" style="max-width:100%">'
+                   for p in files if p.suffix == ".png")
+    html_path.write_text(f"<!doctype html><meta charset=utf-8><title>disagg demo</title>"
+                         f"<h1>disagg demo</h1><pre>{html.escape(terminal)}</pre>{imgs}")
+    files.append(html_path)
+    return Report(terminal, files)
+
+
+def _plots(results_dir: Path, demo: Any, phases: dict[str, dict[str, float]]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: list[Path] = []
+    # 1. TTFT and TPOT distributions by path
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    results = [r for ph in demo.phases for r in ph.results if r.ok]
+    for path in sorted({r.decision for r in results}):
+        sub = [r for r in results if r.decision == path]
+        for ax, attr in zip(axes, ("ttft_s", "tpot_s")):
+            vals = sorted(getattr(r, attr) * 1000 for r in sub if getattr(r, attr) is not None)
+            if vals:
+                ax.plot(vals, [i / len(vals) for i in range(1, len(vals) + 1)], label=f"{path} ({len(vals)})")
+    for ax, name, slo in zip(axes, ("TTFT (ms)", "TPOT (ms)"), demo.slo):
+        ax.axvline(slo, color="red", linestyle="--", label="SLO p95")
+        ax.set_xlabel(name)
+        ax.set_ylabel("share of requests")
+        ax.set_xscale("log")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.suptitle("Latency by routing decision")
+    out.append(_save(fig, results_dir / "latency_by_path.png"))
+    # 2. phase breakdown
+    if phases:
+        fig, ax = plt.subplots(figsize=(10, 4))
+        names = list(PHASES)
+        paths = sorted(phases)
+        width = 0.8 / max(len(paths), 1)
+        for i, path in enumerate(paths):
+            ax.bar([j + i * width for j in range(len(names))], [phases[path].get(n, 0) * 1000 for n in names],
+                   width, label=path)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], [n.replace("_", "\n") for n in names],
+                      fontsize=8)
+        ax.set_ylabel("mean ms per request")
+        ax.set_title("Phase breakdown (router)")
+        ax.legend()
+        out.append(_save(fig, results_dir / "phase_breakdown.png"))
+    # 3. timeline: mode and replicas
+    samples = demo.timeline.samples
+    if samples:
+        fig, ax = plt.subplots(figsize=(12, 4))
+        t = [s["t"] for s in samples]
+        for key, style in (("prefill_desired", "-"), ("decode_desired", "-"), ("prefill_ready", ":"),
+                           ("decode_ready", ":")):
+            ax.step(t, [s[key] for s in samples], style, where="post", label=key.replace("_", " "))
+        agg = [1 if s["mode"] == "Aggregated" else 0 for s in samples]
+        ax.fill_between(t, 0, [a * max(3, max(s["decode_desired"] for s in samples)) for a in agg], step="post",
+                        alpha=0.15, color="red", label="mode Aggregated")
+        for when, label in demo.timeline.marks:
+            ax.axvline(when, color="grey", linewidth=0.6)
+            ax.text(when, ax.get_ylim()[1] * 0.95, label, rotation=90, fontsize=7, va="top")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("replicas")
+        ax.set_title("Mode and replicas per pool")
+        ax.legend(fontsize=8, loc="upper left")
+        out.append(_save(fig, results_dir / "timeline.png"))
+    return out
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
