@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane prometheus crds test test-fast demo bench-sim lint clean
+.PHONY: help setup control-plane prometheus crds test test-fast demo bench bench-goodput bench-router bench-sim lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -39,8 +39,17 @@ test-fast: setup
 demo: setup control-plane prometheus
 	$(BIN)/disagg demo
 
+bench: bench-sim bench-goodput bench-router
+
+bench-goodput: setup
+	$(BIN)/disagg bench goodput --out results/bench-goodput.json
+
+bench-router: setup
+	@bash hack/ensure-nginx.sh >/dev/null
+	$(BIN)/disagg bench router --out results/bench-router.json
+
 bench-sim: setup
-	$(BIN)/python -m disagg.sim.bench
+	$(BIN)/disagg bench sim
 
 clean:
 	rm -rf $(VENV) .pytest_cache

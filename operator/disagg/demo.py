@@ -167,9 +167,9 @@ def _progress(name: str, n: int, total: int, done: list[loadgen.Result]) -> None
     filled = int(width * n / max(total, 1))
     errors = sum(not r.ok for r in done)
     remote = sum(r.decision == "remote" for r in done)
-    fallback = sum(r.reason.startswith(("prefill_", "kv_", "decode_")) or r.decision == "fallback" for r in done)
+    fallback = sum(r.path == "fallback" for r in done)
     print(f"\r    {name:<22} [{'#' * filled}{'.' * (width - filled)}] {n}/{total}  remote {remote}  "
-          f"local {n - remote}  errors {errors}", end="", file=sys.stderr, flush=True)
+          f"local {n - remote}  fallback {fallback}  errors {errors}", end="", file=sys.stderr, flush=True)
 
 
 LONG_PROMPTS = Mix("long-prompts", "long RAG prompts, short answers", (

@@ -32,8 +32,9 @@ class Result:
     tpot_s: float | None = None
     e2e_s: float | None = None
     output_tokens: int = 0
-    decision: str = ""  # the router's x-disagg-decision header, when present
-    reason: str = ""
+    decision: str = ""  # the router's X-Disagg-Decision header, when present
+    reason: str = ""  # X-Disagg-Reason
+    path: str = ""  # X-Disagg-Path: remote | local | fallback
 
     @property
     def ok(self) -> bool:
@@ -57,6 +58,7 @@ async def _one(session: aiohttp.ClientSession, base_url: str, req: Request, time
             res.status = resp.status
             res.decision = resp.headers.get("x-disagg-decision", "")
             res.reason = resp.headers.get("x-disagg-reason", "")
+            res.path = resp.headers.get("x-disagg-path", "")
             if resp.status != 200:
                 res.error = (await resp.text())[:300]
                 return res

@@ -1,0 +1,159 @@
+"""The closed loop per DisaggregatedModel: a kopf daemon that, every spec.autoscaling.intervalSeconds, queries
+Prometheus, runs the pure step (disagg.autoscaling.loop) and writes the outcome to status.
+
+What it writes (merge patch on the status subresource, guarded by resourceVersion and retried on conflict):
+- ``observed`` figures and the ``SLOMet`` condition — always;
+- ``pools.<pool>.desiredReplicas`` + ``lastScale`` — when autoscaling is enabled; the reconciler then sets the
+  Deployment's replicas (one owner);
+- ``activeMode``/``modeReason``/``modeSince`` and the ``FallbackActive`` condition — when spec.mode is Auto (a
+  pinned mode is written by the reconciler). The status change triggers the reconciler, which rewrites the
+  router's ConfigMap, so the router flips at once.
+Each scaling decision and mode flip is an Event and a metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from kubernetes import client
+from prometheus_client import Counter, Gauge
+from pydantic import ValidationError
+
+from .. import logs
+from ..api.models import ActiveMode, DisaggregatedModel, Mode
+from ..autoscaling.loop import LoopState, PoolReplicas, StepResult, step
+from ..autoscaling.mode import ModeState
+from ..autoscaling.queries import Sample, collect, connect
+from .kubeio import Kube, KubeError
+from .scaling import scale_patch
+from .status import condition, merge_conditions, now_rfc3339
+
+log = logs.get("disagg.autoscaler")
+
+SCALE_DECISIONS = Counter("disagg_operator_scale_decisions", "Pool size changes decided by the autoscaler.",
+                          ["namespace", "model", "pool", "direction"])
+MODE_FLIPS = Counter("disagg_operator_mode_flips", "Active-mode changes decided by the mode controller.",
+                     ["namespace", "model", "to"])
+ACTIVE_MODE = Gauge("disagg_operator_active_mode", "1 for the model's active mode.", ["namespace", "model", "mode"])
+DESIRED = Gauge("disagg_operator_desired_replicas", "Replicas the operator wants per pool.",
+                ["namespace", "model", "pool"])
+
+Emit = Callable[[Mapping[str, Any], str, str, str], None]
+
+
+@dataclass
+class Autoscaler:
+    kube: Kube
+    emit: Emit
+    states: dict[tuple[str, str], LoopState] = field(default_factory=dict)
+    query_factory: Callable[..., Any] = connect
+
+    # ------------------------------------------------------------------ one tick
+    def sample(self, dm: DisaggregatedModel, namespace: str, name: str) -> Sample:
+        prom = dm.spec.autoscaling.prometheus
+        if prom is None:
+            return Sample({}, error="spec.autoscaling.prometheus is not set: no metrics to act on")
+        token = self._token(namespace, prom.auth_secret_ref) if prom.auth_secret_ref else None
+        return collect(self.query_factory(prom.url, prom.timeout_seconds, token), namespace, name, dm.spec)
+
+    def _token(self, namespace: str, ref: Any) -> str | None:
+        try:
+            secret = client.CoreV1Api(self.kube.api).read_namespaced_secret(ref.name, namespace)
+            return base64.b64decode((secret.data or {})[ref.key]).decode().strip()
+        except (client.ApiException, KeyError) as exc:
+            log.warning("prometheus auth secret unreadable", secret=f"{namespace}/{ref.name}", error=str(exc))
+            return None
+
+    def tick(self, namespace: str, name: str) -> StepResult | None:
+        body = self.kube.get_model(namespace, name)
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        try:
+            dm = DisaggregatedModel.model_validate(body)
+        except ValidationError:
+            return None  # the reconciler reports invalid specs
+        sample = self.sample(dm, namespace, name)
+        state = self.states.setdefault((namespace, name), LoopState())
+        status = body.get("status") or {}
+        current = ActiveMode(status["activeMode"]) if status.get("activeMode") else ActiveMode.DISAGGREGATED
+        if state.mode is None or state.mode.active != current:  # status is the truth (pins, restarts)
+            state.mode = ModeState(active=current, since=time.monotonic(), reason=status.get("modeReason") or "",
+                                   backoff=state.mode.backoff if state.mode else 1,
+                                   flips=state.mode.flips if state.mode else 0)
+        pools = {}
+        for pool in ("prefill", "decode"):
+            ps = (status.get("pools") or {}).get(pool) or {}
+            spec_replicas = getattr(dm.spec, pool).replicas
+            pools[pool] = PoolReplicas(int(ps.get("desiredReplicas", spec_replicas)), int(ps.get("readyReplicas", 0)))
+        now_iso = now_rfc3339()
+        result = step(dm.spec, pools, sample, state, time.monotonic(), now_iso, current_mode=current)
+        self._write(body, dm, result, now_iso)
+        return result
+
+    def _patch(self, body: Mapping[str, Any], dm: DisaggregatedModel, r: StepResult, now: str) -> dict[str, Any]:
+        status = body.get("status") or {}
+        gen = (body.get("metadata") or {}).get("generation")
+        patch: dict[str, Any] = {"observed": r.observed.to_api()}
+        conds = [condition("SLOMet", {"True": True, "False": False}.get(r.slo_met[0]), r.slo_met[1], r.slo_met[2],
+                           gen)]
+        for pool, d in r.decisions.items():
+            if d.changed:
+                patch.setdefault("pools", {}).update(scale_patch(pool, d.current, d.desired, d.reason, now)["pools"])
+        if dm.spec.mode == Mode.AUTO:
+            if r.mode_changed:
+                patch.update({"activeMode": r.mode.active.value, "modeReason": r.mode.reason, "modeSince": now})
+            fallback = r.mode.active == ActiveMode.AGGREGATED
+            conds.append(condition("FallbackActive", fallback, "FlippedToAggregated" if fallback else "Disaggregated",
+                                   r.mode.reason if fallback else "the remote-prefill path is in use", gen))
+        else:
+            conds.append(condition("FallbackActive", False, "ModePinned",
+                                   f"spec.mode {dm.spec.mode.value} pins the mode", gen))
+        patch["conditions"] = merge_conditions(status.get("conditions") or [], conds, now)
+        return patch
+
+    def _write(self, body: Mapping[str, Any], dm: DisaggregatedModel, r: StepResult, now: str) -> None:
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        for attempt in range(3):
+            try:
+                self.kube.patch_model_status(ns, name, self._patch(body, dm, r, now),
+                                             body["metadata"].get("resourceVersion"))
+                break
+            except KubeError as exc:
+                if exc.status != 409 or attempt == 2:
+                    raise
+                fresh = self.kube.get_model(ns, name)
+                if fresh is None:
+                    return
+                body = fresh
+        for pool, d in r.decisions.items():
+            DESIRED.labels(ns, name, pool).set(d.desired)
+            if d.changed:
+                direction = "up" if d.desired > d.current else "down"
+                SCALE_DECISIONS.labels(ns, name, pool, direction).inc()
+                self.emit(body, "Normal", "Scaled", f"{pool} {d.current} → {d.desired}: {d.reason}")
+                log.info("scaled", model=f"{ns}/{name}", pool=pool, frm=d.current, to=d.desired, reason=d.reason)
+        for mode in ActiveMode:
+            ACTIVE_MODE.labels(ns, name, mode.value).set(1 if r.mode.active == mode else 0)
+        if r.mode_changed and dm.spec.mode == Mode.AUTO:
+            MODE_FLIPS.labels(ns, name, r.mode.active.value).inc()
+            kind = "Warning" if r.mode.active == ActiveMode.AGGREGATED else "Normal"
+            self.emit(body, kind, "ModeChanged", f"{r.mode.active.value}: {r.mode.reason}")
+            log.info("mode changed", model=f"{ns}/{name}", mode=r.mode.active.value, reason=r.mode.reason)
+
+    # ------------------------------------------------------------------ the daemon body
+    async def run(self, namespace: str, name: str, stopped: Any, interval_of: Callable[[], int]) -> None:
+        """Loop until kopf stops the daemon (model deleted or operator exiting)."""
+        try:
+            while not stopped:
+                try:
+                    await asyncio.to_thread(self.tick, namespace, name)
+                except Exception as exc:  # noqa: BLE001 - a failed tick holds; the next one retries
+                    log.warning("autoscaler tick failed", model=f"{namespace}/{name}",
+                                error=f"{type(exc).__name__}: {exc}")
+                await stopped.wait(interval_of())
+        finally:
+            self.states.pop((namespace, name), None)
