@@ -1,1 +1,79 @@
-"""Pure functions: DisaggregatedModel → Kubernetes manifests (plain dicts, no I/O)."""
+"""Pure functions: DisaggregatedModel → Kubernetes manifests (plain dicts, no I/O).
+
+``build_children(dm)`` is the one entry point: the operator applies exactly its output, and ``disagg render``
+prints it. Everything here is deterministic: the same DisaggregatedModel gives byte-identical manifests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from collections.abc import Mapping
+
+from pydantic import ValidationError
+
+from ..api import contract as c
+from ..api.models import DisaggregatedModel, DisaggregatedModelStatus
+from .meta import ANNOTATION_SPEC_HASH, BuildError, check_child_names, model_name, stamp_spec_hash
+from .replicas import desired_replicas, replicas_owner
+from .router import active_mode, router_config, router_configmap, router_deployment, router_rbac, router_service
+from .settings import BuildSettings
+from .transport import kv_transfer_config, transport_summary
+from .workers import compat_hash, worker_args, worker_deployment, worker_pdb, worker_roles, worker_service
+
+__all__ = [
+    "ANNOTATION_SPEC_HASH",
+    "BuildError",
+    "BuildSettings",
+    "active_mode",
+    "build_children",
+    "compat_hash",
+    "desired_replicas",
+    "kv_transfer_config",
+    "parse_model",
+    "replicas_owner",
+    "router_config",
+    "transport_summary",
+    "worker_args",
+    "worker_roles",
+]
+
+
+def parse_model(body: Mapping[str, Any]) -> DisaggregatedModel:
+    """A DisaggregatedModel from a raw object: the spec strictly (pydantic errors propagate), the status leniently
+    (a status another writer left in an unexpected shape is dropped rather than blocking reconciliation)."""
+    raw = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+    dm = DisaggregatedModel.model_validate(raw)
+    status = body.get("status")
+    if status:
+        try:
+            dm.status = DisaggregatedModelStatus.model_validate(
+                {k: v for k, v in status.items() if k in DisaggregatedModelStatus.model_fields
+                 or k in {f.alias for f in DisaggregatedModelStatus.model_fields.values()}}
+            )
+        except ValidationError:
+            dm.status = None
+    return dm
+
+
+def build_children(dm: DisaggregatedModel, settings: BuildSettings | None = None) -> list[dict[str, Any]]:
+    """Every child object of a DisaggregatedModel, in apply order (RBAC and config before the workloads).
+
+    Raises BuildError (message names the field) when the spec cannot be turned into valid objects; nothing is
+    returned then, so the caller applies all or nothing.
+    """
+    settings = settings or BuildSettings()
+    model = model_name(dm)
+    roles = worker_roles(dm)
+    check_child_names(model, {**{r: c.pool_name(model, r) for r in roles}, "router": c.router_name(model)})
+    objs: list[dict[str, Any]] = []
+    objs += router_rbac(dm)
+    objs.append(router_configmap(dm))
+    for role in roles:
+        objs.append(worker_service(dm, role))
+    objs.append(router_service(dm))
+    for role in roles:
+        objs.append(worker_pdb(dm, role))
+    for role in roles:
+        objs.append(worker_deployment(dm, role))
+    objs.append(router_deployment(dm, settings))
+    return [stamp_spec_hash(o) for o in objs]

@@ -1,0 +1,121 @@
+"""Names, labels, owner references and hashes shared by every child object."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from typing import Any
+
+from ..api import contract as c
+from ..api.contract import Role
+from ..api.models import API_VERSION, KIND, DisaggregatedModel
+
+# Annotation on every child: hash of the manifest the operator applied. A child whose annotation differs from
+# the freshly built manifest's is re-applied; that is how removed fields (which a live-vs-desired subset check
+# cannot see) reach the cluster.
+ANNOTATION_SPEC_HASH = "serving.disagg.dev/spec-hash"
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+class BuildError(ValueError):
+    """A spec the schema accepts but the operator cannot turn into valid objects. The message names the field."""
+
+
+def model_name(dm: DisaggregatedModel) -> str:
+    name = dm.metadata.get("name")
+    if not name:
+        raise BuildError("metadata.name: required")
+    return str(name)
+
+
+def namespace_of(dm: DisaggregatedModel) -> str | None:
+    ns = dm.metadata.get("namespace")
+    return str(ns) if ns else None
+
+
+def check_child_names(model: str, names: dict[str, str]) -> None:
+    """Services (so every pool and the router) need DNS-1035 labels: ≤ 63 characters, starting with a letter.
+
+    ``names`` maps a role to its child name. The apiserver accepts longer DisaggregatedModel names (DNS
+    subdomains), so this is checked here, before anything is applied.
+    """
+    for role, name in names.items():
+        if len(name) > 63:
+            longest = 63 - (len(name) - len(model))
+            raise BuildError(
+                f"metadata.name: {model!r} is too long: the {role} Service would be named {name!r} "
+                f"({len(name)} characters; Kubernetes allows 63). Use at most {longest} characters."
+            )
+        if not _DNS1035.match(name):
+            raise BuildError(
+                f"metadata.name: {model!r} cannot name a Service ({name!r}): use lowercase letters, digits and "
+                "'-', starting with a letter (DNS-1035 label)."
+            )
+
+
+def common_labels(model: str) -> dict[str, str]:
+    return {
+        c.LABEL_NAME: c.APP_NAME,
+        c.LABEL_INSTANCE: model,
+        c.LABEL_MANAGED_BY: c.MANAGED_BY,
+        c.LABEL_PART_OF: c.APP_NAME,
+        c.LABEL_MODEL: model,
+    }
+
+
+def role_labels(model: str, role: Role) -> dict[str, str]:
+    return {**common_labels(model), c.LABEL_COMPONENT: role, c.LABEL_ROLE: role}
+
+
+def selector_labels(model: str, role: Role) -> dict[str, str]:
+    """Immutable Deployment selector and Service selector: model + role (never the compat hash, which changes)."""
+    return {c.LABEL_MODEL: model, c.LABEL_ROLE: role}
+
+
+def owner_references(dm: DisaggregatedModel) -> list[dict[str, Any]]:
+    """The DisaggregatedModel as controller owner; empty when it has no uid yet (``disagg render``)."""
+    uid = dm.metadata.get("uid")
+    if not uid:
+        return []
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": model_name(dm),
+            "uid": uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+
+
+def object_meta(dm: DisaggregatedModel, name: str, labels: dict[str, str],
+                annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    ns = namespace_of(dm)
+    if ns:
+        meta["namespace"] = ns
+    meta["labels"] = dict(labels)
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    owners = owner_references(dm)
+    if owners:
+        meta["ownerReferences"] = owners
+    return meta
+
+
+def short_hash(value: Any, length: int = 10) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def stamp_spec_hash(obj: dict[str, Any]) -> dict[str, Any]:
+    """Add ANNOTATION_SPEC_HASH: the hash of the whole manifest without that annotation."""
+    body = copy.deepcopy(obj)
+    body.setdefault("metadata", {}).setdefault("annotations", {}).pop(ANNOTATION_SPEC_HASH, None)
+    digest = short_hash(body, 16)
+    obj.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = digest
+    return obj

@@ -1,0 +1,158 @@
+"""The router: ConfigMap (RouterConfig), Deployment, Service, ServiceAccount, Role and RoleBinding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from ..api import contract as c
+from ..api.models import ActiveMode, DisaggregatedModel, Mode
+from .meta import model_name, namespace_of, object_meta, role_labels, selector_labels
+from .settings import BuildSettings
+from .workers import served_name, worker_roles
+
+ROUTER_CONFIG_DIR = "/etc/disagg"
+ROUTER_CONFIG_PATH = f"{ROUTER_CONFIG_DIR}/{c.ROUTER_CONFIG_KEY}"
+ROUTER_CONTAINER_NAME = "router"
+ROUTER_CONFIG_VOLUME = "config"
+# Environment of the router container (`disagg router` reads these in cluster mode to discover its pools).
+ENV_POD_NAMESPACE = "POD_NAMESPACE"
+ENV_MODEL_NAME = "DISAGG_MODEL_NAME"  # the DisaggregatedModel's name = value of serving.disagg.dev/model on pods
+
+
+def active_mode(dm: DisaggregatedModel) -> ActiveMode:
+    """The mode in force: pinned by spec.mode, else status.activeMode (the mode controller's), else Disaggregated."""
+    if dm.spec.mode == Mode.AGGREGATED:
+        return ActiveMode.AGGREGATED
+    if dm.spec.mode == Mode.DISAGGREGATED:
+        return ActiveMode.DISAGGREGATED
+    if dm.status is not None and dm.status.active_mode is not None:
+        return dm.status.active_mode
+    return ActiveMode.DISAGGREGATED
+
+
+def router_config(dm: DisaggregatedModel) -> c.RouterConfig:
+    spec = dm.spec
+    model = model_name(dm)
+    pools = {
+        role: c.PoolEndpoint(service=c.pool_name(model, role), port=spec.engine.port) for role in worker_roles(dm)
+    }
+    return c.RouterConfig(
+        model=served_name(spec),
+        mode=spec.mode,
+        active_mode=active_mode(dm),
+        routing=spec.routing,
+        rollout=spec.rollout,
+        slo=spec.slo,
+        transfer_timeout_ms=spec.kv_transfer.transfer_timeout_ms,
+        pools=c.RouterPools(**pools),
+    )
+
+
+def router_configmap(dm: DisaggregatedModel) -> dict[str, Any]:
+    model = model_name(dm)
+    text = yaml.safe_dump(router_config(dm).to_api(), sort_keys=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(dm, c.router_name(model), role_labels(model, "router")),
+        "data": {c.ROUTER_CONFIG_KEY: text},
+    }
+
+
+def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[str, Any]:
+    model = model_name(dm)
+    name = c.router_name(model)
+    labels = role_labels(model, "router")
+    probe = {"httpGet": {"path": "/health", "port": c.WORKER_PORT_NAME}, "periodSeconds": 5, "timeoutSeconds": 3,
+             "failureThreshold": 3}
+    container = {
+        "name": ROUTER_CONTAINER_NAME,
+        "image": settings.router_image,
+        "imagePullPolicy": settings.router_image_pull_policy,
+        "command": ["disagg", "router", "--config", ROUTER_CONFIG_PATH, "--host", "0.0.0.0",
+                    "--port", str(c.ROUTER_PORT)],
+        "ports": [{"name": c.WORKER_PORT_NAME, "containerPort": c.ROUTER_PORT, "protocol": "TCP"}],
+        "env": [
+            {"name": ENV_POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": ENV_MODEL_NAME, "value": model},
+        ],
+        "volumeMounts": [{"name": ROUTER_CONFIG_VOLUME, "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+        "readinessProbe": probe,
+        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
+                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(dm, name, labels),
+        "spec": {
+            "replicas": settings.router_replicas,
+            "selector": {"matchLabels": selector_labels(model, "router")},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(c.ROUTER_PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "containers": [container],
+                    "volumes": [{"name": ROUTER_CONFIG_VOLUME, "configMap": {"name": name}}],
+                    "enableServiceLinks": False,
+                },
+            },
+        },
+    }
+
+
+def router_service(dm: DisaggregatedModel) -> dict[str, Any]:
+    model = model_name(dm)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(dm, c.router_name(model), role_labels(model, "router")),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(model, "router"),
+            "ports": [{"name": c.WORKER_PORT_NAME, "port": c.ROUTER_PORT, "targetPort": c.WORKER_PORT_NAME,
+                       "protocol": "TCP"}],
+        },
+    }
+
+
+def router_rbac(dm: DisaggregatedModel) -> list[dict[str, Any]]:
+    """ServiceAccount + Role + RoleBinding: read pods, EndpointSlices and ConfigMaps in this namespace only."""
+    model = model_name(dm)
+    name = c.router_name(model)
+    labels = role_labels(model, "router")
+    read = ["get", "list", "watch"]
+    subject: dict[str, Any] = {"kind": "ServiceAccount", "name": name}
+    ns = namespace_of(dm)
+    if ns:
+        subject["namespace"] = ns
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(dm, name, labels)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": object_meta(dm, name, labels),
+            "rules": [
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
+                {"apiGroups": [""], "resources": ["pods", "configmaps"], "verbs": read},
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": object_meta(dm, name, labels),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [subject],
+        },
+    ]

@@ -1,0 +1,338 @@
+"""Worker pools: a Deployment, a headless Service and a PodDisruptionBudget per pool (prefill, decode, aggregated)."""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+from typing import Any
+
+from ..api import contract as c
+from ..api.contract import Role
+from ..api.models import DisaggregatedModel, DisaggregatedModelSpec, PoolSpec
+from .merge import strategic_merge
+from .meta import BuildError, model_name, object_meta, role_labels, selector_labels, short_hash
+from .replicas import desired_replicas
+from .transport import KV_ROLES, kv_transfer_config_json, transport_parts, UCX_TLS
+from .vllm import supports_shutdown_timeout
+
+CONTAINER_NAME = "vllm"
+MODEL_MOUNT = "/models"
+SHM_VOLUME = "dshm"
+MODEL_VOLUME = "model"
+# Seconds added to vLLM's --shutdown-timeout for the pod's terminationGracePeriodSeconds, so Kubernetes does
+# not SIGKILL a worker that is still draining.
+GRACE_MARGIN_SECONDS = 30
+# Model loading (download + weights + CUDA graphs) can take many minutes: the startup probe allows 30.
+STARTUP_PROBE_PERIOD_SECONDS = 10
+STARTUP_PROBE_FAILURES = 180
+
+# Flags the operator renders from the spec; refused in extraArgs so that the spec stays the one source.
+RESERVED_FLAGS = {
+    "--port": "spec.engine.port",
+    "--served-model-name": "spec.model.servedName",
+    "--kv-transfer-config": "spec.kvTransfer",
+    "--tensor-parallel-size": "spec.<pool>.parallelism.tensor",
+    "-tp": "spec.<pool>.parallelism.tensor",
+    "--pipeline-parallel-size": "spec.<pool>.parallelism.pipeline",
+    "-pp": "spec.<pool>.parallelism.pipeline",
+    "--data-parallel-size": "spec.<pool>.parallelism.data",
+    "-dp": "spec.<pool>.parallelism.data",
+}
+
+# `vllm serve` flags that change the KV-cache layout or the NIXL handshake (vLLM's own
+# compute_nixl_compatibility_hash covers model, dtype, cache dtype, attention backend, hybrid KV manager,
+# speculative config; block size is checked at handshake). A pool-level difference in one of these makes the
+# pools' compatibility hashes differ, so the router never pairs them.
+KV_LAYOUT_FLAGS = (
+    "--dtype",
+    "--kv-cache-dtype",
+    "--block-size",
+    "--quantization",
+    "-q",
+    "--attention-backend",
+    "--speculative-config",
+    "--revision",
+    "--hf-overrides",
+)
+KV_LAYOUT_BOOL_FLAGS = ("--disable-hybrid-kv-cache-manager", "--no-disable-hybrid-kv-cache-manager")
+
+
+def served_name(spec: DisaggregatedModelSpec) -> str:
+    return spec.model.served_name or spec.model.name
+
+
+def model_argument(spec: DisaggregatedModelSpec) -> str:
+    """The positional model of `vllm serve`: the hub id, or the directory inside the mounted PVC."""
+    pvc = spec.model.source.pvc
+    if pvc is None:
+        return spec.model.name
+    return posixpath.normpath(posixpath.join(MODEL_MOUNT, pvc.path.lstrip("/")))
+
+
+def gpu_count(pool: PoolSpec) -> int:
+    p = pool.parallelism
+    return pool.gpu.count if pool.gpu.count is not None else p.tensor * p.pipeline * p.data
+
+
+def check_extra_args(field: str, args: list[str]) -> None:
+    for i, arg in enumerate(args):
+        flag = arg.split("=", 1)[0]
+        if flag in RESERVED_FLAGS:
+            raise BuildError(
+                f"{field}[{i}]: {flag} is set by the operator from {RESERVED_FLAGS[flag]}; remove it from extraArgs"
+            )
+
+
+def kv_layout_args(args: list[str]) -> list[str]:
+    """The KV-layout-relevant flags (with values) in an argument list, in order."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag = arg.split("=", 1)[0]
+        if flag in KV_LAYOUT_BOOL_FLAGS:
+            out.append(arg)
+        elif flag in KV_LAYOUT_FLAGS:
+            if "=" in arg:
+                out.append(arg)
+            elif i + 1 < len(args):
+                out.append(f"{arg}={args[i + 1]}")
+                i += 1
+        i += 1
+    return out
+
+
+def compat_factors(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
+    """What goes into the compatibility hash (docs/operator.md, "Generation isolation")."""
+    pool: PoolSpec | None = getattr(spec, role)
+    kv = spec.kv_transfer
+    return {
+        "image": spec.engine.image,  # the vLLM + NIXL + UCX build
+        "model": spec.model.name,
+        "modelPath": model_argument(spec),
+        "maxModelLen": spec.model.max_model_len,
+        "engineArgs": list(spec.engine.extra_args),  # shared by every pool
+        "engineEnv": spec.engine.env,  # e.g. VLLM_ATTENTION_BACKEND
+        "poolKVArgs": kv_layout_args(pool.extra_args) if pool else [],
+        "connector": kv.connector,
+        "connectorExtraConfig": kv.extra_config,
+        "ucxTLS": UCX_TLS[kv.transport],
+    }
+
+
+def compat_hash(spec: DisaggregatedModelSpec, role: Role) -> str:
+    """Short hash of the settings prefill and decode must share; equal hashes may be paired by the router."""
+    return short_hash(compat_factors(spec, role))
+
+
+def worker_args(dm: DisaggregatedModel, role: Role) -> list[str]:
+    spec = dm.spec
+    pool: PoolSpec = getattr(spec, role)
+    check_extra_args("spec.engine.extraArgs", spec.engine.extra_args)
+    check_extra_args(f"spec.{role}.extraArgs", pool.extra_args)
+    p = pool.parallelism
+    args = [
+        model_argument(spec),
+        "--port", str(spec.engine.port),
+        "--served-model-name", served_name(spec),
+        "--tensor-parallel-size", str(p.tensor),
+    ]
+    if p.pipeline > 1:
+        args += ["--pipeline-parallel-size", str(p.pipeline)]
+    if p.data > 1:
+        args += ["--data-parallel-size", str(p.data)]
+    if spec.model.max_model_len:
+        args += ["--max-model-len", str(spec.model.max_model_len)]
+    if pool.max_num_seqs:
+        args += ["--max-num-seqs", str(pool.max_num_seqs)]
+    if pool.max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(pool.max_num_batched_tokens)]
+    if role in KV_ROLES:
+        args += ["--kv-transfer-config", kv_transfer_config_json(spec.kv_transfer, role)]
+    if supports_shutdown_timeout(spec.engine.image):
+        args += ["--shutdown-timeout", str(spec.engine.shutdown_timeout_seconds)]
+    return args + list(spec.engine.extra_args) + list(pool.extra_args)
+
+
+def _probe(path: str, period: int, failures: int, initial: int = 0) -> dict[str, Any]:
+    probe: dict[str, Any] = {
+        "httpGet": {"path": path, "port": c.WORKER_PORT_NAME},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+    if initial:
+        probe["initialDelaySeconds"] = initial
+    return probe
+
+
+def _merge_affinity(user: dict[str, Any], terms: list[dict[str, Any]]) -> dict[str, Any]:
+    affinity = copy.deepcopy(user)
+    if terms:
+        pod_aff = affinity.setdefault("podAffinity", {})
+        required = pod_aff.setdefault("requiredDuringSchedulingIgnoredDuringExecution", [])
+        required.extend(copy.deepcopy(terms))
+    return affinity
+
+
+def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
+    spec = dm.spec
+    pool: PoolSpec = getattr(spec, role)
+    model = model_name(dm)
+    name = c.pool_name(model, role)
+    chash = compat_hash(spec, role)
+    labels = role_labels(model, role)
+    pod_labels = {**labels, c.LABEL_COMPAT: chash}
+    kv_connected = role in KV_ROLES
+    parts = transport_parts(spec.kv_transfer, model) if kv_connected else None
+
+    env: list[dict[str, Any]] = []
+    ports = [{"name": c.WORKER_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}]
+    limits: dict[str, Any] = {}
+    if parts:
+        # vLLM listens on sideChannelPort + data-parallel rank (one port per DP rank in the pod).
+        side = spec.kv_transfer.side_channel_port
+        if side <= spec.engine.port < side + pool.parallelism.data:
+            raise BuildError(
+                f"spec.kvTransfer.sideChannelPort: the NIXL side channel uses ports {side}"
+                f"{'' if pool.parallelism.data == 1 else f'-{side + pool.parallelism.data - 1}'} in the {role} pool, "
+                f"which includes spec.engine.port {spec.engine.port}; pick another port"
+            )
+        env += parts.env
+        ports += parts.ports
+        limits.update(parts.limits)
+    hub = spec.model.source.hub
+    if hub is not None and hub.token_secret_ref is not None:
+        env.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {
+                    "secretKeyRef": {"name": hub.token_secret_ref.name, "key": hub.token_secret_ref.key}
+                },
+            }
+        )
+    env += copy.deepcopy(spec.engine.env)
+
+    resources = copy.deepcopy(pool.resources)
+    resources.setdefault("limits", {})
+    resources["limits"][pool.gpu.resource_name] = str(gpu_count(pool))
+    resources["limits"].update(limits)
+
+    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
+    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    pvc = spec.model.source.pvc
+    if pvc is not None:
+        volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}})
+        mounts.append({"name": MODEL_VOLUME, "mountPath": MODEL_MOUNT, "readOnly": True})
+
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.engine.image,
+        "imagePullPolicy": spec.engine.image_pull_policy,
+        "command": ["vllm", "serve"],
+        "args": worker_args(dm, role),
+        "ports": ports,
+        "env": env,
+        "resources": resources,
+        "volumeMounts": mounts,
+        "startupProbe": _probe("/health", STARTUP_PROBE_PERIOD_SECONDS, STARTUP_PROBE_FAILURES),
+        "readinessProbe": _probe("/health", 5, 3),
+        "livenessProbe": _probe("/health", 10, 6),
+    }
+    if parts and parts.capabilities:
+        container["securityContext"] = {"capabilities": {"add": list(parts.capabilities)}}
+
+    node_selector = dict(pool.node_selector)
+    if pool.gpu.product:
+        node_selector[pool.gpu.product_label] = pool.gpu.product
+
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        # vLLM reads VLLM_* variables; service links would inject e.g. VLLM_PORT for a Service named "vllm".
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": spec.engine.shutdown_timeout_seconds + GRACE_MARGIN_SECONDS,
+    }
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if pool.tolerations:
+        pod_spec["tolerations"] = copy.deepcopy(pool.tolerations)
+    affinity = _merge_affinity(pool.affinity, parts.pod_affinity_terms if parts else [])
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if spec.engine.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.engine.image_pull_secrets]
+
+    template: dict[str, Any] = {
+        "metadata": {
+            "labels": pod_labels,
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(spec.engine.port),
+                "prometheus.io/path": "/metrics",
+            },
+        },
+        "spec": pod_spec,
+    }
+    if pool.pod_template:
+        template = strategic_merge(template, pool.pod_template)
+        # The selector labels must survive any override, or the Deployment would not own its pods.
+        template.setdefault("metadata", {}).setdefault("labels", {}).update(
+            {**selector_labels(model, role), c.LABEL_COMPAT: chash}
+        )
+
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(dm, name, {**labels, c.LABEL_COMPAT: chash}),
+        "spec": {
+            "replicas": desired_replicas(dm, role),
+            "selector": {"matchLabels": selector_labels(model, role)},
+            # Keep serving capacity during a rollout: one extra worker at a time, none taken away early.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": STARTUP_PROBE_PERIOD_SECONDS * STARTUP_PROBE_FAILURES + 600,
+            "revisionHistoryLimit": 5,
+            "template": template,
+        },
+    }
+
+
+def worker_service(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
+    """Headless Service of a pool: the router discovers worker pod IPs through its EndpointSlices."""
+    spec = dm.spec
+    model = model_name(dm)
+    ports = [{"name": c.WORKER_PORT_NAME, "port": spec.engine.port, "targetPort": c.WORKER_PORT_NAME,
+              "protocol": "TCP"}]
+    if role in KV_ROLES:
+        kv_port = spec.kv_transfer.side_channel_port
+        ports.append({"name": c.SIDE_CHANNEL_PORT_NAME, "port": kv_port, "targetPort": c.SIDE_CHANNEL_PORT_NAME,
+                      "protocol": "TCP"})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(dm, c.pool_name(model, role), role_labels(model, role)),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(model, role),
+            "ports": ports,
+        },
+    }
+
+
+def worker_pdb(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
+    """Voluntary disruptions (node drains) take at most one worker of a pool at a time."""
+    model = model_name(dm)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(dm, c.pool_name(model, role), role_labels(model, role)),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(model, role)}},
+    }
+
+
+def worker_roles(dm: DisaggregatedModel) -> list[Role]:
+    roles: list[Role] = ["prefill", "decode"]
+    if dm.spec.aggregated is not None:
+        roles.append("aggregated")
+    return roles

@@ -1,0 +1,241 @@
+"""Thin kopf handlers: watch DisaggregatedModels and their children, call the Reconciler.
+
+- ``@kopf.on.resume / create / update`` (DisaggregatedModel): reconcile all children (kopf retries failures
+  with backoff). Resume runs for every model when the operator starts: with nothing drifted it writes nothing.
+- ``@kopf.on.event`` (DisaggregatedModel): status-driven inputs (``status.activeMode`` from the mode controller,
+  ``status.pools.*.desiredReplicas`` from the autoscaler) reach the router ConfigMap and the Deployments.
+- ``@kopf.on.event`` (each child kind, label ``app.kubernetes.io/managed-by=disagg-operator``): a deleted or
+  edited child is restored; Deployment changes refresh the pool counts and conditions in the parent's status.
+- ``@kopf.index``: in-memory caches of models and children, filled before any handler runs, so that a
+  reconcile compares against the cluster without extra GETs.
+- ``@kopf.daemon`` (models with ``spec.autoscaling.prometheus``): the autoscaler / mode controller loop.
+- Deleting a DisaggregatedModel needs no handler: every child carries an owner reference and Kubernetes' garbage
+  collector removes it. Only models running the autoscaler daemon get a finalizer (kopf stops the daemon first).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from collections.abc import Mapping
+
+import kopf
+
+from .. import logs
+from ..api.contract import LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
+from ..api.models import GROUP, PLURAL, VERSION
+from ..builders import BuildSettings
+from ..kube import api_client
+from .kubeio import Kube, KubeError
+from .reconcile import REJECTED, Key, Reconciler, trim
+
+log = logs.get("disagg.controller")
+
+# (group, version, plural, kind) of every child kind the operator creates.
+CHILD_RESOURCES: tuple[tuple[str, str, str, str], ...] = (
+    ("apps", "v1", "deployments", "Deployment"),
+    ("", "v1", "services", "Service"),
+    ("", "v1", "configmaps", "ConfigMap"),
+    ("", "v1", "serviceaccounts", "ServiceAccount"),
+    ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+)
+MANAGED = {LABEL_MANAGED_BY: MANAGED_BY}
+MODELS_INDEX = "disagg_models"
+
+
+def child_index_name(plural: str) -> str:
+    return f"disagg_children_{plural}"
+
+
+@dataclass
+class ControllerConfig:
+    kubeconfig: str | None = None
+    build: BuildSettings = field(default_factory=BuildSettings)
+    # Run the autoscaler / mode controller daemon (disagg.controller.autoscaler) for models that name a
+    # Prometheus (spec.autoscaling.prometheus). Off in tests of the reconciler alone.
+    autoscaler: bool = True
+
+
+def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
+    """kopf settings for this operator: its own annotation names, no kopf 'handler succeeded' Events."""
+    settings = settings or kopf.OperatorSettings()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="serving.disagg.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="serving.disagg.dev", key="last-handled-configuration")
+    settings.persistence.finalizer = "serving.disagg.dev/autoscaler"  # only models running the autoscaler daemon
+    settings.posting.level = logging.WARNING  # our own Events (kopf.event) are always posted
+    settings.execution.max_workers = 16
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    return settings
+
+
+def _children_of(kwargs: Mapping[str, Any], namespace: str, model: str) -> dict[Key, Mapping[str, Any]]:
+    out: dict[Key, Mapping[str, Any]] = {}
+    for _, _, plural, kind in CHILD_RESOURCES:
+        index = kwargs.get(child_index_name(plural))
+        if index is None:
+            continue
+        for body in index.get((namespace, model), ()):
+            out[(kind, body["metadata"]["name"])] = body
+    return out
+
+
+def _parent_of(kwargs: Mapping[str, Any], namespace: str, model: str) -> Mapping[str, Any] | None:
+    index = kwargs.get(MODELS_INDEX)
+    if index is None:
+        return None
+    for body in index.get((namespace, model), ()):
+        return body
+    return None
+
+
+def _emit(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    try:
+        kopf.event(dict(obj), type=type_, reason=reason, message=message[:1024])
+    except LookupError:  # outside a kopf context (unit tests of the reconciler)
+        pass
+
+
+def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = None,
+             reconciler: Reconciler | None = None) -> Reconciler:
+    """Register the operator's handlers on ``registry``; returns the Reconciler (its counters are useful)."""
+    config = config or ControllerConfig()
+    rec = reconciler or Reconciler(Kube(api_client(config.kubeconfig)), config.build, emit=_emit)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if config.kubeconfig:
+            return connection_info(config.kubeconfig)
+        return kopf.login_via_client(**kwargs)  # in-cluster service account, else the default kubeconfig
+
+    @kopf.on.probe(id="models", registry=registry)
+    def probe_models(**kwargs: Any) -> int:
+        index = kwargs.get(MODELS_INDEX)
+        return len(index) if index is not None else 0
+
+    # ---------------------------------------------------------------------------------- indexes
+
+    @kopf.index(GROUP, VERSION, PLURAL, id=MODELS_INDEX, registry=registry)
+    def index_models(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+        return {(namespace, name): trim(body)}
+
+    def make_child_indexer(api_version: str, kind: str):  # noqa: ANN202
+        def index_children(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+            model = labels.get(LABEL_MODEL)
+            if not model:
+                return None
+            out = trim(body)
+            out["apiVersion"], out["kind"] = api_version, kind
+            return {(namespace, model): out}
+        return index_children
+
+    for group, version, plural, kind in CHILD_RESOURCES:
+        api_version = f"{group}/{version}" if group else version
+        kopf.index(group, version, plural, id=child_index_name(plural), labels=MANAGED,
+                   registry=registry)(make_child_indexer(api_version, kind))
+
+    # ----------------------------------------------------------------------------------- models
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
+    def reconcile(body: kopf.Body, namespace: str, name: str, reason: str, **kwargs: Any) -> None:
+        try:
+            result = rec.sync_model(body, _children_of(kwargs, namespace, name), trigger=str(reason))
+        except KubeError as exc:  # refused objects are reported in status; retry them less often
+            raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=60 if exc.status in REJECTED else 5) from exc
+        log.info("reconciled", model=f"{namespace}/{name}", trigger=str(reason), applied=len(result.applied),
+                 deleted=len(result.deleted), invalid=result.invalid)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="status-inputs", registry=registry)
+    def status_inputs(type: str | None, body: kopf.Body, namespace: str, name: str, **kwargs: Any) -> None:
+        if type != "MODIFIED":
+            return
+        meta, status = body.get("metadata", {}), body.get("status") or {}
+        if meta.get("deletionTimestamp") or status.get("observedGeneration") != meta.get("generation"):
+            return  # a spec change is pending: the update handler reconciles it
+        try:
+            rec.sync_model(body, _children_of(kwargs, namespace, name), trigger="status")
+        except KubeError as exc:
+            log.warning("status-driven reconcile failed", model=f"{namespace}/{name}", error=str(exc))
+
+    # --------------------------------------------------------------------------------- children
+
+    def make_child_handler(kind: str):  # noqa: ANN202
+        def on_child(type: str | None, body: kopf.Body, namespace: str, name: str, labels: Mapping[str, str],
+                     **kwargs: Any) -> None:
+            if type is None:
+                return  # initial listing: the resume handler reconciles every model
+            model = labels.get(LABEL_MODEL)
+            parent = _parent_of(kwargs, namespace, model) if model else None
+            if parent is None:
+                return
+            live: Mapping[str, Any] | None = body
+            try:
+                if type == "DELETED":
+                    rec.forget(namespace, kind, name)
+                    parent = rec.kube.get_model(namespace, model)  # fresh: is the owner itself going away?
+                    if parent is None or parent["metadata"].get("deletionTimestamp"):
+                        return
+                    live = None
+                rec.sync_child(parent, kind, name, live, _children_of(kwargs, namespace, model))
+            except KubeError as exc:
+                log.warning("drift correction failed", model=f"{namespace}/{model}", object=f"{kind}/{name}",
+                            error=str(exc))
+        on_child.__name__ = f"on_{kind.lower()}"
+        return on_child
+
+    for group, version, plural, kind in CHILD_RESOURCES:
+        kopf.on.event(group, version, plural, id=f"drift-{plural}", labels=MANAGED,
+                      registry=registry)(make_child_handler(kind))
+
+    if config.autoscaler:
+        register_autoscaler(registry, rec)
+    return rec
+
+
+def _has_prometheus(spec: Mapping[str, Any], **_: Any) -> bool:
+    return bool(((spec or {}).get("autoscaling") or {}).get("prometheus"))
+
+
+def register_autoscaler(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:
+    """One daemon per model that names a Prometheus: every spec.autoscaling.intervalSeconds it measures, decides
+    pool sizes and the active mode, and writes them to status (disagg.controller.autoscaler); the status-event
+    handler above then applies them. kopf holds a finalizer on such models so that the daemon stops cleanly."""
+    from .autoscaler import Autoscaler
+
+    scaler = Autoscaler(kube=rec.kube, emit=_emit)
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=_has_prometheus, cancellation_timeout=10,
+                 registry=registry)
+    async def autoscaler(namespace: str, name: str, spec: kopf.Spec, stopped: kopf.DaemonStopped,
+                         **_: Any) -> None:
+        def interval() -> int:
+            return int(((spec.get("autoscaling") or {}).get("intervalSeconds")) or 30)
+
+        await scaler.run(namespace, name, stopped, interval)
+
+
+def connection_info(kubeconfig: str) -> kopf.ConnectionInfo:
+    """kopf credentials from the same kubeconfig file as our own ApiClient."""
+    cfg = api_client(kubeconfig).configuration
+    token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    scheme, tok = None, None
+    if token:
+        parts = token.split(" ", 1)
+        scheme, tok = (parts[0], parts[1]) if len(parts) == 2 else (None, parts[0])
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme,
+        token=tok,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )

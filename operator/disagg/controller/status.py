@@ -1,0 +1,184 @@
+"""Status of a DisaggregatedModel from its Deployments: pure functions, no I/O.
+
+The operator owns these parts of ``status``: observedGeneration, activeMode/modeReason/modeSince (only to pin
+them to spec.mode, or to set the initial mode), pools.<pool>.{replicas, readyReplicas, desiredReplicas, summary},
+and the conditions Ready, PrefillReady, DecodeReady, RouterReady, plus KVTransferHealthy while its reason is one
+of TRANSPORT_REASONS. Other writers (autoscaler, mode controller) own the rest; their conditions and fields are
+kept as they are.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+from collections.abc import Mapping
+
+from ..api.contract import Role
+from ..api.models import ActiveMode, DisaggregatedModel, Mode
+from ..builders import active_mode, desired_replicas, transport_summary, worker_roles
+
+OWNED_CONDITIONS = ("Ready", "PrefillReady", "DecodeReady", "RouterReady", "KVTransferHealthy")
+TRANSPORT_REASONS = ("TransportConfigured", "SlowTransportTCP")
+PINNED_REASON = "Pinned by spec.mode"
+INITIAL_REASON = "spec.mode Auto: disaggregated until the mode controller decides otherwise"
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(type_: str, ok: bool | None, reason: str, message: str, generation: int | None) -> dict[str, Any]:
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    out: dict[str, Any] = {"type": type_, "status": status, "reason": reason, "message": message}
+    if generation is not None:
+        out["observedGeneration"] = generation
+    return out
+
+
+def deployment_counts(live: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(replicas, readyReplicas) from a Deployment's status."""
+    if not live:
+        return 0, 0
+    st = live.get("status") or {}
+    return int(st.get("replicas") or 0), int(st.get("readyReplicas") or 0)
+
+
+def pool_status(live: Mapping[str, Any] | None, desired: int) -> dict[str, Any]:
+    replicas, ready = deployment_counts(live)
+    return {"replicas": replicas, "readyReplicas": ready, "desiredReplicas": desired, "summary": f"{ready}/{desired}"}
+
+
+def pool_condition(type_: str, role: str, name: str, live: Mapping[str, Any] | None, desired: int,
+                   required: bool, generation: int | None) -> dict[str, Any]:
+    if live is None:
+        return condition(type_, False, "DeploymentMissing", f"Deployment {name} does not exist yet.", generation)
+    _, ready = deployment_counts(live)
+    if desired == 0:
+        if required:
+            return condition(type_, False, "ScaledToZero",
+                             f"The {role} pool has 0 replicas; it is needed in the active mode.", generation)
+        return condition(type_, True, "NotRequired",
+                         f"The {role} pool has 0 replicas; it is not used in the active mode.", generation)
+    if ready == 0:
+        return condition(type_, False, "NoReplicasReady",
+                         f"0/{desired} {role} replicas ready (pods pending, loading the model, or failing /health).",
+                         generation)
+    if ready < desired:
+        return condition(type_, True, "PartiallyReady", f"{ready}/{desired} {role} replicas ready.", generation)
+    return condition(type_, True, "AllReplicasReady", f"{ready}/{desired} {role} replicas ready.", generation)
+
+
+def mode_fields(dm: DisaggregatedModel, current: Mapping[str, Any], now: str) -> dict[str, Any]:
+    """activeMode/modeReason/modeSince: pinned modes are written; in Auto the mode controller's value stays."""
+    cur_mode = current.get("activeMode")
+    cur_reason = current.get("modeReason")
+    if dm.spec.mode == Mode.AUTO:
+        if cur_mode and cur_reason != PINNED_REASON:
+            return {}
+        mode, reason = ActiveMode.DISAGGREGATED.value, INITIAL_REASON
+    else:
+        mode, reason = active_mode(dm).value, PINNED_REASON
+    out: dict[str, Any] = {}
+    if cur_mode != mode:
+        out.update({"activeMode": mode, "modeReason": reason, "modeSince": now})
+    elif cur_reason != reason:
+        out["modeReason"] = reason
+    return out
+
+
+def merge_conditions(existing: list[Mapping[str, Any]], new: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
+    """New conditions replace same-typed ones; lastTransitionTime moves only when status changes."""
+    by_type = {c.get("type"): dict(c) for c in existing}
+    order = [c.get("type") for c in existing]
+    for cond in new:
+        old = by_type.get(cond["type"])
+        merged = dict(cond)
+        if old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime"):
+            merged["lastTransitionTime"] = old["lastTransitionTime"]
+        else:
+            merged["lastTransitionTime"] = now
+        by_type[cond["type"]] = merged
+        if cond["type"] not in order:
+            order.append(cond["type"])
+    return [by_type[t] for t in order]
+
+
+def desired_status(dm: DisaggregatedModel, current: Mapping[str, Any],
+                   deployments: Mapping[str, Mapping[str, Any] | None], generation: int | None,
+                   now: str | None = None) -> dict[str, Any]:
+    """The operator's part of status, merged into ``current`` (the parent's status as it is now).
+
+    ``deployments`` maps a role (prefill, decode, aggregated, router) to its live Deployment or None.
+    """
+    now = now or now_rfc3339()
+    model = dm.metadata.get("name", "")
+    mode_update = mode_fields(dm, current, now)
+    mode = ActiveMode(mode_update.get("activeMode") or current.get("activeMode") or active_mode(dm).value)
+    if dm.spec.mode != Mode.AUTO:
+        mode = active_mode(dm)
+
+    pools: dict[str, Any] = {}
+    conds: list[dict[str, Any]] = []
+    for role in worker_roles(dm):
+        desired = desired_replicas(dm, role)
+        pools[role] = pool_status(deployments.get(role), desired)
+    if "aggregated" not in pools and (current.get("pools") or {}).get("aggregated") is not None:
+        pools["aggregated"] = None  # the optional pool was removed: drop its status (merge-patch null)
+    prefill_required = mode == ActiveMode.DISAGGREGATED
+    conds.append(pool_condition("PrefillReady", "prefill", f"{model}-prefill", deployments.get("prefill"),
+                                desired_replicas(dm, "prefill"), prefill_required, generation))
+    conds.append(pool_condition("DecodeReady", "decode", f"{model}-decode", deployments.get("decode"),
+                                desired_replicas(dm, "decode"), True, generation))
+    router_live = deployments.get("router")
+    router_desired = int(((router_live or {}).get("spec") or {}).get("replicas") or 1)
+    conds.append(pool_condition("RouterReady", "router", f"{model}-router", router_live, router_desired, True,
+                                generation))
+
+    needed = ["DecodeReady", "RouterReady"] + (["PrefillReady"] if prefill_required else [])
+    failing = [c for c in conds if c["type"] in needed and c["status"] != "True"]
+    if failing:
+        first = failing[0]["type"].removesuffix("Ready")
+        conds.append(condition("Ready", False, f"{first}NotReady", " ".join(c["message"] for c in failing), generation))
+    else:
+        conds.append(condition("Ready", True, "Serving", f"Serving in {mode.value} mode.", generation))
+
+    existing = list(current.get("conditions") or [])
+    kv = [c for c in existing if c.get("type") == "KVTransferHealthy"]
+    if not kv or kv[0].get("reason") in TRANSPORT_REASONS:
+        reason, message = transport_summary(dm.spec.kv_transfer)
+        conds.append(condition("KVTransferHealthy", True, reason, message, generation))
+
+    out: dict[str, Any] = {
+        "observedGeneration": generation,
+        **mode_update,
+        "pools": pools,
+        "conditions": merge_conditions(existing, conds, now),
+    }
+    return out
+
+
+def invalid_status(current: Mapping[str, Any], message: str, generation: int | None,
+                   reason: str = "InvalidSpec", now: str | None = None) -> dict[str, Any]:
+    """Ready=False with the problem; nothing else changes (no half-built state is reported as progress)."""
+    now = now or now_rfc3339()
+    conds = merge_conditions(list(current.get("conditions") or []),
+                             [condition("Ready", False, reason, message, generation)], now)
+    return {"observedGeneration": generation, "conditions": conds}
+
+
+def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """The merge patch that takes ``current`` to include ``wanted`` (empty when nothing changes)."""
+    patch: dict[str, Any] = {}
+    for key, value in wanted.items():
+        cur = current.get(key)
+        if isinstance(value, dict) and isinstance(cur, dict):
+            sub = status_patch(cur, value)
+            if sub:
+                patch[key] = sub
+        elif cur != value:
+            patch[key] = value
+    return patch
+
+
+def pool_roles(dm: DisaggregatedModel) -> list[Role]:
+    return [*worker_roles(dm), "router"]

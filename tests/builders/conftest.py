@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from disagg.builders import parse_model
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = {p.stem: p for p in sorted((REPO / "docs" / "examples").glob("*.yaml"))}
+GOLDEN = Path(__file__).parent / "golden"
+UID = "00000000-0000-4000-8000-000000000001"
+
+
+def example_body(name: str, namespace: str = "serving") -> dict[str, Any]:
+    body = yaml.safe_load(EXAMPLES[name].read_text())
+    body["metadata"] = {**body["metadata"], "namespace": namespace, "uid": UID}
+    return body
+
+
+def model(name: str = "llama-8b-nvlink", **spec_patch: Any):
+    """An example DisaggregatedModel with top-level spec keys replaced (camelCase, as in YAML)."""
+    body = example_body(name)
+    body["spec"].update(spec_patch)
+    return parse_model(body)
+
+
+@pytest.fixture(params=sorted(EXAMPLES))
+def example(request) -> str:
+    return request.param

@@ -1,0 +1,333 @@
+"""Table tests of the pure builders: args, transport, resources, placement, labels, hashes, errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from disagg.api import contract as c
+from disagg.builders import (
+    BuildError,
+    BuildSettings,
+    build_children,
+    compat_hash,
+    desired_replicas,
+    parse_model,
+    router_config,
+    worker_args,
+)
+from disagg.builders.vllm import image_version, supports_shutdown_timeout
+from disagg.builders.workers import GRACE_MARGIN_SECONDS, worker_deployment
+
+from .conftest import UID, example_body, model
+
+
+def by_ref(dm) -> dict[str, dict[str, Any]]:
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in build_children(dm)}
+
+
+def container(dm, role: str) -> dict[str, Any]:
+    return worker_deployment(dm, role)["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(cont: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in cont["env"]}
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+# ------------------------------------------------------------------------------------------------ args
+
+
+def test_worker_args_order_and_kv_roles():
+    dm = model("llama-70b-rdma")
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        args = worker_args(dm, role)
+        assert args[0] == "/models/llama-3.1-70b-instruct"  # PVC path under the mount
+        assert args[1:7] == ["--port", "8000", "--served-model-name", "llama-70b", "--tensor-parallel-size", "8"]
+        assert flag(args, "--max-model-len") == "65536"
+        kv = json.loads(flag(args, "--kv-transfer-config"))
+        assert kv["kv_connector"] == "NixlConnector" and kv["kv_role"] == kv_role
+        assert args[-1] == "--enable-prefix-caching"  # user args last
+    assert flag(worker_args(dm, "prefill"), "--max-num-batched-tokens") == "16384"
+    assert flag(worker_args(dm, "decode"), "--max-num-seqs") == "512"
+    assert "kv_load_failure_policy" not in json.loads(flag(worker_args(dm, "prefill"), "--kv-transfer-config"))
+    assert json.loads(flag(worker_args(dm, "decode"), "--kv-transfer-config"))["kv_load_failure_policy"] == "recompute"
+
+
+def test_hub_model_and_extra_config_and_parallelism():
+    body = example_body("llama-8b-nvlink")
+    body["spec"]["kvTransfer"]["extraConfig"] = {"backends": ["UCX"]}
+    body["spec"]["kvTransfer"]["loadFailurePolicy"] = "fail"
+    body["spec"]["decode"]["parallelism"] = {"tensor": 2, "pipeline": 2, "data": 2}
+    body["spec"]["decode"]["gpu"] = {}
+    dm = parse_model(body)
+    args = worker_args(dm, "decode")
+    assert args[0] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert flag(args, "--pipeline-parallel-size") == "2" and flag(args, "--data-parallel-size") == "2"
+    assert json.loads(flag(args, "--kv-transfer-config")) == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_load_failure_policy": "fail",
+        "kv_connector_extra_config": {"backends": ["UCX"]}}
+    assert container(dm, "decode")["resources"]["limits"]["nvidia.com/gpu"] == "8"  # tp × pp × dp
+    assert "--pipeline-parallel-size" not in worker_args(dm, "prefill")
+    hf = env_of(container(dm, "prefill"))["HF_TOKEN"]
+    assert hf == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+
+
+@pytest.mark.parametrize("image,version,shutdown", [
+    ("vllm/vllm-openai:v0.11.2", (0, 11, 2), False),
+    ("vllm/vllm-openai:v0.18.0", (0, 18, 0), True),
+    ("registry:5000/vllm/vllm-openai:0.33.1-cu129", (0, 33, 1), True),
+    ("vllm/vllm-openai:latest", None, False),
+    ("vllm/vllm-openai@sha256:abcd", None, False),
+])
+def test_shutdown_timeout_only_for_vllm_that_knows_it(image, version, shutdown):
+    assert image_version(image) == version
+    assert supports_shutdown_timeout(image) is shutdown
+    dm = model(engine={"image": image, "shutdownTimeoutSeconds": 120})
+    args = worker_args(dm, "decode")
+    assert (flag(args, "--shutdown-timeout") == "120") is shutdown
+    pod = worker_deployment(dm, "decode")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 120 + GRACE_MARGIN_SECONDS > 120
+
+
+@pytest.mark.parametrize("where,arg", [("engine", "--port=9000"), ("prefill", "--kv-transfer-config"),
+                                       ("decode", "-tp"), ("engine", "--served-model-name")])
+def test_operator_owned_flags_are_refused_in_extra_args(where, arg):
+    body = example_body("llama-8b-nvlink")
+    body["spec"].setdefault(where, {})["extraArgs"] = ["--enforce-eager", arg]
+    with pytest.raises(BuildError, match=rf"spec\.{where}\.extraArgs\[1\]: {arg.split('=')[0]} is set by the"):
+        build_children(parse_model(body))
+
+
+# ------------------------------------------------------------------------------------------- transport
+
+TRANSPORTS: dict[str, dict[str, Any]] = {
+    "rdma": {"ucx_tls": "rc,cuda_copy,cuda_ipc", "ipc_lock": True, "rdma": "1", "affinity": False},
+    "nvlink": {"ucx_tls": "cuda_ipc,cuda_copy,tcp", "ipc_lock": False, "rdma": None, "affinity": True},
+    "tcp": {"ucx_tls": "tcp,cuda_copy", "ipc_lock": False, "rdma": None, "affinity": False},
+    "auto": {"ucx_tls": None, "ipc_lock": False, "rdma": None, "affinity": False},
+}
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_transport(transport):
+    want = TRANSPORTS[transport]
+    dm = model(kvTransfer={"transport": transport, "sideChannelPort": 5601})
+    for role in ("prefill", "decode"):
+        cont = container(dm, role)
+        env = env_of(cont)
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5601"
+        assert env.get("UCX_TLS") == want["ucx_tls"]
+        assert "UCX_NET_DEVICES" not in env
+        ports = {p["name"]: p["containerPort"] for p in cont["ports"]}
+        assert ports == {c.WORKER_PORT_NAME: 8000, c.SIDE_CHANNEL_PORT_NAME: 5601}
+        caps = cont.get("securityContext", {}).get("capabilities", {}).get("add", [])
+        assert ("IPC_LOCK" in caps) is want["ipc_lock"]
+        assert cont["resources"]["limits"].get("rdma/ib") == want["rdma"]
+        affinity = worker_deployment(dm, role)["spec"]["template"]["spec"].get("affinity", {})
+        terms = affinity.get("podAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", [])
+        assert bool(terms) is want["affinity"]
+        if terms:
+            assert terms[0]["topologyKey"] == "kubernetes.io/hostname"
+            exprs = {e["key"]: e["values"] for e in terms[0]["labelSelector"]["matchExpressions"]}
+            assert exprs == {c.LABEL_MODEL: ["llama-8b"], c.LABEL_ROLE: ["prefill", "decode"]}
+
+
+def test_rdma_devices_and_resource():
+    dm = model("llama-70b-rdma")
+    cont = container(dm, "decode")
+    assert env_of(cont)["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
+    assert cont["resources"]["limits"] == {"nvidia.com/gpu": "8", "rdma/ib": "1"}
+    dm = model("llama-70b-rdma", kvTransfer={"transport": "rdma", "rdma": {"resourceName":
+                                                                         "rdma/hca_shared_devices_a", "count": 2}})
+    assert container(dm, "prefill")["resources"]["limits"]["rdma/hca_shared_devices_a"] == "2"
+
+
+def test_side_channel_port_must_differ_from_http_port():
+    with pytest.raises(BuildError, match=r"spec\.kvTransfer\.sideChannelPort"):
+        build_children(model(kvTransfer={"sideChannelPort": 8000}))
+
+
+# ------------------------------------------------------------------------------------ pods and placement
+
+
+def test_gpu_resources_node_selector_tolerations_and_shm():
+    body = example_body("llama-70b-rdma")
+    body["spec"]["decode"]["nodeSelector"] = {"pool": "decode"}
+    body["spec"]["decode"]["tolerations"] = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    body["spec"]["decode"]["gpu"]["productLabel"] = "example.com/gpu"
+    body["spec"]["decode"]["resources"] = {"requests": {"cpu": "8", "memory": "64Gi"}}
+    dm = parse_model(body)
+    pre = worker_deployment(dm, "prefill")["spec"]["template"]["spec"]
+    dec = worker_deployment(dm, "decode")["spec"]["template"]["spec"]
+    assert pre["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert dec["nodeSelector"] == {"pool": "decode", "example.com/gpu": "NVIDIA-H200"}
+    assert dec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert dec["containers"][0]["resources"] == {"requests": {"cpu": "8", "memory": "64Gi"},
+                                                 "limits": {"nvidia.com/gpu": "8", "rdma/ib": "1"}}
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in dec["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in dec["containers"][0]["volumeMounts"]
+    pvc = {"name": "model", "persistentVolumeClaim": {"claimName": "model-weights", "readOnly": True}}
+    assert pvc in dec["volumes"]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert dec["containers"][0][probe]["httpGet"] == {"path": "/health", "port": c.WORKER_PORT_NAME}
+
+
+def test_pod_template_overrides_merge_by_name_and_keep_selector_labels():
+    body = example_body("llama-8b-nvlink")
+    body["spec"]["decode"]["podTemplate"] = {
+        "metadata": {"labels": {"team": "a", c.LABEL_ROLE: "hijack"}},
+        "spec": {"containers": [{"name": "vllm", "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]},
+                                {"name": "sidecar", "image": "busybox"}],
+                 "priorityClassName": "inference"},
+    }
+    dep = worker_deployment(parse_model(body), "decode")
+    tpl = dep["spec"]["template"]
+    assert tpl["metadata"]["labels"]["team"] == "a"
+    assert tpl["metadata"]["labels"][c.LABEL_ROLE] == "decode"  # selector labels survive overrides
+    names = [ct["name"] for ct in tpl["spec"]["containers"]]
+    assert names == ["vllm", "sidecar"]
+    env = env_of(tpl["spec"]["containers"][0])
+    assert env["VLLM_LOGGING_LEVEL"] == "DEBUG" and "VLLM_NIXL_SIDE_CHANNEL_HOST" in env
+    assert tpl["spec"]["priorityClassName"] == "inference"
+
+
+# ------------------------------------------------------------------------------ metadata, names, hashes
+
+
+def test_owner_references_labels_and_names(example):
+    dm = parse_model(example_body(example))
+    name = dm.metadata["name"]
+    objs = build_children(dm)
+    assert len({(o["kind"], o["metadata"]["name"]) for o in objs}) == len(objs)
+    for o in objs:
+        meta = o["metadata"]
+        assert meta["namespace"] == "serving"
+        assert meta["ownerReferences"] == [{"apiVersion": "serving.disagg.dev/v1alpha1", "kind":
+                                            "DisaggregatedModel", "name": name, "uid": UID, "controller": True,
+                                            "blockOwnerDeletion": True}]
+        labels = meta["labels"]
+        assert labels[c.LABEL_NAME] == "disagg" and labels[c.LABEL_INSTANCE] == name
+        assert labels[c.LABEL_MODEL] == name and labels[c.LABEL_MANAGED_BY] == "disagg-operator"
+        assert labels[c.LABEL_ROLE] == labels[c.LABEL_COMPONENT]
+        assert meta["name"] in (c.pool_name(name, labels[c.LABEL_ROLE]), c.router_name(name))
+    deps = [o for o in objs if o["kind"] == "Deployment"]
+    for d in deps:
+        role = d["metadata"]["labels"][c.LABEL_ROLE]
+        assert d["spec"]["selector"]["matchLabels"] == {c.LABEL_MODEL: name, c.LABEL_ROLE: role}
+        assert d["spec"]["template"]["metadata"]["labels"][c.LABEL_ROLE] == role
+
+
+def test_render_without_uid_has_no_owner_references():
+    body = example_body("llama-8b-nvlink")
+    del body["metadata"]["uid"]
+    assert all("ownerReferences" not in o["metadata"] for o in build_children(parse_model(body)))
+
+
+def test_compat_hash_equal_across_pools_and_changes_with_image():
+    dm = model("llama-70b-rdma")
+    assert compat_hash(dm.spec, "prefill") == compat_hash(dm.spec, "decode")
+    other = model("llama-70b-rdma", engine={"image": "vllm/vllm-openai:v0.18.0"})
+    assert compat_hash(other.spec, "prefill") != compat_hash(dm.spec, "prefill")
+    # Pool-local settings that NIXL tolerates do not split generations...
+    body = example_body("llama-70b-rdma")
+    body["spec"]["decode"].update(replicas=3, maxNumSeqs=64, extraArgs=["--enforce-eager"])
+    body["spec"]["decode"]["gpu"]["product"] = "NVIDIA-B200"
+    assert compat_hash(parse_model(body).spec, "decode") == compat_hash(dm.spec, "decode")
+    # ...KV-layout settings do: a decode pool with another KV-cache dtype is never paired with this prefill pool.
+    body["spec"]["decode"]["extraArgs"] = ["--kv-cache-dtype", "fp8"]
+    changed = parse_model(body)
+    assert compat_hash(changed.spec, "decode") != compat_hash(changed.spec, "prefill")
+    for role in ("prefill", "decode"):
+        dep = worker_deployment(changed, role)
+        assert dep["spec"]["template"]["metadata"]["labels"][c.LABEL_COMPAT] == compat_hash(changed.spec, role)
+
+
+def test_model_name_too_long_for_services():
+    body = example_body("llama-8b-nvlink")
+    body["metadata"]["name"] = "m" * 56
+    with pytest.raises(BuildError, match=r"metadata\.name: .* would be named .*-prefill.*at most 55"):
+        build_children(parse_model(body))
+    body["metadata"]["name"] = "1-model"
+    with pytest.raises(BuildError, match="DNS-1035"):
+        build_children(parse_model(body))
+
+
+# ----------------------------------------------------------------------------------- modes and router
+
+
+def test_aggregated_pool_has_no_kv_connector():
+    dm = model(aggregated={"replicas": 2, "gpu": {"count": 1}})
+    refs = by_ref(dm)
+    dep = refs["Deployment/llama-8b-aggregated"]
+    cont = dep["spec"]["template"]["spec"]["containers"][0]
+    assert "--kv-transfer-config" not in cont["args"]
+    assert not any(e["name"].startswith(("VLLM_NIXL", "UCX_")) for e in cont["env"])
+    assert [p["name"] for p in cont["ports"]] == [c.WORKER_PORT_NAME]
+    assert dep["spec"]["replicas"] == 2
+    assert "Service/llama-8b-aggregated" in refs and "PodDisruptionBudget/llama-8b-aggregated" in refs
+    assert router_config(dm).pools.aggregated == c.PoolEndpoint(service="llama-8b-aggregated", port=8000)
+
+
+@pytest.mark.parametrize("mode,status_mode,want", [
+    ("Auto", None, "Disaggregated"),
+    ("Auto", "Aggregated", "Aggregated"),
+    ("Aggregated", None, "Aggregated"),
+    ("Disaggregated", "Aggregated", "Disaggregated"),
+])
+def test_router_config_active_mode(mode, status_mode, want):
+    body = example_body("llama-8b-nvlink")
+    body["spec"]["mode"] = mode
+    if status_mode:
+        body["status"] = {"activeMode": status_mode}
+    dm = parse_model(body)
+    cm = by_ref(dm)["ConfigMap/llama-8b-router"]
+    cfg = c.RouterConfig.model_validate(yaml.safe_load(cm["data"][c.ROUTER_CONFIG_KEY]))
+    assert cfg.active_mode.value == want and cfg.effective_mode().value == want
+    assert cfg.model == "llama-8b"
+    assert cfg.pools.prefill.service == "llama-8b-prefill" and cfg.pools.decode.service == "llama-8b-decode"
+    # workers keep their KV connector in both modes (a mode flip restarts nothing)
+    assert "--kv-transfer-config" in worker_args(dm, "prefill")
+
+
+def test_router_objects():
+    dm = model("llama-70b-rdma")
+    refs = {f"{o['kind']}/{o['metadata']['name']}": o
+            for o in build_children(dm, BuildSettings(router_image="r:1", router_replicas=2))}
+    dep = refs["Deployment/llama-70b-router"]
+    cont = dep["spec"]["template"]["spec"]["containers"][0]
+    assert cont["image"] == "r:1" and dep["spec"]["replicas"] == 2
+    assert cont["command"] == ["disagg", "router", "--config", "/etc/disagg/router.yaml", "--host", "0.0.0.0",
+                               "--port", str(c.ROUTER_PORT)]
+    env = env_of(cont)
+    assert env == {"POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}}, "DISAGG_MODEL_NAME": "llama-70b"}
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "llama-70b-router"
+    svc = refs["Service/llama-70b-router"]
+    assert svc["spec"]["ports"][0]["port"] == c.ROUTER_PORT
+    for role in ("prefill", "decode"):
+        assert refs[f"Service/llama-70b-{role}"]["spec"]["clusterIP"] == "None"
+    binding = refs["RoleBinding/llama-70b-router"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "llama-70b-router", "namespace": "serving"}]
+    cfg = yaml.safe_load(refs["ConfigMap/llama-70b-router"]["data"][c.ROUTER_CONFIG_KEY])
+    assert cfg["transferTimeoutMs"] == 5000 and cfg["rollout"]["canary"]["trafficPercent"] == 5
+
+
+# --------------------------------------------------------------------------------------------- replicas
+
+
+def test_replicas_owner():
+    body = example_body("llama-70b-rdma")  # autoscaling enabled, prefill 1..6, initial 2
+    assert desired_replicas(parse_model(body), "prefill") == 2
+    body["status"] = {"pools": {"prefill": {"desiredReplicas": 5}, "decode": {"desiredReplicas": 100}}}
+    dm = parse_model(body)
+    assert desired_replicas(dm, "prefill") == 5
+    assert desired_replicas(dm, "decode") == 8  # clamped to maxReplicas
+    body["spec"]["autoscaling"]["enabled"] = False
+    assert desired_replicas(parse_model(body), "prefill") == 2  # spec wins when autoscaling is off

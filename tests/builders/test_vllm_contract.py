@@ -1,0 +1,86 @@
+"""Opt-in contract tier: the rendered worker args parse with vLLM's own `vllm serve` parser.
+
+Needs ``vllm`` importable (installed ``--no-deps`` over torch, plus the few pure-Python packages its argument
+parser imports); skipped otherwise. Run: ``pytest -m vllm tests/builders/test_vllm_contract.py`` in such an
+environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from disagg.builders import parse_model, worker_args
+
+from .conftest import example_body
+
+pytestmark = pytest.mark.vllm
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="module")
+def vllm_parser():
+    vllm = pytest.importorskip("vllm")
+    _cpu_platform_without_gpu()
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+
+    def parse(args: list[str]):
+        return make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(args)
+
+    parse.version = vllm.__version__
+    return parse
+
+
+def _cpu_platform_without_gpu() -> None:
+    """PyPI's vLLM wheel is built for CUDA (VLLM_TARGET_DEVICE is a build-time setting), and building the parser
+    needs a platform: without a GPU, select vLLM's CPU platform explicitly."""
+    import torch
+    import vllm.platforms as platforms
+
+    if not torch.cuda.is_available():
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms._current_platform = CpuPlatform()
+
+
+def _model(example: str, version: str):
+    body = example_body(example)
+    # Render for the vLLM build under test, so version-dependent flags match what it knows.
+    body["spec"].setdefault("engine", {})["image"] = f"vllm/vllm-openai:v{version}"
+    return parse_model(body)
+
+
+@pytest.mark.parametrize("example", ["llama-70b-rdma", "llama-8b-nvlink", "aggregated-rollback"])
+@pytest.mark.parametrize("role,kv_role", [("prefill", "kv_producer"), ("decode", "kv_consumer")])
+def test_rendered_args_parse_with_vllm(vllm_parser, example, role, kv_role):
+    dm = _model(example, vllm_parser.version)
+    args = worker_args(dm, role)
+    ns = vllm_parser(args)
+    assert ns.model_tag == args[0]
+    assert ns.port == 8000
+    assert ns.tensor_parallel_size == getattr(dm.spec, role).parallelism.tensor
+    kv = ns.kv_transfer_config
+    assert kv.kv_connector == "NixlConnector" and kv.kv_role == kv_role
+    assert kv.is_kv_producer is (role == "prefill") and kv.is_kv_consumer is (role == "decode")
+    if role == "decode" and hasattr(kv, "kv_load_failure_policy"):  # vLLM builds that know the key
+        assert kv.kv_load_failure_policy == dm.spec.kv_transfer.load_failure_policy
+    if "--shutdown-timeout" in args:  # rendered only for vLLM >= 0.18.0, which must then accept it
+        assert ns.shutdown_timeout == dm.spec.engine.shutdown_timeout_seconds
+
+
+def test_wrong_kv_role_is_rejected_by_vllm(vllm_parser):
+    args = worker_args(_model("llama-8b-nvlink", vllm_parser.version), "prefill")
+    i = args.index("--kv-transfer-config") + 1
+    args[i] = json.dumps({**json.loads(args[i]), "kv_role": "producer"})
+    with pytest.raises(SystemExit):
+        vllm_parser(args)

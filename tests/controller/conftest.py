@@ -1,0 +1,130 @@
+"""Fixtures for controller tests: run the real operator (kopf.testing.KopfRunner) against the fixture apiserver."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+from collections.abc import Callable, Iterator
+
+import kopf
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+from kubernetes import client
+
+from disagg.api.models import GROUP, PLURAL, VERSION
+from disagg.builders import BuildSettings
+from disagg.controller.handlers import ControllerConfig, operator_settings, register
+from disagg.controller.reconcile import Reconciler
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = {p.stem: p for p in sorted((REPO / "docs" / "examples").glob("*.yaml"))}
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition", interval: float = 0.2) -> Any:
+    """Poll until check() returns something truthy; fail with the last value after the deadline."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except client.ApiException as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+@contextlib.contextmanager
+def running_operator(kubeconfig: str, namespace: str, autoscaler: bool = False) -> Iterator[Reconciler]:
+    registry = kopf.OperatorRegistry()
+    # By default the reconciler alone: the autoscaler daemon (which needs a Prometheus) has its own suite.
+    rec = register(registry, ControllerConfig(kubeconfig=kubeconfig, build=BuildSettings(router_image="disagg:test"),
+                                              autoscaler=autoscaler))
+    settings = operator_settings()
+    settings.watching.server_timeout = 60
+    with KopfRunner(["run", "--standalone", "--namespace", namespace], registry=registry, settings=settings,
+                    timeout=30) as runner:
+        yield rec
+    assert runner.exception is None, runner.exception
+
+
+@pytest.fixture
+def operator(control_plane, namespace: str) -> Iterator[Reconciler]:
+    with running_operator(str(control_plane.kubeconfig), namespace) as rec:
+        yield rec
+
+
+@pytest.fixture
+def start_operator(control_plane, namespace: str):
+    """For tests that stop and restart the operator: ``with start_operator(): ...``."""
+    return lambda autoscaler=False: running_operator(str(control_plane.kubeconfig), namespace, autoscaler)
+
+
+def load_example(name: str) -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLES[name].read_text())
+
+
+class Cluster:
+    """Small typed helpers over the fixture's ApiClient for one namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str):
+        self.api, self.ns = api, namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.rbac = client.RbacAuthorizationV1Api(api)
+        self.policy = client.PolicyV1Api(api)
+
+    def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+
+    def model(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def patch_model(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, patch)
+
+    def patch_model_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.ns, PLURAL, name,
+                                                                 {"status": patch})
+
+    def delete_model(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+
+    def deployment(self, name: str) -> client.V1Deployment | None:
+        try:
+            return self.apps.read_namespaced_deployment(name, self.ns)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def children(self, model: str) -> dict[str, Any]:
+        """Every child kind listed by the model label: {"Deployment/x": obj, ...}."""
+        sel = f"serving.disagg.dev/model={model}"
+        out: dict[str, Any] = {}
+        for kind, items in (
+            ("Deployment", self.apps.list_namespaced_deployment(self.ns, label_selector=sel).items),
+            ("Service", self.core.list_namespaced_service(self.ns, label_selector=sel).items),
+            ("ConfigMap", self.core.list_namespaced_config_map(self.ns, label_selector=sel).items),
+            ("ServiceAccount", self.core.list_namespaced_service_account(self.ns, label_selector=sel).items),
+            ("Role", self.rbac.list_namespaced_role(self.ns, label_selector=sel).items),
+            ("RoleBinding", self.rbac.list_namespaced_role_binding(self.ns, label_selector=sel).items),
+            ("PodDisruptionBudget",
+             self.policy.list_namespaced_pod_disruption_budget(self.ns, label_selector=sel).items),
+        ):
+            for obj in items:
+                out[f"{kind}/{obj.metadata.name}"] = obj
+        return out
+
+    def events(self, name: str) -> list[client.CoreV1Event]:
+        return [e for e in self.core.list_namespaced_event(self.ns).items if e.involved_object.name == name]
+
+
+@pytest.fixture
+def cluster(kube: client.ApiClient, namespace: str) -> Cluster:
+    return Cluster(kube, namespace)
