@@ -273,3 +273,16 @@ async def test_responses_say_which_path_served_them(client, stack):
         assert r.status == 200
         assert (r.headers["X-Disagg-Decision"], r.headers["X-Disagg-Reason"]) == ("local", "short_prompt")
         await r.read()
+
+
+async def test_slow_kv_transfer_times_out_on_chat_streams_too(client, stack):
+    """vLLM sends the chat role chunk with the first output, i.e. after the KV pull: a stalled pull is visible."""
+    await client.config(transferTimeoutMs=300)
+    for d in stack["decode"]:
+        await client.faults(d, kv_transfer_delay_ms=60_000)
+    before = await client.router_metric("disagg_fallbacks_total", cause="kv_transfer_timeout")
+    status, out = await client.complete({"messages": [{"role": "user", "content": long_prompt(words=2500)}],
+                                         "max_tokens": 128, "stream": True}, path="/v1/chat/completions")
+    assert status == 200 and out.endswith(b"data: [DONE]\n\n")
+    assert out.count(b'"role":"assistant"') == 1  # one role chunk: the abandoned decode leg sent none
+    assert await client.router_metric("disagg_fallbacks_total", cause="kv_transfer_timeout") == before + 1

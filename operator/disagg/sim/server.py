@@ -290,10 +290,12 @@ class Api:
 
         try:
             await resp.prepare(request)
-            if chat:
-                await resp.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                        "finish_reason": None}))
+            # vLLM sends the chat role chunk with the engine's first output (after prefill, or after the KV pull
+            # on a decode worker), not before: a router timing the KV hand-off relies on that.
             pending: list[bytes] = []
+            if chat:
+                pending.append(chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                      "finish_reason": None}))
             while True:
                 kind, val, _ = await ctx.queue.get()
                 if kind == "token":
@@ -322,13 +324,13 @@ class Api:
                             c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "error"}
                         else:
                             c = {"index": 0, "text": "", "logprobs": None, "finish_reason": "error", "stop_reason": None}
-                        await resp.write(chunk(c) + _sse(error_body(err, "InternalServerError", 500)))
+                        await resp.write(b"".join(pending) + chunk(c) + _sse(error_body(err, "InternalServerError", 500)))
                     else:
                         if chat:
                             c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": val}
                         else:
                             c = {"index": 0, "text": "", "logprobs": None, "finish_reason": val, "stop_reason": None}
-                        await resp.write(chunk(c))
+                        await resp.write(b"".join(pending) + chunk(c))
                     break
             if include_usage:
                 usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + req.num_output,
