@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,14 +15,15 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..local.controlplane import free_ports
+from ..local.procs import stop_group
+
 HOST = "127.0.0.1"
 SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return free_ports(1, HOST)[0]
 
 
 def disagg_argv() -> list[str]:
@@ -90,12 +90,7 @@ class Processes:
         return p
 
     def stop(self, p: Proc, timeout: float = 10.0) -> None:
-        self._signal(p, signal.SIGTERM)
-        try:
-            p.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self._signal(p, signal.SIGKILL)
-            p.proc.wait()
+        stop_group(p.proc, grace=timeout)
         if p in self.procs:
             self.procs.remove(p)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import IO
 
 import yaml
+
+from .procs import stop_group
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-control-plane.sh"
@@ -173,19 +174,8 @@ class ControlPlane:
             ])
 
     def stop(self) -> None:
-        for name, proc in reversed(self._procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    continue
-        deadline = time.monotonic() + 10
-        for name, proc in reversed(self._procs):
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for name, proc in reversed(self._procs):  # controller-manager, apiserver, then etcd
+            stop_group(proc, grace=10)
         self._procs.clear()
         for f in self._logs:
             f.close()

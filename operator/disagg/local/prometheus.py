@@ -10,7 +10,6 @@ import atexit
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from .controlplane import REPO_ROOT, free_ports
+from .procs import stop_group
 
 ENSURE_SCRIPT = REPO_ROOT / "hack" / "ensure-prometheus.sh"
 
@@ -114,16 +114,7 @@ class LocalPrometheus:
             return ""
 
     def stop(self) -> None:
-        if self._proc and self._proc.poll() is None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGTERM)
-                self._proc.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self._proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self._proc.wait()
+        stop_group(self._proc, grace=10)
         self._proc = None
         if self._tmp and self._tmp.exists():
             shutil.rmtree(self._tmp, ignore_errors=True)

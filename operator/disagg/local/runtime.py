@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from .. import logs
+from .procs import stop_group
 
 log = logs.get("disagg.local.runtime")
 
@@ -364,15 +364,7 @@ class LocalRuntime:
         threading.Thread(target=finish, name=f"terminate-{pod.metadata.name}", daemon=True).start()
 
     def _kill(self, local: LocalPod, grace: float) -> None:
-        proc = local.proc
-        if proc is None or proc.poll() is not None:
+        if local.proc is None or local.proc.poll() is not None:
             return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=max(0.1, grace))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        except ProcessLookupError:
-            pass
-        log.info("container stopped", pod=f"{local.namespace}/{local.name}", code=proc.returncode)
+        code = stop_group(local.proc, grace=grace)
+        log.info("container stopped", pod=f"{local.namespace}/{local.name}", code=code)

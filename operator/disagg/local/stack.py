@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from ..api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, ROUTER_PORT
 from ..api.crd import build_crd
 from ..kube import api_client, install_crd, server_side_apply
 from .controlplane import ControlPlane, free_ports
+from .procs import stop_group
 from .prometheus import LocalPrometheus, Target
 from .runtime import LocalRuntime
 
@@ -79,15 +79,7 @@ class LocalStack:
 
     def stop(self) -> None:
         self._stop.set()
-        if self.operator and self.operator.poll() is None:
-            try:
-                os.killpg(self.operator.pid, signal.SIGTERM)
-                self.operator.wait(timeout=10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(self.operator.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        stop_group(self.operator, grace=10)
         self.operator = None
         if self.runtime:
             self.runtime.stop()
