@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane prometheus crds test test-fast demo bench bench-goodput bench-router bench-sim lint clean
+.PHONY: help setup control-plane prometheus crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -32,6 +32,11 @@ crds: setup
 
 test: setup control-plane prometheus
 	$(BIN)/pytest
+
+# opt-in: vLLM's own argument parser checks the rendered worker args (installs vLLM, CPU only, --no-deps; GBs)
+test-vllm: setup
+	@$(BIN)/python -c "import vllm" 2>/dev/null || { echo "vLLM is not installed in $(VENV): see docs/development.md (vLLM tier)"; exit 1; }
+	$(BIN)/pytest -m vllm tests/builders/test_vllm_contract.py
 
 test-fast: setup
 	$(BIN)/pytest -m "not apiserver"
