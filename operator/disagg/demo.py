@@ -5,7 +5,7 @@ Go sources), the operator, a local pod runtime that runs the operator's pods as 
 `disagg sim`, the digital twin), Prometheus (Debian) scraping them, and a mixed workload through the router:
 
 1. mixed traffic — long RAG prompts, short chats, long streams, three tenants: per-request decisions;
-2. a load step of long prompts, then of long outputs → the autoscaler grows prefill and decode independently;
+2. a load step of long outputs, then of long prompts → the autoscaler grows decode, then prefill, independently;
 3. KV-transfer failures injected into the decode workers → per-request fallbacks (no client errors) → the
    operator flips the model to Aggregated → faults healed → it flips back after the hold.
 
@@ -57,8 +57,13 @@ class Timeline:
                 out.append(s["mode"])
         return out
 
-    def max_desired(self, pool: str) -> int:
-        return max((s[f"{pool}_desired"] for s in self.samples), default=0)
+    def first_growth(self, pool: str, since: float) -> float | None:
+        """Seconds after ``since`` when the pool's desired replicas first rose above their value then."""
+        after = [s for s in self.samples if s["t"] >= since]
+        if not after:
+            return None
+        base = after[0][f"{pool}_desired"]
+        return next((s["t"] - since for s in after if s[f"{pool}_desired"] > base), None)
 
 
 @dataclass
@@ -157,6 +162,10 @@ class Demo:
     def active_mode(self) -> str | None:
         return (self.stack.model(self.name).get("status") or {}).get("activeMode")
 
+    def last_scale(self) -> dict[str, Any]:
+        pools = (self.stack.model(self.name).get("status") or {}).get("pools") or {}
+        return {p: (pools.get(p) or {}).get("lastScale") for p in ("prefill", "decode")}
+
     def desired(self, pool: str) -> int:
         return ((self.stack.model(self.name).get("status") or {}).get("pools") or {}).get(pool, {}).get(
             "desiredReplicas", 0)
@@ -190,14 +199,20 @@ def run_loop(demo: Demo, *, quick: bool = False) -> dict[str, Any]:
     _say("act 1: mixed traffic (long RAG prompts, short chats, long streams; tenants rag/chat/stream)")
     out["mixed"] = demo.drive("mixed traffic", MIXES["mixed"], rate=1.5, seconds=30 * s, seed=1)
 
-    _say("act 2: a load step of long prompts → the prefill pool grows, decode does not")
+    _say("act 2: a load step of long outputs → the decode pool grows first")
+    t = time.monotonic() - demo.t0
+    p1, d1 = demo.desired("prefill"), demo.desired("decode")
+    demo.drive("long-output load step", LONG_OUTPUTS, rate=4.0, seconds=35 * s, seed=5)
+    out["decode_grew"] = (d1, demo.desired("decode"), p1, demo.desired("prefill"))
+    out["long_output_growth_s"] = {p: demo.timeline.first_growth(p, t) for p in ("prefill", "decode")}
+    out["after_long_outputs"] = demo.last_scale()
+    _say("        then a load step of long prompts → the prefill pool grows first")
+    t = time.monotonic() - demo.t0
     p0, d0 = demo.desired("prefill"), demo.desired("decode")
     demo.drive("long-prompt load step", LONG_PROMPTS, rate=2.5, seconds=35 * s, seed=4)
     out["prefill_grew"] = (p0, demo.desired("prefill"), d0, demo.desired("decode"))
-    _say("        then a load step of long outputs → the decode pool grows")
-    d1 = demo.desired("decode")
-    demo.drive("long-output load step", LONG_OUTPUTS, rate=4.0, seconds=35 * s, seed=5)
-    out["decode_grew"] = (d1, demo.desired("decode"))
+    out["long_prompt_growth_s"] = {p: demo.timeline.first_growth(p, t) for p in ("prefill", "decode")}
+    out["after_long_prompts"] = demo.last_scale()
 
     _say("act 3: KV transfers stall on the decode workers (5 s > transferTimeoutMs 3 s)")
     demo.set_decode_faults(kv_transfer_delay_ms=5000)
