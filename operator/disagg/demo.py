@@ -109,20 +109,23 @@ class Demo:
         except OSError:
             return None
 
+    def sample_once(self) -> None:
+        try:
+            st = self.stack.model(self.name).get("status") or {}
+        except Exception:  # noqa: BLE001 - the apiserver may be stopping
+            return
+        pools = st.get("pools") or {}
+        self.timeline.samples.append({
+            "t": round(time.monotonic() - self.t0, 2), "mode": st.get("activeMode"),
+            **{f"{p}_{k}": (pools.get(p) or {}).get(f"{k}Replicas", 0)
+               for p in ("prefill", "decode") for k in ("ready", "desired")},
+            "ttft_p95_ms": (st.get("observed") or {}).get("ttftP95Ms"),
+            "goodput": (st.get("observed") or {}).get("goodput"),
+        })
+
     def _sample(self) -> None:
         while not self._stop.is_set():
-            try:
-                st = self.stack.model(self.name).get("status") or {}
-                pools = st.get("pools") or {}
-                self.timeline.samples.append({
-                    "t": round(time.monotonic() - self.t0, 2), "mode": st.get("activeMode"),
-                    **{f"{p}_{k}": (pools.get(p) or {}).get(f"{k}Replicas", 0)
-                       for p in ("prefill", "decode") for k in ("ready", "desired")},
-                    "ttft_p95_ms": (st.get("observed") or {}).get("ttftP95Ms"),
-                    "goodput": (st.get("observed") or {}).get("goodput"),
-                })
-            except Exception:  # noqa: BLE001 - the apiserver may be stopping
-                pass
+            self.sample_once()
             self._stop.wait(1.0)
 
     def stop(self) -> None:
@@ -219,12 +222,14 @@ def run_loop(demo: Demo, *, quick: bool = False) -> dict[str, Any]:
     out["faulty"] = demo.drive("KV transfers failing", MIXES["long-rag"], rate=1.0, seconds=25 * s, seed=2)
     demo.stack.wait_for("the operator to flip the model to Aggregated",
                         lambda: demo.active_mode() == "Aggregated", 60)
+    demo.sample_once()
     demo.timeline.mark(demo.t0, "flipped to Aggregated")
     _say("        the operator flipped the model to Aggregated; healing the KV path")
     demo.set_decode_faults(kv_transfer_delay_ms=0)
     out["healed"] = demo.drive("aggregated, healing", MIXES["mixed"], rate=1.0, seconds=20 * s, seed=3)
     demo.stack.wait_for("the operator to flip back to Disaggregated",
                         lambda: demo.active_mode() == "Disaggregated", 90)
+    demo.sample_once()
     demo.timeline.mark(demo.t0, "back to Disaggregated")
     _say("        back to Disaggregated after the healthy hold")
     return out

@@ -17,7 +17,8 @@ POOLS = {"prefill": PoolReplicas(2, 2), "decode": PoolReplicas(2, 2)}
 
 
 def test_long_prompts_scale_prefill_and_report_figures() -> None:
-    sample = Sample({"prefill_queue_wait_p95": 0.9, "ttft_p95": 1.5, "tpot_p95": 0.03, "goodput": 0.6,
+    sample = Sample({"prefill_queue_wait_p95": 0.9, "ttft_p95": 1.5, "remote_ttft_p95": 1.5, "tpot_p95": 0.03,
+                     "goodput": 0.6,
                      "decode_running_per_replica": 10, "targets_up": 5})
     out = step(spec(), POOLS, sample, LoopState(), 0, "2026-11-29T00:00:00Z")
     assert out.decisions["prefill"].desired > 2 and out.decisions["decode"].desired == 2
@@ -47,3 +48,12 @@ def test_autoscaling_disabled_still_observes() -> None:
     s = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
     out = step(s, POOLS, Sample({"ttft_p95": 0.2, "tpot_p95": 0.01, "targets_up": 1}), LoopState(), 0, "t")
     assert out.decisions == {} and out.slo_met[0] == "True"
+
+
+def test_slow_local_first_tokens_do_not_grow_prefill() -> None:
+    """A long-output step queues local requests on decode: TTFT rises overall, but it is decode's to fix."""
+    sample = Sample({"ttft_p95": 6.0, "remote_ttft_p95": 0.4, "prefill_queue_wait_p95": 0.01,
+                     "decode_running_per_replica": 250, "tpot_p95": 0.03, "targets_up": 5})
+    out = step(spec(), POOLS, sample, LoopState(), 0, "t")
+    assert out.decisions["prefill"].desired == 2
+    assert out.decisions["decode"].desired > 2

@@ -82,8 +82,11 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
     if spec.autoscaling.enabled:
         signals = Signals(
             time=now, stale_reason=sample.error,
+            # the prefill pool answers for the TTFT of remote requests only: local requests' TTFT is the decode
+            # pool's (a long-output load step queues them on decode and must not grow prefill)
             prefill=PoolSignals(prefill.replicas, prefill.ready, queue_wait_p95_ms=_ms(g("prefill_queue_wait_p95")),
-                                ttft_p95_ms=_ms(g("ttft_p95")), waiting_per_replica=g("prefill_waiting_per_replica")),
+                                ttft_p95_ms=_ms(g("remote_ttft_p95")),
+                                waiting_per_replica=g("prefill_waiting_per_replica")),
             decode=PoolSignals(decode.replicas, decode.ready, tpot_p95_ms=_ms(g("tpot_p95")),
                                running_per_replica=g("decode_running_per_replica"),
                                kv_cache_usage=g("decode_kv_cache_usage")),

@@ -62,9 +62,10 @@ class History:
     """Recent proposals per pool, for the stabilisation windows (kept in memory by the operator)."""
 
     proposals: dict[str, list[tuple[float, int]]] = field(default_factory=lambda: {"prefill": [], "decode": []})
-    last_change: dict[str, float] = field(default_factory=dict)
+    first_seen: dict[str, float] = field(default_factory=dict)
 
     def record(self, pool: str, t: float, proposal: int, horizon: float) -> None:
+        self.first_seen.setdefault(pool, t)
         items = [(ts, p) for ts, p in self.proposals[pool] if t - ts <= horizon]
         items.append((t, proposal))
         self.proposals[pool] = items
@@ -137,6 +138,8 @@ def _stabilise(history: History, pool: str, t: float, current: int, proposal: in
         window = history.window(pool, t, a.scale_up_stabilization_seconds)
         return max(current, min(window))
     if proposal < current:
+        if t - history.first_seen[pool] < a.scale_down_stabilization_seconds:
+            return current  # not watched for a whole window yet (e.g. just after an operator restart): no shrink
         window = history.window(pool, t, a.scale_down_stabilization_seconds)
         return min(current, max(window))
     return current

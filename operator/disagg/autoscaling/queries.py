@@ -29,6 +29,10 @@ QUERIES: dict[str, tuple[str, str]] = {
         "histogram_quantile(0.95, sum by (le) (rate(disagg_first_token_emit_seconds_bucket{{{sel}}}[{w}])))",
         "p95 time to first token as clients see it (router), seconds",
     ),
+    "remote_ttft_p95": (
+        'histogram_quantile(0.95, sum by (le) (rate(disagg_first_token_emit_seconds_bucket{{{sel},path="remote"}}[{w}])))',
+        "p95 time to first token of remote-prefill requests (router), seconds: the prefill pool's share of TTFT",
+    ),
     "prefill_waiting_per_replica": (
         'avg(vllm:num_requests_waiting{{{sel},role="prefill"}})',
         "requests waiting per prefill worker",
