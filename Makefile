@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane prometheus crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim lint clean
+.PHONY: help setup control-plane prometheus crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-autoscale lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -44,7 +44,7 @@ test-fast: setup
 demo: setup control-plane prometheus
 	$(BIN)/disagg demo
 
-bench: bench-sim bench-goodput bench-router
+bench: bench-sim bench-goodput bench-router bench-autoscale
 
 bench-goodput: setup
 	$(BIN)/disagg bench goodput --out results/bench-goodput.json
@@ -52,6 +52,9 @@ bench-goodput: setup
 bench-router: setup
 	@bash hack/ensure-nginx.sh >/dev/null
 	$(BIN)/disagg bench router --out results/bench-router.json
+
+bench-autoscale: setup control-plane prometheus
+	$(BIN)/disagg bench autoscale --out results/bench-autoscale.json
 
 bench-sim: setup
 	$(BIN)/disagg bench sim

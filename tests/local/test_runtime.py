@@ -64,7 +64,7 @@ def test_deployment_pods_run_with_their_own_ips(kube, namespace, runtime) -> Non
 
     pods = _wait(ready_pods, 60, "2 ready pods")
     ips = {p.status.pod_ip for p in pods}
-    assert len(ips) == 2 and all(ip.startswith("127.0.") for ip in ips)
+    assert len(ips) == 2 and all(ip.startswith(f"127.{runtime.ip_block}.") for ip in ips)
     for ip in ips:  # each pod's process serves vLLM's API on its own IP, same port
         with urllib.request.urlopen(f"http://{ip}:8000/v1/models", timeout=5) as r:
             assert b'"llama"' in r.read()

@@ -1,4 +1,4 @@
-"""``disagg bench goodput|router|sim`` (argument definitions only; heavy imports happen inside the handlers)."""
+"""``disagg bench goodput|router|sim|autoscale`` (argument definitions only; heavy imports happen inside the handlers)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        "(disagg.sim.bench)")
     s.add_argument("--strict", action="store_true", help="exit 1 when a reference is outside ±25 %%")
     s.set_defaults(func=_cmd_sim)
+
+    a = sub.add_parser("autoscale", help="the autoscaler in the twin: 3x load step recovery, diurnal GPU-seconds vs "
+                       "an oracle static split (local stack)",
+                       description="Starts the local stack (control plane, operator, sim pods, Prometheus) and runs "
+                       "a load step, a compressed diurnal day and oracle probes; see disagg.bench.autoscale.")
+    a.add_argument("--parts", nargs="+", default=["step", "diurnal", "oracle"], choices=["step", "diurnal", "oracle"])
+    a.add_argument("--base-rate", type=float, default=1.0, help="req/s before the step")
+    a.add_argument("--step-factor", type=float, default=3.0)
+    a.add_argument("--step-pre", type=float, default=30.0, help="seconds before the step")
+    a.add_argument("--step-post", type=float, default=75.0, help="seconds after the step")
+    a.add_argument("--trough-rate", type=float, default=0.5)
+    a.add_argument("--peak-rate", type=float, default=3.0)
+    a.add_argument("--day", type=float, default=150.0, help="wall seconds of the compressed day")
+    a.add_argument("--probe", type=float, default=25.0, help="seconds per oracle probe")
+    a.add_argument("--scale-down-stabilization", type=int, default=30)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--out", type=Path, default=Path("results/bench-autoscale.json"))
+    a.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
+    a.set_defaults(func=_cmd_autoscale)
 
 
 def _kv(items: list[str], what: str) -> dict[str, str]:
@@ -109,6 +128,24 @@ def _cmd_router(args: argparse.Namespace) -> int:
         return 130
     print()
     print(R.table(result))
+    print(f"\nresults: {args.out}")
+    return 0
+
+
+def _cmd_autoscale(args: argparse.Namespace) -> int:
+    from . import autoscale as A
+
+    s = A.Settings(base_rate=args.base_rate, step_factor=args.step_factor, step_pre_s=args.step_pre,
+                   step_post_s=args.step_post, trough_rate=args.trough_rate, peak_rate=args.peak_rate,
+                   day_s=args.day, probe_s=args.probe, scale_down_stabilization_s=args.scale_down_stabilization,
+                   seed=args.seed, parts=tuple(args.parts))
+    try:
+        result = A.run(s, out=args.out, log_dir=args.log_dir)
+    except KeyboardInterrupt:
+        print("interrupted; all benchmark processes stopped")
+        return 130
+    print()
+    print(A.table(result))
     print(f"\nresults: {args.out}")
     return 0
 

@@ -3,8 +3,8 @@
 It registers one Node, binds unscheduled Pods to it, and runs each Pod's first container as a local process:
 
 - ``vllm serve …`` becomes ``disagg sim …`` (same arguments); ``disagg …`` runs this checkout's CLI;
-- every Pod gets its own loopback address (127.0.<n>.<m>) as its pod IP, and ``--host <pod IP>`` is appended so
-  ports behave as in a cluster (many pods on port 8000);
+- every Pod gets its own loopback address (127.<block>.<n>.<m>, a block per runtime) as its pod IP, and
+  ``--host <pod IP>`` is appended so ports behave as in a cluster (many pods on port 8000);
 - env is resolved like the kubelet does (values, ``fieldRef`` for metadata.name/namespace, status.podIP, …,
   ``$(VAR)`` expansion in command and args), plus extra env given to the runtime (sim time scale, KUBECONFIG);
 - ConfigMap volumes are written under a per-pod root and kept in sync; paths in args that start with a mount
@@ -74,7 +74,7 @@ class LocalPod:
 class LocalRuntime:
     def __init__(self, api: client.ApiClient, kubeconfig: Path, *, namespaces: list[str] | None = None,
                  extra_env: dict[str, str] | None = None, workdir: Path | None = None,
-                 python: str = sys.executable, poll_seconds: float = 0.5):
+                 python: str = sys.executable, poll_seconds: float = 0.5, ip_block: int | None = None):
         self.api = api
         self.core = client.CoreV1Api(api)
         self.kubeconfig = kubeconfig
@@ -84,6 +84,8 @@ class LocalRuntime:
         self.poll = poll_seconds
         self.root = Path(tempfile.mkdtemp(prefix="disagg-pods-", dir=workdir))
         self.pods: dict[str, LocalPod] = {}
+        # pod IPs are 127.<block>.<x>.<y>: a block per runtime, so two local stacks on one machine never collide
+        self.ip_block = ip_block if ip_block is not None else 16 + os.getpid() % 232
         self._next_ip = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -189,7 +191,7 @@ class LocalRuntime:
     def _allocate_ip(self) -> str:
         self._next_ip += 1
         n = self._next_ip
-        return f"127.0.{1 + n // 250}.{1 + n % 250}"
+        return f"127.{self.ip_block}.{1 + n // 250}.{1 + n % 250}"
 
     def _admit(self, pod: client.V1Pod) -> LocalPod:
         root = self.root / f"{pod.metadata.namespace}_{pod.metadata.name}"
