@@ -49,9 +49,9 @@ def test_the_loop(demo: Demo) -> None:
 
     # load steps: on long prompts prefill scales before decode (decode may follow: it must hold their KV);
     # on long outputs decode scales before prefill
-    grow = out["long_prompt_growth_s"]
-    assert grow["prefill"] is not None, out["after_long_prompts"]
-    assert grow["decode"] is None or grow["prefill"] < grow["decode"], (grow, out["after_long_prompts"])
-    grow = out["long_output_growth_s"]
-    assert grow["decode"] is not None, out["after_long_outputs"]
-    assert grow["prefill"] is None or grow["decode"] < grow["prefill"], (grow, out["after_long_outputs"])
+    step = out["long_prompts"]
+    assert step.first_growth_s["prefill"] is not None, step
+    assert step.first_growth_s["decode"] is None or step.first_growth_s["prefill"] < step.first_growth_s["decode"], step
+    step = out["long_outputs"]
+    assert step.first_growth_s["decode"] is not None, step
+    assert step.first_growth_s["prefill"] is None or step.first_growth_s["decode"] < step.first_growth_s["prefill"], step

@@ -34,6 +34,7 @@ from .local.controlplane import REPO_ROOT
 from .local.stack import LocalStack
 
 DEMO_MODEL = REPO_ROOT / "docs" / "examples" / "local-demo.yaml"
+POOLS = ("prefill", "decode")
 
 
 def _say(msg: str) -> None:
@@ -118,7 +119,7 @@ class Demo:
         self.timeline.samples.append({
             "t": round(time.monotonic() - self.t0, 2), "mode": st.get("activeMode"),
             **{f"{p}_{k}": (pools.get(p) or {}).get(f"{k}Replicas", 0)
-               for p in ("prefill", "decode") for k in ("ready", "desired")},
+               for p in POOLS for k in ("ready", "desired")},
             "ttft_p95_ms": (st.get("observed") or {}).get("ttftP95Ms"),
             "goodput": (st.get("observed") or {}).get("goodput"),
         })
@@ -167,7 +168,7 @@ class Demo:
 
     def last_scale(self) -> dict[str, Any]:
         pools = (self.stack.model(self.name).get("status") or {}).get("pools") or {}
-        return {p: (pools.get(p) or {}).get("lastScale") for p in ("prefill", "decode")}
+        return {p: (pools.get(p) or {}).get("lastScale") for p in POOLS}
 
     def desired(self, pool: str) -> int:
         return ((self.stack.model(self.name).get("status") or {}).get("pools") or {}).get(pool, {}).get(
@@ -194,6 +195,31 @@ LONG_OUTPUTS = Mix("long-outputs", "short prompts, long streams", (
     RequestClass("stream", 1.0, (128, 512), (600, 1000), tenant="stream"),))
 
 
+@dataclass
+class LoadStep:
+    """What a load step did to the pools: desired replicas before/after, and when each pool first grew."""
+
+    before: dict[str, int]
+    after: dict[str, int]
+    first_growth_s: dict[str, float | None]
+    last_scale: dict[str, Any]
+
+    def line(self) -> str:
+        return ", ".join(f"{p} {self.before[p]} → {self.after[p]} (first growth "
+                         f"{'—' if self.first_growth_s[p] is None else f'{self.first_growth_s[p]:.0f} s'})"
+                         for p in POOLS)
+
+
+
+def load_step(demo: Demo, name: str, mix: Mix, *, rate: float, seconds: float, seed: int) -> LoadStep:
+    t = time.monotonic() - demo.t0
+    before = {p: demo.desired(p) for p in POOLS}
+    demo.drive(name, mix, rate=rate, seconds=seconds, seed=seed)
+    demo.sample_once()
+    return LoadStep(before, {p: demo.desired(p) for p in POOLS},
+                    {p: demo.timeline.first_growth(p, t) for p in POOLS}, demo.last_scale())
+
+
 def run_loop(demo: Demo, *, quick: bool = False) -> dict[str, Any]:
     """The three acts. Returns what happened (for the report and the e2e assertions)."""
     s = 0.5 if quick else 1.0
@@ -203,19 +229,9 @@ def run_loop(demo: Demo, *, quick: bool = False) -> dict[str, Any]:
     out["mixed"] = demo.drive("mixed traffic", MIXES["mixed"], rate=1.5, seconds=30 * s, seed=1)
 
     _say("act 2: a load step of long outputs → the decode pool grows first")
-    t = time.monotonic() - demo.t0
-    p1, d1 = demo.desired("prefill"), demo.desired("decode")
-    demo.drive("long-output load step", LONG_OUTPUTS, rate=4.0, seconds=35 * s, seed=5)
-    out["decode_grew"] = (d1, demo.desired("decode"), p1, demo.desired("prefill"))
-    out["long_output_growth_s"] = {p: demo.timeline.first_growth(p, t) for p in ("prefill", "decode")}
-    out["after_long_outputs"] = demo.last_scale()
+    out["long_outputs"] = load_step(demo, "long-output load step", LONG_OUTPUTS, rate=4.0, seconds=35 * s, seed=5)
     _say("        then a load step of long prompts → the prefill pool grows first")
-    t = time.monotonic() - demo.t0
-    p0, d0 = demo.desired("prefill"), demo.desired("decode")
-    demo.drive("long-prompt load step", LONG_PROMPTS, rate=2.5, seconds=35 * s, seed=4)
-    out["prefill_grew"] = (p0, demo.desired("prefill"), d0, demo.desired("decode"))
-    out["long_prompt_growth_s"] = {p: demo.timeline.first_growth(p, t) for p in ("prefill", "decode")}
-    out["after_long_prompts"] = demo.last_scale()
+    out["long_prompts"] = load_step(demo, "long-prompt load step", LONG_PROMPTS, rate=2.5, seconds=35 * s, seed=4)
 
     _say("act 3: KV transfers stall on the decode workers (5 s > transferTimeoutMs 3 s)")
     demo.set_decode_faults(kv_transfer_delay_ms=5000)

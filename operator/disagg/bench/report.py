@@ -80,26 +80,15 @@ def write_report(results_dir: Path, demo: Any, outcome: dict[str, Any]) -> Repor
             lines.append(f"  {path:<9}" + "  ".join(f"{k} {v * 1000:,.1f}" for k, v in values.items()))
     lines.append("")
     lines.append("mode: " + " → ".join(demo.timeline.modes()))
-    if "prefill_grew" in outcome:
-        p0, p1, d0, d1 = outcome["prefill_grew"]
-        lines.append(f"long-prompt step: prefill desired {p0} → {p1} (decode {d0} → {d1})")
-    if "long_prompt_growth_s" in outcome:
-        g = outcome["long_prompt_growth_s"]
-        lines.append("  first growth after the step: " + ", ".join(
-            f"{p} {'—' if v is None else f'{v:.0f}s'}" for p, v in g.items()))
-    if "decode_grew" in outcome:
-        d0, d1, p0, p1 = outcome["decode_grew"]
-        lines.append(f"long-output step: decode desired {d0} → {d1} (prefill {p0} → {p1})")
-    if "long_output_growth_s" in outcome:
-        g = outcome["long_output_growth_s"]
-        lines.append("  first growth after the step: " + ", ".join(
-            f"{p} {'—' if v is None else f'{v:.0f}s'}" for p, v in g.items()))
+    for key, label in (("long_outputs", "long-output step"), ("long_prompts", "long-prompt step")):
+        if key in outcome:
+            lines.append(f"{label}: desired replicas {outcome[key].line()}")
     terminal = "\n".join(lines)
 
     files = [results_dir / "results.json"]
     files[0].write_text(json.dumps({"phases": rows, "decisions": dict(reasons), "phase_means_s": phases,
                                     "timeline": demo.timeline.samples, "marks": demo.timeline.marks,
-                                    "outcome": {k: v for k, v in outcome.items() if isinstance(v, (tuple, dict))}},
+                                    "load_steps": {k: asdict(v) for k, v in outcome.items() if k.startswith("long_")}},
                                    indent=1, default=str))
     files += _plots(results_dir, demo, phases)
     html_path = results_dir / "report.html"

@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 from pathlib import Path
-
-# Other parts of the project that add kopf handlers to the operator (timers, mode controller) expose them in
-# these modules, registered on kopf's default registry at import; `disagg operator` imports the ones present.
-EXTRA_HANDLER_MODULES = ("disagg.autoscaling.handlers",)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -109,13 +103,6 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
     logs.configure(level=args.log_level, json=args.log_format == "json")
     registry = kopf.get_default_registry()
-    for module in EXTRA_HANDLER_MODULES:
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if found:
-            importlib.import_module(module)
     reconciler = register(registry, ControllerConfig(kubeconfig=args.kubeconfig, build=_build_settings(args)))
     if args.metrics_port:
         from prometheus_client import REGISTRY, start_http_server
