@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane prometheus crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-autoscale lint clean
+.PHONY: help setup control-plane prometheus crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-autoscale bench-operator lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -44,7 +44,7 @@ test-fast: setup
 demo: setup control-plane prometheus
 	$(BIN)/disagg demo
 
-bench: bench-sim bench-goodput bench-router bench-autoscale
+bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator
 
 bench-goodput: setup
 	$(BIN)/disagg bench goodput --out results/bench-goodput.json
@@ -55,6 +55,9 @@ bench-router: setup
 
 bench-autoscale: setup control-plane prometheus
 	$(BIN)/disagg bench autoscale --out results/bench-autoscale.json
+
+bench-operator: setup control-plane
+	$(BIN)/disagg bench operator --out results/bench-operator.json
 
 bench-sim: setup
 	$(BIN)/disagg bench sim

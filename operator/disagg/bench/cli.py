@@ -54,6 +54,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--strict", action="store_true", help="exit 1 when a reference is outside ±25 %%")
     s.set_defaults(func=_cmd_sim)
 
+    o = sub.add_parser("operator", help="operator convergence for N models on the real control plane")
+    o.add_argument("--models", type=int, nargs="+", default=[10, 50, 200], help="model counts to run (default 10 50 200)")
+    o.add_argument("--steady-window", type=float, default=30.0, help="seconds of no change to count writes in")
+    o.add_argument("--out", type=Path, default=None, help="JSON results file")
+    o.set_defaults(func=_cmd_operator)
+
     a = sub.add_parser("autoscale", help="the autoscaler in the twin: 3x load step recovery, diurnal GPU-seconds vs "
                        "an oracle static split (local stack)",
                        description="Starts the local stack (control plane, operator, sim pods, Prometheus) and runs "
@@ -148,6 +154,12 @@ def _cmd_autoscale(args: argparse.Namespace) -> int:
     print(A.table(result))
     print(f"\nresults: {args.out}")
     return 0
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from .operator_bench import main
+
+    return main(args.models, args.out, args.steady_window)
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
