@@ -163,6 +163,12 @@ class Demo:
             with urllib.request.urlopen(req, timeout=5) as r:
                 r.read()
 
+    def wait_for_mode(self, mode: str, timeout: float, label: str) -> None:
+        self.stack.wait_for(f"the operator to set the model's mode to {mode}", lambda: self.active_mode() == mode,
+                            timeout)
+        self.sample_once()
+        self.timeline.mark(self.t0, label)
+
     def active_mode(self) -> str | None:
         return (self.stack.model(self.name).get("status") or {}).get("activeMode")
 
@@ -236,17 +242,11 @@ def run_loop(demo: Demo, *, quick: bool = False) -> dict[str, Any]:
     _say("act 3: KV transfers stall on the decode workers (5 s > transferTimeoutMs 3 s)")
     demo.set_decode_faults(kv_transfer_delay_ms=5000)
     out["faulty"] = demo.drive("KV transfers failing", MIXES["long-rag"], rate=1.0, seconds=25 * s, seed=2)
-    demo.stack.wait_for("the operator to flip the model to Aggregated",
-                        lambda: demo.active_mode() == "Aggregated", 60)
-    demo.sample_once()
-    demo.timeline.mark(demo.t0, "flipped to Aggregated")
+    demo.wait_for_mode("Aggregated", 60, "flipped to Aggregated")
     _say("        the operator flipped the model to Aggregated; healing the KV path")
     demo.set_decode_faults(kv_transfer_delay_ms=0)
     out["healed"] = demo.drive("aggregated, healing", MIXES["mixed"], rate=1.0, seconds=20 * s, seed=3)
-    demo.stack.wait_for("the operator to flip back to Disaggregated",
-                        lambda: demo.active_mode() == "Disaggregated", 90)
-    demo.sample_once()
-    demo.timeline.mark(demo.t0, "back to Disaggregated")
+    demo.wait_for_mode("Disaggregated", 90, "back to Disaggregated")
     _say("        back to Disaggregated after the healthy hold")
     return out
 
