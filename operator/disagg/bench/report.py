@@ -151,9 +151,10 @@ def _plots(results_dir: Path, demo: Any, phases: dict[str, dict[str, float]]) ->
         agg = [1 if s["mode"] == "Aggregated" else 0 for s in samples]
         ax.fill_between(t, 0, [a * max(3, max(s["decode_desired"] for s in samples)) for a in agg], step="post",
                         alpha=0.15, color="red", label="mode Aggregated")
-        for when, label in demo.timeline.marks:
+        top = ax.get_ylim()[1]
+        for i, (when, label) in enumerate(demo.timeline.marks):  # staggered: marks can fall close together
             ax.axvline(when, color="grey", linewidth=0.6)
-            ax.text(when, ax.get_ylim()[1] * 0.95, label, rotation=90, fontsize=7, va="top")
+            ax.text(when, top * (0.95 - 0.3 * (i % 2)), label, rotation=90, fontsize=7, va="top")
         ax.set_xlabel("seconds")
         ax.set_ylabel("replicas")
         ax.set_title("Mode and replicas per pool")
