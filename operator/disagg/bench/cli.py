@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any, Callable
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -90,6 +91,19 @@ def _kv(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
+def _run_and_report(run: Callable[[], Any], table: Callable[[Any], str], out: Path | None) -> int:
+    """Run a benchmark (it stops its own processes, also on Ctrl-C), then print its table and results file."""
+    try:
+        result = run()
+    except KeyboardInterrupt:
+        print("interrupted; all benchmark processes stopped")
+        return 130
+    print()
+    print(table(result))
+    print(f"\nresults: {out}")
+    return 0
+
+
 def _cmd_goodput(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -110,32 +124,18 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
         plans = {m: dataclasses.replace(p, duration_s=args.duration) for m, p in plans.items()}
     s = G.Settings(gpus=args.gpus, time_scale=args.time_scale, gpu=args.gpu, model_preset=args.model_preset,
                    ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, seed=args.seed)
-    try:
-        result = G.run(args.mixes, args.deployments, s, plans, out=args.out, log_dir=args.log_dir)
-    except KeyboardInterrupt:
-        print("interrupted; all benchmark processes stopped")
-        return 130
-    print()
-    print(f"goodput benchmark: {s.gpus} simulated {s.gpu} GPUs × {s.model_preset}, time-scale {s.time_scale}, "
-          f"SLO TTFT ≤ {s.ttft_slo_ms:g} ms and TPOT ≤ {s.tpot_slo_ms:g} ms per request")
-    print(G.table(result["rows"], result["ratios"]))
-    print(f"\nresults: {args.out}")
-    return 0
+    header = (f"goodput benchmark: {s.gpus} simulated {s.gpu} GPUs × {s.model_preset}, time-scale {s.time_scale}, "
+              f"SLO TTFT ≤ {s.ttft_slo_ms:g} ms and TPOT ≤ {s.tpot_slo_ms:g} ms per request\n")
+    return _run_and_report(lambda: G.run(args.mixes, args.deployments, s, plans, out=args.out, log_dir=args.log_dir),
+                           lambda r: header + G.table(r["rows"], r["ratios"]), args.out)
 
 
 def _cmd_router(args: argparse.Namespace) -> int:
     from . import router_bench as R
 
-    try:
-        result = R.run(streams=args.streams, rounds=args.rounds, tokens=args.tokens, time_scale=args.time_scale,
-                       targets=args.targets, nginx=args.nginx, out=args.out)
-    except KeyboardInterrupt:
-        print("interrupted; all benchmark processes stopped")
-        return 130
-    print()
-    print(R.table(result))
-    print(f"\nresults: {args.out}")
-    return 0
+    return _run_and_report(lambda: R.run(streams=args.streams, rounds=args.rounds, tokens=args.tokens,
+                                         time_scale=args.time_scale, targets=args.targets, nginx=args.nginx,
+                                         out=args.out), R.table, args.out)
 
 
 def _cmd_autoscale(args: argparse.Namespace) -> int:
@@ -145,15 +145,7 @@ def _cmd_autoscale(args: argparse.Namespace) -> int:
                    step_post_s=args.step_post, trough_rate=args.trough_rate, peak_rate=args.peak_rate,
                    day_s=args.day, probe_s=args.probe, scale_down_stabilization_s=args.scale_down_stabilization,
                    seed=args.seed, parts=tuple(args.parts))
-    try:
-        result = A.run(s, out=args.out, log_dir=args.log_dir)
-    except KeyboardInterrupt:
-        print("interrupted; all benchmark processes stopped")
-        return 130
-    print()
-    print(A.table(result))
-    print(f"\nresults: {args.out}")
-    return 0
+    return _run_and_report(lambda: A.run(s, out=args.out, log_dir=args.log_dir), A.table, args.out)
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
