@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane prometheus crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-autoscale bench-operator lint clean
+.PHONY: help setup control-plane prometheus nginx crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-autoscale bench-operator lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -27,10 +27,13 @@ control-plane:
 prometheus:
 	@bash hack/ensure-prometheus.sh >/dev/null
 
+nginx:
+	@bash hack/ensure-nginx.sh >/dev/null
+
 crds: setup
 	$(BIN)/disagg crds
 
-test: setup control-plane prometheus
+test: setup control-plane prometheus nginx
 	$(BIN)/pytest
 
 # opt-in: vLLM's own argument parser checks the rendered worker args (installs vLLM, CPU only, --no-deps; GBs)
@@ -49,8 +52,7 @@ bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator
 bench-goodput: setup
 	$(BIN)/disagg bench goodput --out results/bench-goodput.json
 
-bench-router: setup
-	@bash hack/ensure-nginx.sh >/dev/null
+bench-router: setup nginx
 	$(BIN)/disagg bench router --out results/bench-router.json
 
 bench-autoscale: setup control-plane prometheus

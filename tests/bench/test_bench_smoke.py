@@ -63,7 +63,8 @@ def test_goodput_smoke(tmp_path) -> None:
 
 def test_router_bench_smoke(tmp_path) -> None:
     before = _children()
-    targets = ["direct", "router"] + (["nginx"] if R.find_nginx() else [])
+    assert R.find_nginx(), "nginx missing: `make test` installs it (hack/ensure-nginx.sh)"
+    targets = ["direct", "router", "nginx"]
     res = R.run(streams=8, rounds=2, tokens=6, time_scale=1.0, targets=targets, out=tmp_path / "rb.json",
                 progress=lambda *_: None)
     rows = res["rows"]
