@@ -9,6 +9,7 @@ DisaggregatedModel CRD installed; stopped at the end of the session, also on fai
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import uuid
 from typing import Iterator
@@ -59,6 +60,12 @@ def kubectl(control_plane: ControlPlane):
                               timeout=60)
 
     return run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A SIGTERM (a CI timeout, a kill) ends the session like Ctrl-C does: fixtures tear down, so no control plane,
+    # simulator or Prometheus is left running (they run in their own sessions and would outlive pytest).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
