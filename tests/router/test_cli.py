@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+
+from disagg.local.procs import stop_group
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 400
 DISAGG = str(Path(sys.executable).with_name("disagg"))
@@ -80,12 +81,7 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
                 await asyncio.sleep(0.05)
             assert (await wait_health(s, url, proc))["mode"] == "Aggregated"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_group(proc, grace=10, group=False)
         log.close()
     lines = [json.loads(line) for line in (tmp_path / "router.log").read_text().splitlines() if line.startswith("{")]
     reqs = [x for x in lines if x.get("event") == "request"]

@@ -10,6 +10,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from disagg.api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, RouterConfig
+from disagg.local.procs import stop_group
 from disagg.router.discovery import PodDiscovery, model_name_from_config
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 400
@@ -135,10 +136,5 @@ async def test_router_process_cluster_mode(kube, namespace, control_plane, fake_
                 assert r.status == 200
             assert len(p.requests) == 1 and len(d.requests) == 1
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_group(proc, grace=10, group=False)
         log.close()

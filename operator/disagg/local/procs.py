@@ -9,22 +9,26 @@ import signal
 import subprocess
 
 
-def stop_group(proc: subprocess.Popen | None, grace: float = 10.0) -> int | None:
-    """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL it. Returns the exit code."""
+def stop_group(proc: subprocess.Popen | None, grace: float = 10.0, group: bool = True) -> int | None:
+    """SIGTERM the process group (or, with ``group=False``, the process alone: one not started in a session of
+    its own), wait up to ``grace`` seconds, then SIGKILL it. Returns the exit code."""
     if proc is None:
         return None
     if proc.poll() is None:
-        _signal(proc, signal.SIGTERM)
+        _signal(proc, signal.SIGTERM, group)
         try:
             proc.wait(timeout=max(0.1, grace))
         except subprocess.TimeoutExpired:
-            _signal(proc, signal.SIGKILL)
+            _signal(proc, signal.SIGKILL, group)
             proc.wait()
     return proc.returncode
 
 
-def _signal(proc: subprocess.Popen, sig: int) -> None:
+def _signal(proc: subprocess.Popen, sig: int, group: bool) -> None:
     try:
-        os.killpg(proc.pid, sig)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
     except ProcessLookupError:
         pass
