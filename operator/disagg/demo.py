@@ -239,8 +239,8 @@ def run_loop(demo: Demo, *, quick: bool = False) -> dict[str, Any]:
     _say("        then a load step of long prompts → the prefill pool grows first")
     out["long_prompts"] = load_step(demo, "long-prompt load step", LONG_PROMPTS, rate=2.5, seconds=35 * s, seed=4)
 
-    _say("act 3: KV transfers stall on the decode workers (5 s > transferTimeoutMs 3 s)")
-    demo.set_decode_faults(kv_transfer_delay_ms=5000)
+    _say("act 3: KV transfers stall on the decode workers (12 s > transferTimeoutMs 8 s)")
+    demo.set_decode_faults(kv_transfer_delay_ms=12000)
     out["faulty"] = demo.drive("KV transfers failing", MIXES["long-rag"], rate=1.0, seconds=25 * s, seed=2)
     demo.wait_for_mode("Aggregated", 60, "flipped to Aggregated")
     _say("        the operator flipped the model to Aggregated; healing the KV path")
