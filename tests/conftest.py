@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from kubernetes import client
@@ -20,7 +20,6 @@ from kubernetes import client
 from disagg.api.crd import build_crd
 from disagg.kube import api_client, install_crd
 from disagg.local.controlplane import ControlPlane
-
 
 
 @pytest.fixture(scope="session")

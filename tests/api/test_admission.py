@@ -11,12 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from tests.api.cases import INVALID
+from tests.paths import EXAMPLES
 
 from disagg.api import GROUP, PLURAL, VERSION
 from disagg.api.validate import errors_of
-
-from tests.api.cases import INVALID
-from tests.paths import EXAMPLES
 
 
 def _create(kube: client.ApiClient, namespace: str, spec: dict, name: str = "m", dry_run: bool = True) -> dict:

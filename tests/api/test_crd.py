@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import yaml
+from tests.paths import REPO
 
 from disagg.api.crd import build_crd, render_crd_yaml
 from disagg.cli import main
-from tests.paths import REPO
 
 CRD_PATH = REPO / "crds" / "disaggregatedmodels.yaml"
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import yaml
+from tests.paths import EXAMPLES
 
 from disagg.api import DisaggregatedModel, Mode
 from disagg.api.validate import errors_of
 from disagg.cli import main
-from tests.paths import EXAMPLES
 
 
 def test_examples_parse() -> None:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 import urllib.parse
 import urllib.request
-import json
-
-import pytest
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from disagg.api.models import DisaggregatedModelSpec
@@ -38,7 +37,7 @@ def _text_exporter(registry: CollectorRegistry) -> ThreadingHTTPServer:
     """Serve the classic text format (as vLLM does: colons kept in names; OpenMetrics would escape them)."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             body = generate_latest(registry)
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)

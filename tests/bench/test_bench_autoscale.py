@@ -65,7 +65,7 @@ def test_cli_registers_bench_autoscale() -> None:
     parser = argparse.ArgumentParser()
     cli.add_parser(parser.add_subparsers(dest="cmd"))
     args = parser.parse_args(["bench", "autoscale", "--parts", "step", "--day", "60"])
-    assert args.func is cli._cmd_autoscale  # noqa: SLF001
+    assert args.func is cli._cmd_autoscale
     assert args.parts == ["step"] and args.day == 60.0
 
 

@@ -81,10 +81,9 @@ def test_router_bench_smoke(tmp_path) -> None:
 
 
 def test_processes_stopped_on_exception(tmp_path) -> None:
-    with pytest.raises(RuntimeError):
-        with Processes(tmp_path) as procs:
-            p = procs.spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], "http://127.0.0.1:1")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), Processes(tmp_path) as procs:
+        p = procs.spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], "http://127.0.0.1:1")
+        raise RuntimeError("boom")
     assert p.proc.poll() is not None
 
 

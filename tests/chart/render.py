@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from tests.paths import REPO
 
 CHART = REPO / "charts" / "disagg-operator"
@@ -57,7 +56,7 @@ def strip(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if k != "__template__"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render_file(path: str | None) -> tuple[dict[str, str], tuple[dict[str, Any], ...]]:
     rendered = render(load_values(Path(path)) if path else {})
     return rendered, tuple(documents(rendered))

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from tests.chart import promql
 from tests.chart.metric_catalog import TARGET_LABELS, catalog
 from tests.chart.render import documents, one, render

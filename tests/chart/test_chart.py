@@ -13,11 +13,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from tests.chart.render import CHART, CI_VALUES, find, helm, load_values, one, render, rendered_for, strip
+from tests.paths import REPO
 
 from disagg.api.crd import render_crd_yaml
 from disagg.builders.settings import ENV_ROUTER_IMAGE, ENV_ROUTER_IMAGE_PULL_POLICY, ENV_ROUTER_REPLICAS
-from tests.chart.render import CHART, CI_VALUES, find, helm, load_values, one, render, rendered_for, strip
-from tests.paths import REPO
 
 K8S_VERSION = "1.34.0"
 VALUE_SETS = [None, *CI_VALUES]
@@ -245,8 +245,9 @@ _PLURALS = {"Deployment": ("apps", "deployments"), "Service": ("", "services"), 
 
 
 def _builder_needs() -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
-    from disagg.builders import build_children, parse_model
     from tests.paths import EXAMPLES
+
+    from disagg.builders import build_children, parse_model
 
     kinds: set[str] = set()
     granted: set[tuple[str, str, str]] = set()
@@ -325,9 +326,8 @@ def test_rbac_least_privilege(values_file: Path | None) -> None:
 )
 def test_schema_refuses_bad_values(values: dict[str, Any], needle: str) -> None:
     h = helm()
-    with h.Chart.load(CHART) as chart:
-        with pytest.raises(h.HelmError) as err:
-            chart.render(values, name="x", namespace="y")
+    with h.Chart.load(CHART) as chart, pytest.raises(h.HelmError) as err:
+        chart.render(values, name="x", namespace="y")
     assert needle in str(err.value)
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from tests.chart import promql
 from tests.chart.metric_catalog import TARGET_LABELS, catalog
 from tests.chart.render import CHART
@@ -57,7 +56,7 @@ def test_structure(dashboard: dict[str, Any]) -> None:
         assert p["targets"], p["title"]
         assert p["datasource"]["uid"] == "${datasource}"
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24
 
 
 def test_every_query_names_known_metrics(dashboard: dict[str, Any]) -> None:

@@ -7,16 +7,17 @@ are skipped (their CRDs are not installed here); the kopf peering CRDs come from
 from __future__ import annotations
 
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-
-from disagg.kube import install_crd, server_side_apply
 from tests.chart.render import CHART, documents, load_values, render, strip
 from tests.paths import EXAMPLES
+
+from disagg.kube import install_crd, server_side_apply
 
 MONITORING_GROUP = "monitoring.coreos.com/"
 CLUSTER_KINDS = {"ClusterRole": "cluster_role", "ClusterRoleBinding": "cluster_role_binding"}

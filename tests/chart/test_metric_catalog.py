@@ -8,7 +8,6 @@ import re
 
 import pytest
 import yaml
-
 from tests.chart.metric_catalog import catalog, router_metrics, vllm_metrics
 from tests.chart.render import CHART, documents, one, render
 

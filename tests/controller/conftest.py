@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Iterator
 
 import kopf
 import pytest

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.paths import REPO
 
 from disagg.api.models import DEFAULT_VLLM_IMAGE
 from disagg.builders.settings import DEFAULT_ROUTER_IMAGE
-from tests.paths import REPO
 
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))

@@ -13,8 +13,9 @@ import asyncio
 import json
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -74,7 +75,7 @@ class FakeWorker:
     url: str = ""
     _runner: web.AppRunner | None = None
 
-    async def start(self) -> "FakeWorker":
+    async def start(self) -> FakeWorker:
         app = web.Application()
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/v1/chat/completions", self._complete)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests here import simtest_util
 
-from simtest_util import SimFactory  # noqa: E402
+from simtest_util import SimFactory
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import ApiModel
-from .models import ActiveMode, Mode, RolloutSpec, RoutingSpec, SLOSpec
+from .models import ActiveMode, Mode, ModeProbeSpec, RolloutSpec, RoutingSpec, SLOSpec
 
 Role = Literal["prefill", "decode", "aggregated", "router"]
 WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode", "aggregated")
@@ -77,6 +77,21 @@ class RouterConfig(ApiModel):
     slo: SLOSpec = Field(default_factory=SLOSpec, description="spec.slo.")
     transfer_timeout_ms: int = Field(default=10_000, description="spec.kvTransfer.transferTimeoutMs.")
     pools: RouterPools = Field(default_factory=RouterPools, description="Where the pools are.")
+    prefill_starting: bool = Field(
+        default=False,
+        description="The prefill pool has not been ready yet (creation, scale from zero, a new generation): "
+        "keep requests local (reason prefill_pool_starting). Set by the operator from the pool's status.",
+    )
+    probe: ModeProbeSpec = Field(
+        default_factory=ModeProbeSpec,
+        description="spec.modePolicy.probe: remote-path probes while the operator holds the model Aggregated "
+        "(mode Auto, activeMode Aggregated).",
+    )
+
+    def probing(self) -> bool:
+        """True while the operator (not spec.mode) holds the model Aggregated and probes are configured."""
+        return (self.mode == Mode.AUTO and self.active_mode == ActiveMode.AGGREGATED
+                and self.probe.rate_per_minute > 0 and self.probe.max_share > 0)
 
     def effective_mode(self) -> ActiveMode:
         if self.mode == Mode.AGGREGATED:

@@ -355,6 +355,28 @@ class FallbackPolicy(ApiModel):
     )
 
 
+class CircuitBreakerSpec(ApiModel):
+    failure_threshold: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="Consecutive KV failures or timeouts on one decode worker (or one prefill→decode pair) that "
+        "open its breaker: the target then gets local prefill at once, without waiting for a timeout.",
+    )
+    cooldown_seconds: float = Field(
+        default=10.0,
+        ge=0.1,
+        le=3600,
+        description="How long an open breaker stays open before it lets half-open probe requests through.",
+    )
+    half_open_probes: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Requests let through a half-open breaker; all must succeed to close it, one failure reopens it.",
+    )
+
+
 class RemotePrefillOverride(ApiModel):
     min_input_tokens: int | None = Field(default=None, ge=0, le=10_485_760, description="Overrides the model's.")
     max_prefill_queue_wait_ms: int | None = Field(default=None, ge=0, le=600_000, description="Overrides the model's.")
@@ -457,6 +479,10 @@ class RoutingSpec(ApiModel):
         default_factory=LocalPrefillPolicy, description="When a request prefills on its decode worker."
     )
     fallback: FallbackPolicy = Field(default_factory=FallbackPolicy, description="What to do when the remote path fails.")
+    circuit_breaker: CircuitBreakerSpec = Field(
+        default_factory=CircuitBreakerSpec,
+        description="Fail fast per target: a breaker per decode worker and per prefill→decode pair.",
+    )
     tenants: list[TenantPolicy] = Field(
         default_factory=list, max_length=32, description="Tenants matched by header, with priority and overrides."
     )
@@ -559,6 +585,29 @@ class AutoscalingSpec(ApiModel):
     )
 
 
+class ModeProbeSpec(ApiModel):
+    rate_per_minute: int = Field(
+        default=6,
+        ge=0,
+        le=6000,
+        description="While the operator (not spec.mode) holds the model Aggregated, at most this many eligible "
+        "requests per minute and router take the remote path as probes (each with the normal fallback). "
+        "0 turns probing off: the return then needs only the healthy hold.",
+    )
+    max_share: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Probes are also capped at this share of eligible requests.",
+    )
+    successes_to_return: int = Field(
+        default=3,
+        ge=0,
+        le=10_000,
+        description="Successful probes within the window needed, with the healthy hold, to return to Disaggregated.",
+    )
+
+
 class ModePolicySpec(ApiModel):
     kv_transfer_failure_rate: float = Field(
         default=0.05,
@@ -579,6 +628,10 @@ class ModePolicySpec(ApiModel):
         ge=0,
         le=86400,
         description="How long the signals must stay healthy before flipping back to Disaggregated.",
+    )
+    probe: ModeProbeSpec = Field(
+        default_factory=ModeProbeSpec,
+        description="Evidence before return: remote-path probes while the operator holds the model Aggregated.",
     )
 
 
@@ -612,7 +665,7 @@ class DisaggregatedModelSpec(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "DisaggregatedModelSpec":
+    def _cross_field(self) -> DisaggregatedModelSpec:
         for err in spec_errors(self):
             raise ValueError(err)
         return self

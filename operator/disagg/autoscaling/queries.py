@@ -12,8 +12,9 @@ retries), off the event loop.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from urllib3.util.retry import Retry
 

@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -383,7 +383,7 @@ def run(s: Settings, out: Path | None = None, log_dir: Path | None = None) -> di
     result["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                          "cpu_model": _cpu_model(), "loadavg_end": os.getloadavg()}
     result["wall_s"] = round(time.monotonic() - started, 1)
-    result["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    result["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1))
@@ -436,5 +436,16 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Settings", "run", "table", "step_trace", "diurnal_trace", "attainment_buckets", "recovery_time",
-           "gpu_seconds", "pod_start_s", "diurnal_rate", "AUTOSCALE_MIX"]
+__all__ = [
+    "AUTOSCALE_MIX",
+    "Settings",
+    "attainment_buckets",
+    "diurnal_rate",
+    "diurnal_trace",
+    "gpu_seconds",
+    "pod_start_s",
+    "recovery_time",
+    "run",
+    "step_trace",
+    "table",
+]

@@ -25,7 +25,7 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -124,9 +124,8 @@ def _metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 async def _get(url: str) -> str:
     import aiohttp
 
-    async with aiohttp.ClientSession() as s:
-        async with s.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
-            return await r.text()
+    async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+        return await r.text()
 
 
 def run_one(deployment: str, plan: Plan, s: Settings, log_dir: Path | None = None) -> dict[str, Any]:
@@ -275,7 +274,7 @@ def run(mixes: list[str], deployments: list[str], s: Settings, plans: dict[str, 
         out: Path | None = None, log_dir: Path | None = None, progress=print) -> dict[str, Any]:
     plans = plans or PLANS
     rows = []
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     for mix in mixes:
         for dep in deployments:
             progress(f"[goodput] {mix} / {dep} ...")

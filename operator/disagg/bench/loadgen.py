@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import aiohttp
 import orjson
@@ -87,7 +87,7 @@ async def _one(session: aiohttp.ClientSession, base_url: str, req: Request, time
                 data = orjson.loads(await resp.read())
                 first = last = time.perf_counter()
                 tokens = (data.get("usage") or {}).get("completion_tokens", 1)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except (TimeoutError, aiohttp.ClientError) as e:
         res.error = f"{type(e).__name__}: {e}"[:300]
         return res
     end = time.perf_counter()

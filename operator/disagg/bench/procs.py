@@ -63,7 +63,7 @@ class Processes:
         self._old_handlers: dict[int, object] = {}
 
     # ------------------------------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "Processes":
+    def __enter__(self) -> Processes:
         # SIGTERM/SIGHUP become KeyboardInterrupt so that `finally`/`__exit__` run and the children are stopped.
         for sig in (signal.SIGTERM, signal.SIGHUP):
             try:

@@ -25,7 +25,7 @@ import os
 import random
 import shutil
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,7 @@ def _summ(ph: dict[str, Any], step_wall_s: float) -> dict[str, Any]:
 def run(streams: int = 500, rounds: int = 3, tokens: int = 64, time_scale: float = 8.0,
         targets: list[str] | tuple[str, ...] = ("direct", "router", "nginx"), nginx: str | None = None,
         out: Path | None = None, progress=print) -> dict[str, Any]:
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     rows: dict[str, Any] = {}
     nginx_bin = find_nginx(nginx) if "nginx" in targets else None
     if "nginx" in targets and nginx_bin is None:

@@ -6,8 +6,8 @@ prints it. Everything here is deterministic: the same DisaggregatedModel gives b
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 

@@ -47,6 +47,7 @@ def router_config(dm: DisaggregatedModel) -> c.RouterConfig:
         slo=spec.slo,
         transfer_timeout_ms=spec.kv_transfer.transfer_timeout_ms,
         pools=c.RouterPools(**pools),
+        probe=spec.mode_policy.probe,
     )
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 DEFAULT_ROUTER_IMAGE = "ghcr.io/disagg/disagg:0.1.0"
 

@@ -12,7 +12,7 @@ from ..api.models import DisaggregatedModel, DisaggregatedModelSpec, PoolSpec
 from .merge import strategic_merge
 from .meta import BuildError, model_name, object_meta, role_labels, selector_labels, short_hash
 from .replicas import desired_replicas
-from .transport import KV_ROLES, kv_transfer_config_json, transport_parts, UCX_TLS
+from .transport import KV_ROLES, UCX_TLS, kv_transfer_config_json, transport_parts
 from .vllm import supports_shutdown_timeout
 
 CONTAINER_NAME = "vllm"

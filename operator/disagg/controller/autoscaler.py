@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from kubernetes import client
 from prometheus_client import Counter, Gauge

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Mapping
 
 from pydantic import ValidationError
 

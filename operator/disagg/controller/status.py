@@ -10,8 +10,8 @@ kept as they are.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from ..api.contract import Role
 from ..api.models import ActiveMode, DisaggregatedModel, Mode

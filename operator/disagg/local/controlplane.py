@@ -122,7 +122,7 @@ class ControlPlane:
     _logs: list[IO] = field(default_factory=list)
     _tmp: Path | None = None
 
-    def __enter__(self) -> "ControlPlane":
+    def __enter__(self) -> ControlPlane:
         self.start()
         return self
 

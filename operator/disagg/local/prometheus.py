@@ -50,7 +50,7 @@ class LocalPrometheus:
     _proc: subprocess.Popen | None = None
     _tmp: Path | None = None
 
-    def __enter__(self) -> "LocalPrometheus":
+    def __enter__(self) -> LocalPrometheus:
         self.start()
         return self
 

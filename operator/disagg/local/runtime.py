@@ -31,7 +31,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -107,7 +107,7 @@ class LocalRuntime:
             self.pods.clear()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "LocalRuntime":
+    def __enter__(self) -> LocalRuntime:
         self.start()
         return self
 
@@ -324,8 +324,8 @@ class LocalRuntime:
         status = {
             "phase": "Running" if running else "Pending",
             "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": local.ip, "podIPs": [{"ip": local.ip}], "startTime": pod.status.start_time and
-            pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ") or now,
+            "podIP": local.ip, "podIPs": [{"ip": local.ip}], "startTime": (pod.status.start_time and
+            pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ")) or now,
             "conditions": [
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
                 {"type": "Initialized", "status": "True", "lastTransitionTime": now},

@@ -12,8 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kubernetes import client
 
@@ -87,7 +88,7 @@ class LocalStack:
         self.prometheus.stop()
         self.cp.stop()
 
-    def __enter__(self) -> "LocalStack":
+    def __enter__(self) -> LocalStack:
         self.start()
         return self
 

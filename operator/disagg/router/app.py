@@ -27,7 +27,7 @@ class RouterApp:
     shutdown_grace: float = 30.0
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "RouterApp":
+    def from_args(cls, args: argparse.Namespace) -> RouterApp:
         watcher = ConfigWatcher(args.config, interval=args.config_poll_seconds)
         workers = WorkerSet()
         static = bool(args.prefill or args.decode or args.aggregated)

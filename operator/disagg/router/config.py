@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
-from ..api.contract import RouterConfig
 from .. import logs
+from ..api.contract import RouterConfig
 
 log = logs.get("disagg.router.config")
 

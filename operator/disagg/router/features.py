@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 CHAT_MESSAGE_OVERHEAD = 4

@@ -73,7 +73,7 @@ class StreamAccount:
     ``usage.completion_tokens`` (stream_options.include_usage), which then wins.
     """
 
-    __slots__ = ("events", "done", "first_at", "last_at", "usage_tokens", "_tail", "chat")
+    __slots__ = ("_tail", "chat", "done", "events", "first_at", "last_at", "usage_tokens")
 
     def __init__(self, chat: bool) -> None:
         self.events = 0

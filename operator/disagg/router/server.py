@@ -20,8 +20,9 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import orjson
@@ -157,7 +158,7 @@ class Router:
             w.update_scrape(parse_prometheus(text))
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError):
             w.down_until = time.monotonic() + self.opts.down_seconds
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             pass
 
     async def _scrape_loop(self) -> None:
@@ -199,7 +200,7 @@ class Router:
                                             headers=self._fwd_headers(request, None)) as r:
                     if r.status == 200:
                         return web.Response(body=await r.read(), content_type="application/json")
-            except (aiohttp.ClientError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientError):
                 continue
         name = self.config.model
         data = [{"id": name, "object": "model", "owned_by": "disagg", "created": 0}] if name else []
@@ -223,7 +224,7 @@ class Router:
                             aggregated=loads("aggregated", True), tenant_avg_output_tokens=self.tenants.get(tenant))
 
     @staticmethod
-    def _decision_headers(ctx: "Ctx") -> dict[str, str]:
+    def _decision_headers(ctx: Ctx) -> dict[str, str]:
         """Response headers telling the client which path served it and why (debugging, demo, benchmarks)."""
         return {"X-Request-Id": ctx.request_id, "X-Disagg-Decision": ctx.decision, "X-Disagg-Reason": ctx.reason,
                 "X-Disagg-Path": ctx.path}
@@ -241,7 +242,7 @@ class Router:
             ctx.outcome = ctx.outcome or "cancelled"
             ctx.status = ctx.status or 499
             raise
-        except Exception as e:  # noqa: BLE001 - no input may crash the router
+        except Exception as e:
             log.exception("router_internal_error", request_id=rid)
             ctx.outcome, ctx.status = "internal_error", 500
             return openai_error(500, f"router error: {type(e).__name__}", "internal_server_error")
@@ -525,7 +526,7 @@ class Router:
                         if "ttft" not in ctx.timings and acct.first_at is not None:
                             ctx.timings["ttft"] = acct.first_at - ctx.t0
                         await asyncio.wait_for(out.write(chunk), self.opts.client_write_timeout)
-                except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionResetError) as e:
+                except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as e:
                     client_side = isinstance(e, (asyncio.TimeoutError, ConnectionResetError)) or \
                         isinstance(e, aiohttp.ClientConnectionResetError)
                     ctx.outcome = "cancelled" if client_side else "upstream_error_mid_stream"

@@ -30,7 +30,7 @@ _VLLM_BOOL_FLAGS = {
     "--enable-expert-parallel", "--enable-eplb", "--disable-fastapi-docs", "--enable-request-id-headers",
     "--enable-server-load-tracking", "--enable-force-include-usage", "--enable-sleep-mode", "--async-scheduling",
     "--disable-uvicorn-access-log", "--enable-log-outputs", "--data-parallel-external-lb", "--enable-dbo",
-    "--no-enable-prefix-caching", "--calculate-kv-scales", "--enable-tokenizer-info-endpoint",
+    "--calculate-kv-scales", "--enable-tokenizer-info-endpoint",
     "--return-tokens-as-token-ids", "--disable-cascade-attn", "--enable-reasoning",
 }
 

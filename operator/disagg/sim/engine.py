@@ -232,7 +232,7 @@ class Engine:
                     timeout = max(0.0, (nxt - now) * self.cfg.time_scale) + 0.001
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             # The step starts when its work became available in simulated time (end of the previous step, an

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, salt: bytes = b"") -> list[bytes]:

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import orjson
 
@@ -149,7 +150,7 @@ class SideChannelClient:
             return PullOutcome(False, "kv_transfer_params lack remote_host/remote_port")
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), self.timeout_s)
-        except (OSError, asyncio.TimeoutError, ValueError) as e:
+        except (TimeoutError, OSError, ValueError) as e:
             return PullOutcome(False, f"side channel {host}:{port} unreachable: {e}")
         try:
             first = engine not in self.known_engines
@@ -179,7 +180,7 @@ class SideChannelClient:
             await _send(writer, {"op": "notif", "request_id": request_id})
             await asyncio.wait_for(_recv(reader), self.timeout_s)
             return out
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as e:
             return PullOutcome(False, f"side channel error: {e!r}")
         finally:
             writer.close()
@@ -189,12 +190,12 @@ class SideChannelClient:
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(params.get("remote_host"), int(params.get("remote_port"))), self.timeout_s)
-        except (OSError, asyncio.TimeoutError, ValueError, TypeError):
+        except (TimeoutError, OSError, ValueError, TypeError):
             return False
         try:
             await _send(writer, {"op": "notif", "request_id": request_id})
             return bool((await asyncio.wait_for(_recv(reader), self.timeout_s)).get("ok"))
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
             return False
         finally:
             writer.close()

@@ -17,8 +17,8 @@ step's latency (stages run one after another for one batch; micro-batch overlap 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from .presets import GiB, GPUPreset, ModelPreset, TransportPreset
 
@@ -89,7 +89,7 @@ class PerfModel:
 
     @classmethod
     def from_names(cls, gpu: str = "H100-SXM", model: str = "Llama-3.1-8B", tp: int = 1, pp: int = 1,
-                   **kw) -> "PerfModel":
+                   **kw) -> PerfModel:
         """``PerfModel.from_names("H200", "meta-llama/Llama-3.1-70B-Instruct", tp=4)`` (preset or model id)."""
         from .presets import get_gpu, get_model, infer_model
 

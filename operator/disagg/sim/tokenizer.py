@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 _PIECE = re.compile(r" ?[^\W\d_]{1,6}|[^\W\d_]{1,6}| ?\d{1,3}| ?[^\w\s]|\s+")
 
