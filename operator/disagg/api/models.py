@@ -698,6 +698,11 @@ class PoolStatus(ApiModel):
     desired_replicas: int = Field(default=0, ge=0, description="Replicas the operator wants.")
     summary: str = Field(default="0/0", description="readyReplicas/desiredReplicas (printer column).")
     last_scale: ScaleEvent | None = Field(default=None, description="The last scaling decision.")
+    starting: bool = Field(
+        default=False,
+        description="True while the pool has no ready replica and has not been ready since it was created, scaled "
+        "from zero or rolled to a new generation: it is starting (condition Progressing), not failed.",
+    )
 
 
 class PoolsStatus(ApiModel):
@@ -714,6 +719,14 @@ class ObservedStatus(ApiModel):
     decode_active_sequences: float | None = Field(default=None, description="Sequences running on the decode pool.")
     kv_transfer_p95_ms: float | None = Field(default=None, description="Observed p95 KV-cache transfer time.")
     prefix_cache_hit_rate: float | None = Field(default=None, description="Prefix-cache hit rate of the decode pool.")
+    mode_probes_succeeded: float | None = Field(
+        default=None,
+        description="Remote-path probes that succeeded in the window while the operator held the model Aggregated.",
+    )
+    mode_probes_failed: float | None = Field(
+        default=None,
+        description="Remote-path probes that failed (and fell back) in the window while held Aggregated.",
+    )
     time: str | None = Field(default=None, description="When these figures were measured (RFC 3339).")
 
 

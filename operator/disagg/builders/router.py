@@ -32,6 +32,11 @@ def active_mode(dm: DisaggregatedModel) -> ActiveMode:
     return ActiveMode.DISAGGREGATED
 
 
+def prefill_starting(dm: DisaggregatedModel) -> bool:
+    """status.pools.prefill.starting, as the operator last wrote it (the router keeps requests local meanwhile)."""
+    return bool(dm.status is not None and dm.status.pools.prefill.starting)
+
+
 def router_config(dm: DisaggregatedModel) -> c.RouterConfig:
     spec = dm.spec
     model = model_name(dm)
@@ -48,6 +53,7 @@ def router_config(dm: DisaggregatedModel) -> c.RouterConfig:
         transfer_timeout_ms=spec.kv_transfer.transfer_timeout_ms,
         pools=c.RouterPools(**pools),
         probe=spec.mode_policy.probe,
+        prefill_starting=prefill_starting(dm),
     )
 
 
