@@ -22,6 +22,11 @@ if have_all; then log "cached: $BIN"; echo "$BIN"; exit 0; fi
 command -v go >/dev/null || { log "go is required (Go >= 1.24) to build the control plane"; exit 1; }
 export GOFLAGS="${GOFLAGS:--buildvcs=false}" CGO_ENABLED=0
 mkdir -p "$BIN" "$WORK/k8s" "$WORK/etcd"
+# One build at a time per cache (two `make test` runs on one machine must not race on the same files);
+# whoever waited finds the binaries the first one built.
+exec 9>"$CACHE/control-plane/.build.lock"
+flock 9
+if have_all; then log "cached: $BIN"; echo "$BIN"; exit 0; fi
 
 # ---------- kube-apiserver + kube-controller-manager ----------
 if [[ ! -x "$BIN/kube-apiserver" || ! -x "$BIN/kube-controller-manager" ]]; then
