@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 import yaml
 
+from disagg.api.models import DisaggregatedModel
 from disagg.builders import parse_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -15,12 +16,12 @@ UID = "00000000-0000-4000-8000-000000000001"
 
 
 def example_body(name: str, namespace: str = "serving") -> dict[str, Any]:
-    body = yaml.safe_load(EXAMPLES[name].read_text())
+    body: dict[str, Any] = yaml.safe_load(EXAMPLES[name].read_text())
     body["metadata"] = {**body["metadata"], "namespace": namespace, "uid": UID}
     return body
 
 
-def model(name: str = "llama-8b-nvlink", **spec_patch: Any):
+def model(name: str = "llama-8b-nvlink", **spec_patch: Any) -> DisaggregatedModel:
     """An example DisaggregatedModel with top-level spec keys replaced (camelCase, as in YAML)."""
     body = example_body(name)
     body["spec"].update(spec_patch)
@@ -28,5 +29,5 @@ def model(name: str = "llama-8b-nvlink", **spec_patch: Any):
 
 
 @pytest.fixture(params=sorted(EXAMPLES))
-def example(request) -> str:
-    return request.param
+def example(request: pytest.FixtureRequest) -> str:
+    return str(request.param)

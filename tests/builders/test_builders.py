@@ -9,6 +9,8 @@ import pytest
 import yaml
 
 from disagg.api import contract as c
+from disagg.api.contract import Role
+from disagg.api.models import DisaggregatedModel
 from disagg.builders import (
     BuildError,
     BuildSettings,
@@ -25,12 +27,13 @@ from disagg.builders.workers import GRACE_MARGIN_SECONDS, worker_deployment
 from .conftest import UID, example_body, model
 
 
-def by_ref(dm) -> dict[str, dict[str, Any]]:
+def by_ref(dm: DisaggregatedModel) -> dict[str, dict[str, Any]]:
     return {f"{o['kind']}/{o['metadata']['name']}": o for o in build_children(dm)}
 
 
-def container(dm, role: str) -> dict[str, Any]:
-    return worker_deployment(dm, role)["spec"]["template"]["spec"]["containers"][0]
+def container(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
+    cont: dict[str, Any] = worker_deployment(dm, role)["spec"]["template"]["spec"]["containers"][0]
+    return cont
 
 
 def env_of(cont: dict[str, Any]) -> dict[str, Any]:
@@ -41,26 +44,35 @@ def flag(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
+def kv_config(args: list[str]) -> dict[str, Any]:
+    """The parsed ``--kv-transfer-config`` of a worker's args (the flag must be there)."""
+    value = flag(args, "--kv-transfer-config")
+    assert value is not None
+    parsed: dict[str, Any] = json.loads(value)
+    return parsed
+
+
 # ------------------------------------------------------------------------------------------------ args
 
 
-def test_worker_args_order_and_kv_roles():
+def test_worker_args_order_and_kv_roles() -> None:
     dm = model("llama-70b-rdma")
-    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+    pairs: tuple[tuple[Role, str], ...] = (("prefill", "kv_producer"), ("decode", "kv_consumer"))
+    for role, kv_role in pairs:
         args = worker_args(dm, role)
         assert args[0] == "/models/llama-3.1-70b-instruct"  # PVC path under the mount
         assert args[1:7] == ["--port", "8000", "--served-model-name", "llama-70b", "--tensor-parallel-size", "8"]
         assert flag(args, "--max-model-len") == "65536"
-        kv = json.loads(flag(args, "--kv-transfer-config"))
+        kv = kv_config(args)
         assert kv["kv_connector"] == "NixlConnector" and kv["kv_role"] == kv_role
         assert args[-1] == "--enable-prefix-caching"  # user args last
     assert flag(worker_args(dm, "prefill"), "--max-num-batched-tokens") == "16384"
     assert flag(worker_args(dm, "decode"), "--max-num-seqs") == "512"
-    assert "kv_load_failure_policy" not in json.loads(flag(worker_args(dm, "prefill"), "--kv-transfer-config"))
-    assert json.loads(flag(worker_args(dm, "decode"), "--kv-transfer-config"))["kv_load_failure_policy"] == "recompute"
+    assert "kv_load_failure_policy" not in kv_config(worker_args(dm, "prefill"))
+    assert kv_config(worker_args(dm, "decode"))["kv_load_failure_policy"] == "recompute"
 
 
-def test_hub_model_and_extra_config_and_parallelism():
+def test_hub_model_and_extra_config_and_parallelism() -> None:
     body = example_body("llama-8b-nvlink")
     body["spec"]["kvTransfer"]["extraConfig"] = {"backends": ["UCX"]}
     body["spec"]["kvTransfer"]["loadFailurePolicy"] = "fail"
@@ -70,7 +82,7 @@ def test_hub_model_and_extra_config_and_parallelism():
     args = worker_args(dm, "decode")
     assert args[0] == "meta-llama/Llama-3.1-8B-Instruct"
     assert flag(args, "--pipeline-parallel-size") == "2" and flag(args, "--data-parallel-size") == "2"
-    assert json.loads(flag(args, "--kv-transfer-config")) == {
+    assert kv_config(args) == {
         "kv_connector": "NixlConnector", "kv_role": "kv_consumer", "kv_load_failure_policy": "fail",
         "kv_connector_extra_config": {"backends": ["UCX"]}}
     assert container(dm, "decode")["resources"]["limits"]["nvidia.com/gpu"] == "8"  # tp × pp × dp
@@ -86,7 +98,8 @@ def test_hub_model_and_extra_config_and_parallelism():
     ("vllm/vllm-openai:latest", None, False),
     ("vllm/vllm-openai@sha256:abcd", None, False),
 ])
-def test_shutdown_timeout_only_for_vllm_that_knows_it(image, version, shutdown):
+def test_shutdown_timeout_only_for_vllm_that_knows_it(image: str, version: tuple[int, int, int] | None,
+                                                      shutdown: bool) -> None:
     assert image_version(image) == version
     assert supports_shutdown_timeout(image) is shutdown
     dm = model(engine={"image": image, "shutdownTimeoutSeconds": 120})
@@ -98,7 +111,7 @@ def test_shutdown_timeout_only_for_vllm_that_knows_it(image, version, shutdown):
 
 @pytest.mark.parametrize("where,arg", [("engine", "--port=9000"), ("prefill", "--kv-transfer-config"),
                                        ("decode", "-tp"), ("engine", "--served-model-name")])
-def test_operator_owned_flags_are_refused_in_extra_args(where, arg):
+def test_operator_owned_flags_are_refused_in_extra_args(where: str, arg: str) -> None:
     body = example_body("llama-8b-nvlink")
     body["spec"].setdefault(where, {})["extraArgs"] = ["--enforce-eager", arg]
     with pytest.raises(BuildError, match=rf"spec\.{where}\.extraArgs\[1\]: {arg.split('=')[0]} is set by the"):
@@ -116,7 +129,7 @@ TRANSPORTS: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
-def test_transport(transport):
+def test_transport(transport: str) -> None:
     want = TRANSPORTS[transport]
     dm = model(kvTransfer={"transport": transport, "sideChannelPort": 5601})
     for role in ("prefill", "decode"):
@@ -140,7 +153,7 @@ def test_transport(transport):
             assert exprs == {c.LABEL_MODEL: ["llama-8b"], c.LABEL_ROLE: ["prefill", "decode"]}
 
 
-def test_rdma_devices_and_resource():
+def test_rdma_devices_and_resource() -> None:
     dm = model("llama-70b-rdma")
     cont = container(dm, "decode")
     assert env_of(cont)["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
@@ -150,7 +163,7 @@ def test_rdma_devices_and_resource():
     assert container(dm, "prefill")["resources"]["limits"]["rdma/hca_shared_devices_a"] == "2"
 
 
-def test_side_channel_port_must_differ_from_http_port():
+def test_side_channel_port_must_differ_from_http_port() -> None:
     with pytest.raises(BuildError, match=r"spec\.kvTransfer\.sideChannelPort"):
         build_children(model(kvTransfer={"sideChannelPort": 8000}))
 
@@ -158,7 +171,7 @@ def test_side_channel_port_must_differ_from_http_port():
 # ------------------------------------------------------------------------------------ pods and placement
 
 
-def test_gpu_resources_node_selector_tolerations_and_shm():
+def test_gpu_resources_node_selector_tolerations_and_shm() -> None:
     body = example_body("llama-70b-rdma")
     body["spec"]["decode"]["nodeSelector"] = {"pool": "decode"}
     body["spec"]["decode"]["tolerations"] = [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -180,7 +193,7 @@ def test_gpu_resources_node_selector_tolerations_and_shm():
         assert dec["containers"][0][probe]["httpGet"] == {"path": "/health", "port": c.WORKER_PORT_NAME}
 
 
-def test_pod_template_overrides_merge_by_name_and_keep_selector_labels():
+def test_pod_template_overrides_merge_by_name_and_keep_selector_labels() -> None:
     body = example_body("llama-8b-nvlink")
     body["spec"]["decode"]["podTemplate"] = {
         "metadata": {"labels": {"team": "a", c.LABEL_ROLE: "hijack"}},
@@ -202,7 +215,7 @@ def test_pod_template_overrides_merge_by_name_and_keep_selector_labels():
 # ------------------------------------------------------------------------------ metadata, names, hashes
 
 
-def test_owner_references_labels_and_names(example):
+def test_owner_references_labels_and_names(example: str) -> None:
     dm = parse_model(example_body(example))
     name = dm.metadata["name"]
     objs = build_children(dm)
@@ -225,13 +238,13 @@ def test_owner_references_labels_and_names(example):
         assert d["spec"]["template"]["metadata"]["labels"][c.LABEL_ROLE] == role
 
 
-def test_render_without_uid_has_no_owner_references():
+def test_render_without_uid_has_no_owner_references() -> None:
     body = example_body("llama-8b-nvlink")
     del body["metadata"]["uid"]
     assert all("ownerReferences" not in o["metadata"] for o in build_children(parse_model(body)))
 
 
-def test_compat_hash_equal_across_pools_and_changes_with_image():
+def test_compat_hash_equal_across_pools_and_changes_with_image() -> None:
     dm = model("llama-70b-rdma")
     assert compat_hash(dm.spec, "prefill") == compat_hash(dm.spec, "decode")
     other = model("llama-70b-rdma", engine={"image": "vllm/vllm-openai:v0.18.0"})
@@ -250,7 +263,7 @@ def test_compat_hash_equal_across_pools_and_changes_with_image():
         assert dep["spec"]["template"]["metadata"]["labels"][c.LABEL_COMPAT] == compat_hash(changed.spec, role)
 
 
-def test_model_name_too_long_for_services():
+def test_model_name_too_long_for_services() -> None:
     body = example_body("llama-8b-nvlink")
     body["metadata"]["name"] = "m" * 56
     with pytest.raises(BuildError, match=r"metadata\.name: .* would be named .*-prefill.*at most 55"):
@@ -263,7 +276,7 @@ def test_model_name_too_long_for_services():
 # ----------------------------------------------------------------------------------- modes and router
 
 
-def test_aggregated_pool_has_no_kv_connector():
+def test_aggregated_pool_has_no_kv_connector() -> None:
     dm = model(aggregated={"replicas": 2, "gpu": {"count": 1}})
     refs = by_ref(dm)
     dep = refs["Deployment/llama-8b-aggregated"]
@@ -282,7 +295,7 @@ def test_aggregated_pool_has_no_kv_connector():
     ("Aggregated", None, "Aggregated"),
     ("Disaggregated", "Aggregated", "Disaggregated"),
 ])
-def test_router_config_active_mode(mode, status_mode, want):
+def test_router_config_active_mode(mode: str, status_mode: str | None, want: str) -> None:
     body = example_body("llama-8b-nvlink")
     body["spec"]["mode"] = mode
     if status_mode:
@@ -292,12 +305,13 @@ def test_router_config_active_mode(mode, status_mode, want):
     cfg = c.RouterConfig.model_validate(yaml.safe_load(cm["data"][c.ROUTER_CONFIG_KEY]))
     assert cfg.active_mode.value == want and cfg.effective_mode().value == want
     assert cfg.model == "llama-8b"
-    assert cfg.pools.prefill.service == "llama-8b-prefill" and cfg.pools.decode.service == "llama-8b-decode"
+    assert cfg.pools.prefill is not None and cfg.pools.prefill.service == "llama-8b-prefill"
+    assert cfg.pools.decode is not None and cfg.pools.decode.service == "llama-8b-decode"
     # workers keep their KV connector in both modes (a mode flip restarts nothing)
     assert "--kv-transfer-config" in worker_args(dm, "prefill")
 
 
-def test_router_objects():
+def test_router_objects() -> None:
     dm = model("llama-70b-rdma")
     refs = {f"{o['kind']}/{o['metadata']['name']}": o
             for o in build_children(dm, BuildSettings(router_image="r:1", router_replicas=2))}
@@ -322,7 +336,7 @@ def test_router_objects():
 # --------------------------------------------------------------------------------------------- replicas
 
 
-def test_replicas_owner():
+def test_replicas_owner() -> None:
     body = example_body("llama-70b-rdma")  # autoscaling enabled, prefill 1..6, initial 2
     assert desired_replicas(parse_model(body), "prefill") == 2
     body["status"] = {"pools": {"prefill": {"desiredReplicas": 5}, "decode": {"desiredReplicas": 100}}}

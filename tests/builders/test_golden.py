@@ -22,7 +22,7 @@ def render(name: str) -> str:
     return yaml.safe_dump_all(objs, sort_keys=False, width=120)
 
 
-def test_golden(example):
+def test_golden(example: str) -> None:
     text = render(example)
     path = GOLDEN / f"{example}.yaml"
     if os.environ.get("DISAGG_UPDATE_GOLDEN") or not path.exists():
@@ -30,10 +30,10 @@ def test_golden(example):
     assert text == path.read_text(), f"{path} differs; rerun with DISAGG_UPDATE_GOLDEN=1 and review the diff"
 
 
-def test_rendered_manifests_pass_kubernetes_schemas(example):
+def test_rendered_manifests_pass_kubernetes_schemas(example: str) -> None:
     for obj in yaml.safe_load_all(render(example)):
         kubernetes_validate.validate(obj, "1.34", strict=True)
 
 
-def test_deterministic(example):
+def test_deterministic(example: str) -> None:
     assert render(example) == render(example)

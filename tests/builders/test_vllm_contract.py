@@ -7,11 +7,17 @@ environment.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
+from disagg.api.contract import Role
+from disagg.api.models import DisaggregatedModel
 from disagg.builders import parse_model, worker_args
 
 from .conftest import example_body
@@ -21,8 +27,20 @@ pytestmark = pytest.mark.vllm
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
+@dataclass(frozen=True)
+class VllmParser:
+    """`vllm serve`'s argument parser, and the vLLM version it comes from."""
+
+    make: Callable[[], Any]  # a fresh parser per parse, as `vllm serve` builds one
+    version: str
+
+    def __call__(self, args: list[str]) -> argparse.Namespace:
+        ns: argparse.Namespace = self.make().parse_args(args)
+        return ns
+
+
 @pytest.fixture(scope="module")
-def vllm_parser():
+def vllm_parser() -> VllmParser:
     vllm = pytest.importorskip("vllm")
     _cpu_platform_without_gpu()
     try:
@@ -34,11 +52,7 @@ def vllm_parser():
     except ImportError:
         from vllm.utils import FlexibleArgumentParser
 
-    def parse(args: list[str]):
-        return make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(args)
-
-    parse.version = vllm.__version__
-    return parse
+    return VllmParser(lambda: make_arg_parser(FlexibleArgumentParser(prog="vllm serve")), str(vllm.__version__))
 
 
 def _cpu_platform_without_gpu() -> None:
@@ -53,7 +67,7 @@ def _cpu_platform_without_gpu() -> None:
         platforms._current_platform = CpuPlatform()
 
 
-def _model(example: str, version: str):
+def _model(example: str, version: str) -> DisaggregatedModel:
     body = example_body(example)
     # Render for the vLLM build under test, so version-dependent flags match what it knows.
     body["spec"].setdefault("engine", {})["image"] = f"vllm/vllm-openai:v{version}"
@@ -62,7 +76,7 @@ def _model(example: str, version: str):
 
 @pytest.mark.parametrize("example", ["llama-70b-rdma", "llama-8b-nvlink", "aggregated-rollback"])
 @pytest.mark.parametrize("role,kv_role", [("prefill", "kv_producer"), ("decode", "kv_consumer")])
-def test_rendered_args_parse_with_vllm(vllm_parser, example, role, kv_role):
+def test_rendered_args_parse_with_vllm(vllm_parser: VllmParser, example: str, role: Role, kv_role: str) -> None:
     dm = _model(example, vllm_parser.version)
     args = worker_args(dm, role)
     ns = vllm_parser(args)
@@ -78,7 +92,7 @@ def test_rendered_args_parse_with_vllm(vllm_parser, example, role, kv_role):
         assert ns.shutdown_timeout == dm.spec.engine.shutdown_timeout_seconds
 
 
-def test_wrong_kv_role_is_rejected_by_vllm(vllm_parser):
+def test_wrong_kv_role_is_rejected_by_vllm(vllm_parser: VllmParser) -> None:
     args = worker_args(_model("llama-8b-nvlink", vllm_parser.version), "prefill")
     i = args.index("--kv-transfer-config") + 1
     args[i] = json.dumps({**json.loads(args[i]), "kv_role": "producer"})

@@ -98,7 +98,7 @@ def router_metrics() -> list[Metric]:
         for w in wrappers:
             if isinstance(w, MetricWrapperBase) and id(w) not in seen:
                 seen.add(id(w))
-                out.append(Metric(w._name, w._type, frozenset(w._labelnames), "router"))
+                out.append(Metric(w._name, str(w._type), frozenset(w._labelnames), "router"))
     return out
 
 

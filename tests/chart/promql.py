@@ -6,6 +6,10 @@ Syntax itself is checked by the real parser (``promtool check rules``); this onl
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tests.chart.metric_catalog import Metric
 
 _METRIC = re.compile(r"(?<![\w:\"'])((?:disagg|vllm)[_:][a-zA-Z0-9_:]*)\s*(\{[^}]*\})?")
 _MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
@@ -24,7 +28,7 @@ def grouping_labels(expr: str) -> set[str]:
     return out
 
 
-def check(expr: str, catalog: dict, target_labels: frozenset[str]) -> list[str]:
+def check(expr: str, catalog: dict[str, Metric], target_labels: frozenset[str]) -> list[str]:
     """Problems with the names in ``expr`` (empty when every metric and label exists)."""
     problems = []
     used = selectors(expr)

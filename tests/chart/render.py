@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -19,7 +20,7 @@ RELEASE = "disagg-operator"
 NAMESPACE = "disagg-system"
 
 
-def helm():
+def helm() -> ModuleType:
     import helm_python
 
     return helm_python
@@ -36,7 +37,8 @@ def render(values: dict[str, Any] | None = None, *, name: str = RELEASE,
     """Template path → rendered text (NOTES.txt included)."""
     h = helm()
     with h.Chart.load(CHART) as chart:
-        return chart.render(values or {}, name=name, namespace=namespace, is_install=True)
+        rendered: dict[str, str] = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
+        return rendered
 
 
 def documents(rendered: dict[str, str]) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from tests.chart.render import CHART, CI_VALUES, find, helm, load_values, one, r
 from tests.paths import REPO
 
 from disagg.api.crd import render_crd_yaml
+from disagg.builders.security import NON_ROOT_UID
 from disagg.builders.settings import ENV_ROUTER_IMAGE, ENV_ROUTER_IMAGE_PULL_POLICY, ENV_ROUTER_REPLICAS
 
 K8S_VERSION = "1.34.0"
@@ -105,7 +106,8 @@ def _operator(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (c,) = _operator(docs)["spec"]["template"]["spec"]["containers"]
+    containers: list[dict[str, Any]] = _operator(docs)["spec"]["template"]["spec"]["containers"]
+    (c,) = containers
     return c
 
 
@@ -117,6 +119,7 @@ def test_operator_deployment_hardening(values_file: Path | None) -> None:
     c = _container(docs)
     assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
     assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == NON_ROOT_UID  # the image's USER (images/operator/Dockerfile)
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     sc = c["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
@@ -183,32 +186,18 @@ def test_image_digest_pins_both_images() -> None:
 
 
 def test_operator_args_parse_with_the_real_cli() -> None:
-    """The chart's args are exactly what `disagg operator` accepts (skipped until the subcommand exists)."""
+    """The chart's args are exactly what `disagg operator` accepts (every value set, metrics flags included)."""
     from disagg.cli import build_parser
 
     parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
-    if "operator" not in sub.choices:
-        pytest.skip("`disagg operator` is not registered yet (operator/disagg/controller/cli.py)")
-    pending: list[str] = []
     for values_file in VALUE_SETS:
         _, docs = rendered_for(values_file)
         args = _container(docs)["args"]
-        if any(a.startswith("--metrics-port") for a in args) and not _cli_has(parser, "--metrics-port"):
-            pending.append(values_file.name if values_file else "defaults")
-            args = [a for a in args if not a.startswith("--metrics-port")]
         try:
-            parser.parse_args(args)
+            ns = parser.parse_args(args)
         except SystemExit:  # pragma: no cover
             pytest.fail(f"`disagg {' '.join(args)}` ({values_file and values_file.name}) is refused by the CLI")
-    if pending:
-        pytest.xfail(f"`disagg operator --metrics-port` (operator metrics, metrics.enabled) is not implemented "
-                     f"yet; used by {pending}")
-
-
-def _cli_has(parser, flag: str) -> bool:
-    sub = next(a for a in parser._actions if a.dest == "command").choices["operator"]
-    return any(flag in a.option_strings for a in sub._actions)
+        assert ns.command == "operator"
 
 
 # ------------------------------------------------------------------------------------------------- RBAC

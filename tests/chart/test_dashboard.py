@@ -22,7 +22,8 @@ GRAFANA_VARS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h",
 
 @pytest.fixture(scope="module")
 def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
+    board: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return board
 
 
 def _panels(d: dict[str, Any]) -> list[dict[str, Any]]:

@@ -6,18 +6,24 @@ are skipped (their CRDs are not installed here); the kopf peering CRDs come from
 
 from __future__ import annotations
 
+import subprocess
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from tests.chart.render import CHART, documents, load_values, render, strip
 from tests.paths import EXAMPLES
 
 from disagg.kube import install_crd, server_side_apply
+from disagg.local.controlplane import ControlPlane
+
+# The ``kubectl`` fixture (tests/conftest.py): runs kubectl against the fixture's apiserver.
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 MONITORING_GROUP = "monitoring.coreos.com/"
 CLUSTER_KINDS = {"ClusterRole": "cluster_role", "ClusterRoleBinding": "cluster_role_binding"}
@@ -67,11 +73,11 @@ def release(kube: client.ApiClient, chart_crds: None) -> Iterator[dict[str, Any]
                     raise
 
 
-def _can(kubectl, sa: str, verb: str, resource: str, namespace: str | None) -> bool:
+def _can(kubectl: Kubectl, sa: str, verb: str, resource: str, namespace: str | None) -> bool:
     args = ["auth", "can-i", verb, resource, f"--as={sa}"]
     args += [f"--namespace={namespace}"] if namespace else []
     res = kubectl(*args)
-    return res.stdout.strip() == "yes"
+    return bool(res.stdout.strip() == "yes")
 
 
 def _router_role(namespace: str) -> dict[str, Any]:
@@ -86,13 +92,14 @@ def _router_role(namespace: str) -> dict[str, Any]:
     }
 
 
-def test_cluster_install_applies_and_rbac_works(release, namespace: str, kubectl, kube: client.ApiClient) -> None:
+def test_cluster_install_applies_and_rbac_works(release: dict[str, Any], namespace: str, kubectl: Kubectl,
+                                                kube: client.ApiClient) -> None:
     applied = release["install"](load_values(CHART / "ci" / "monitoring-values.yaml"), namespace)
     kinds = sorted({d["kind"] for d in applied})
     assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "ConfigMap",
             "ClusterKopfPeering"} <= set(kinds)
     apps = client.AppsV1Api(kube)
-    dep = apps.read_namespaced_deployment(f"{release['name']}-disagg-operator", namespace)
+    dep: Any = apps.read_namespaced_deployment(f"{release['name']}-disagg-operator", namespace)
     assert dep.spec.template.spec.containers[0].security_context.read_only_root_filesystem is True
 
     sa = f"system:serviceaccount:{namespace}:{release['name']}-disagg-operator"
@@ -115,7 +122,8 @@ def test_cluster_install_applies_and_rbac_works(release, namespace: str, kubectl
     for verb, resource, ns in [
         ("create", "pods", other), ("delete", "pods", other), ("list", "secrets", other),
         ("create", "clusterroles.rbac.authorization.k8s.io", None), ("create", "nodes", None),
-        ("escalate", "roles.rbac.authorization.k8s.io", other), ("delete", "disaggregatedmodels.serving.disagg.dev", other),
+        ("escalate", "roles.rbac.authorization.k8s.io", other),
+        ("delete", "disaggregatedmodels.serving.disagg.dev", other),
     ]:
         assert not _can(kubectl, sa, verb, resource, ns), (verb, resource, ns)
 
@@ -124,7 +132,8 @@ def test_cluster_install_applies_and_rbac_works(release, namespace: str, kubectl
     assert res.returncode == 0, res.stderr
 
 
-def test_namespaced_install_is_confined(release, namespace: str, kubectl, kube: client.ApiClient) -> None:
+def test_namespaced_install_is_confined(release: dict[str, Any], namespace: str, kubectl: Kubectl,
+                                        kube: client.ApiClient) -> None:
     values = {"watch": {"scope": "namespace", "namespaces": [namespace]}, "peering": {"name": "disagg"}}
     applied = release["install"](values, namespace)
     kinds = [d["kind"] for d in applied]
@@ -145,20 +154,21 @@ def test_namespaced_install_is_confined(release, namespace: str, kubectl, kube: 
     assert res.returncode != 0
 
 
-def test_reapply_is_idempotent(release, namespace: str, kube: client.ApiClient) -> None:
+def test_reapply_is_idempotent(release: dict[str, Any], namespace: str, kube: client.ApiClient) -> None:
     """A second server-side apply of the same render changes nothing (GitOps tools re-apply constantly)."""
     first = release["install"]({}, namespace)
     apps = client.AppsV1Api(kube)
     name = f"{release['name']}-disagg-operator"
-    gen = apps.read_namespaced_deployment(name, namespace).metadata.generation
+    before: Any = apps.read_namespaced_deployment(name, namespace)
     again = release["install"]({}, namespace)
     assert [d["metadata"]["name"] for d in again] == [d["metadata"]["name"] for d in first]
-    assert apps.read_namespaced_deployment(name, namespace).metadata.generation == gen
+    after: Any = apps.read_namespaced_deployment(name, namespace)
+    assert after.metadata.generation == before.metadata.generation
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_operator_can_apply_every_child(example, release, namespace: str, kube: client.ApiClient,
-                                        control_plane) -> None:
+def test_operator_can_apply_every_child(example: Path, release: dict[str, Any], namespace: str,
+                                        kube: client.ApiClient, control_plane: ControlPlane) -> None:
     """As the operator's ServiceAccount (impersonated), server-side apply every object the builders make for
     each example model: the chart's RBAC covers what the operator really creates (router Role included)."""
     from disagg.builders import build_children, parse_model
@@ -168,12 +178,12 @@ def test_operator_can_apply_every_child(example, release, namespace: str, kube: 
     body = yaml.safe_load(example.read_text())
     body["metadata"]["namespace"] = namespace
     custom = client.CustomObjectsApi(kube)
-    created = custom.create_namespaced_custom_object("serving.disagg.dev", "v1alpha1", namespace,
-                                                     "disaggregatedmodels", body)
+    created = cast(dict[str, Any], custom.create_namespaced_custom_object(
+        "serving.disagg.dev", "v1alpha1", namespace, "disaggregatedmodels", body))
     children = build_children(parse_model(created))
     assert children
     as_operator = api_client(control_plane.kubeconfig)
-    as_operator.set_default_header("Impersonate-User",
+    as_operator.set_default_header("Impersonate-User",  # type: ignore[no-untyped-call]
                                    f"system:serviceaccount:{namespace}:{release['name']}-disagg-operator")
     for child in children:
         server_side_apply(as_operator, child)  # raises ApiException(403) when RBAC falls short
@@ -184,7 +194,8 @@ def test_operator_can_apply_every_child(example, release, namespace: str, kube: 
         {"status": {"activeMode": "Disaggregated"}})
     # the impersonation is real: the operator may not create pods itself
     with pytest.raises(ApiException) as err:
-        client.CoreV1Api(as_operator).create_namespaced_pod(namespace, {
+        core: Any = client.CoreV1Api(as_operator)  # takes plain dict bodies (its annotations say V1Pod)
+        core.create_namespaced_pod(namespace, {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
             "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}})
     assert err.value.status == 403

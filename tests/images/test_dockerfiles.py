@@ -16,7 +16,9 @@ import yaml
 from tests.paths import REPO
 
 from disagg.api.models import DEFAULT_VLLM_IMAGE
+from disagg.builders.security import NON_ROOT_UID
 from disagg.builders.settings import DEFAULT_ROUTER_IMAGE
+from disagg.builders.workers import HOME_DIR
 
 IMAGES = REPO / "images"
 DOCKERFILES = sorted(IMAGES.glob("*/Dockerfile"))
@@ -97,6 +99,17 @@ def test_runs_as_numeric_non_root_user(dockerfile: Path) -> None:
     assert user is not None, "final stage has no USER"
     uid = user.split(":")[0]
     assert uid.isdigit() and int(uid) != 0, f"USER {user}: use a numeric non-root UID (runAsNonRoot)"
+    # The pods the operator renders (and the chart's operator pod) run as this uid: the image's home and files
+    # belong to it.
+    assert user == f"{NON_ROOT_UID}:{NON_ROOT_UID}", f"USER {user}: the pods run as {NON_ROOT_UID}"
+
+
+def test_vllm_image_home_is_the_workers_home() -> None:
+    """The vLLM image keeps its caches under the home the worker pods mount writable (an emptyDir)."""
+    env = " ".join(rest for op, rest in final(IMAGES / "vllm" / "Dockerfile").instructions if op == "ENV")
+    assert f"HOME={HOME_DIR}" in env
+    for var in ("HF_HOME", "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR"):
+        assert re.search(rf"{var}={re.escape(HOME_DIR)}/", env), var
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
@@ -132,7 +145,8 @@ def test_operator_image_is_the_router_image() -> None:
     assert f"{values['image']['repository']}:{chart['appVersion']}" == DEFAULT_ROUTER_IMAGE
     text = (IMAGES / "operator" / "Dockerfile").read_text()
     assert f"-t {DEFAULT_ROUTER_IMAGE} " in text
-    assert json.loads(last(final(IMAGES / "operator" / "Dockerfile"), "CMD"))[0] == "operator"
+    cmd = last(final(IMAGES / "operator" / "Dockerfile"), "CMD")
+    assert cmd is not None and json.loads(cmd)[0] == "operator"
 
 
 def test_vllm_image_matches_the_default_engine_image() -> None:

@@ -18,7 +18,15 @@ from .replicas import desired_replicas, replicas_owner
 from .router import active_mode, router_config, router_configmap, router_deployment, router_rbac, router_service
 from .settings import BuildSettings
 from .transport import kv_transfer_config, transport_summary
-from .workers import compat_hash, worker_args, worker_deployment, worker_pdb, worker_roles, worker_service
+from .workers import (
+    compat_hash,
+    pool_security_level,
+    worker_args,
+    worker_deployment,
+    worker_pdb,
+    worker_roles,
+    worker_service,
+)
 
 __all__ = [
     "ANNOTATION_SPEC_HASH",
@@ -30,6 +38,7 @@ __all__ = [
     "desired_replicas",
     "kv_transfer_config",
     "parse_model",
+    "pool_security_level",
     "replicas_owner",
     "router_config",
     "transport_summary",

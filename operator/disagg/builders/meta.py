@@ -19,6 +19,28 @@ ANNOTATION_SPEC_HASH = "serving.disagg.dev/spec-hash"
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
+# Labels and annotations of a DisaggregatedModel are copied to its children (cost allocation, ownership and
+# team labels, GitOps-independent tooling), as dask-kubernetes' operator does, except keys that belong to a tool:
+# copying them would make that tool think it owns, tracks or prunes the children. A key is excluded when its
+# prefix (before "/") is one of these domains or a subdomain of one ("meta.helm.sh" is under "helm.sh").
+EXCLUDED_PREFIX_DOMAINS = (
+    "kubernetes.io",  # reserved for Kubernetes components: kubectl.kubernetes.io/last-applied-configuration, …
+    "k8s.io",  # reserved likewise (kustomize.config.k8s.io, …)
+    "disagg.dev",  # the operator's own (serving.disagg.dev/*): it sets these itself
+    "kopf.zalando.org",  # kopf's handler state (last-handled-configuration, progress)
+    "kopf.dev",
+    "helm.sh",  # helm.sh/chart, helm.sh/hook*, meta.helm.sh/release-name|namespace (Helm's ownership check)
+    "argoproj.io",  # argocd.argoproj.io/tracking-id, sync options: Argo CD would prune children as its own
+    "fluxcd.io",  # kustomize.toolkit.fluxcd.io/*, helm.toolkit.fluxcd.io/*: Flux garbage-collects by these
+    "k14s.io",  # kapp.k14s.io/* (Carvel kapp's ownership labels)
+    "cattle.io",  # objectset.rio.cattle.io/* (Rancher Fleet's apply ownership)
+)
+# Subdomains of an excluded domain that users may set: the recommended app.kubernetes.io/* labels (the
+# operator's own name/instance/component/part-of still win on conflict).
+ALLOWED_PREFIX_DOMAINS = ("app.kubernetes.io",)
+# Single keys owned by a tool or controller: Helm's managed-by, the Deployment/StatefulSet controllers' hashes.
+EXCLUDED_KEYS = frozenset({"app.kubernetes.io/managed-by", "pod-template-hash", "controller-revision-hash"})
+
 
 class BuildError(ValueError):
     """A spec the schema accepts but the operator cannot turn into valid objects. The message names the field."""
@@ -54,6 +76,42 @@ def check_child_names(model: str, names: dict[str, str]) -> None:
                 f"metadata.name: {model!r} cannot name a Service ({name!r}): use lowercase letters, digits and "
                 "'-', starting with a letter (DNS-1035 label)."
             )
+
+
+def _under(domain: str, parent: str) -> bool:
+    return domain == parent or domain.endswith("." + parent)
+
+
+def propagates(key: str) -> bool:
+    """Whether a label or annotation key of the DisaggregatedModel is copied to its children."""
+    if key in EXCLUDED_KEYS:
+        return False
+    if "/" not in key:
+        return True
+    domain = key.split("/", 1)[0].lower()
+    if any(_under(domain, d) for d in ALLOWED_PREFIX_DOMAINS):
+        return True
+    return not any(_under(domain, d) for d in EXCLUDED_PREFIX_DOMAINS)
+
+
+def _propagated(dm: DisaggregatedModel, field: str) -> dict[str, str]:
+    items = dm.metadata.get(field) or {}
+    return {str(k): str(v) for k, v in sorted(items.items()) if propagates(str(k))}
+
+
+def propagated_labels(dm: DisaggregatedModel) -> dict[str, str]:
+    """The DisaggregatedModel's labels that its children (and their pod templates) carry too."""
+    return _propagated(dm, "labels")
+
+
+def propagated_annotations(dm: DisaggregatedModel) -> dict[str, str]:
+    """The DisaggregatedModel's annotations that its children carry too (not their pod templates)."""
+    return _propagated(dm, "annotations")
+
+
+def with_model_labels(dm: DisaggregatedModel, labels: dict[str, str]) -> dict[str, str]:
+    """``labels`` plus the model's propagated labels; the operator's own win on conflict."""
+    return {**propagated_labels(dm), **labels}
 
 
 def common_labels(model: str) -> dict[str, str]:
@@ -94,13 +152,15 @@ def owner_references(dm: DisaggregatedModel) -> list[dict[str, Any]]:
 
 def object_meta(dm: DisaggregatedModel, name: str, labels: dict[str, str],
                 annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """metadata of a child: the operator's labels and annotations over the model's propagated ones."""
     meta: dict[str, Any] = {"name": name}
     ns = namespace_of(dm)
     if ns:
         meta["namespace"] = ns
-    meta["labels"] = dict(labels)
-    if annotations:
-        meta["annotations"] = dict(annotations)
+    meta["labels"] = with_model_labels(dm, labels)
+    merged_annotations = {**propagated_annotations(dm), **(annotations or {})}
+    if merged_annotations:
+        meta["annotations"] = merged_annotations
     owners = owner_references(dm)
     if owners:
         meta["ownerReferences"] = owners

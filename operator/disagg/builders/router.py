@@ -8,7 +8,8 @@ import yaml
 
 from ..api import contract as c
 from ..api.models import ActiveMode, DisaggregatedModel, Mode
-from .meta import model_name, namespace_of, object_meta, role_labels, selector_labels
+from .meta import model_name, namespace_of, object_meta, role_labels, selector_labels, with_model_labels
+from .security import container_security_context, pod_security_context
 from .settings import BuildSettings
 from .workers import served_name, worker_roles
 
@@ -89,8 +90,7 @@ def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[s
         "readinessProbe": probe,
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
-                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+        "securityContext": container_security_context(read_only_root_filesystem=True),
     }
     return {
         "apiVersion": "apps/v1",
@@ -101,7 +101,7 @@ def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[s
             "selector": {"matchLabels": selector_labels(model, "router")},
             "template": {
                 "metadata": {
-                    "labels": labels,
+                    "labels": with_model_labels(dm, labels),
                     "annotations": {
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(c.ROUTER_PORT),
@@ -113,6 +113,8 @@ def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[s
                     "containers": [container],
                     "volumes": [{"name": ROUTER_CONFIG_VOLUME, "configMap": {"name": name}}],
                     "enableServiceLinks": False,
+                    # Pod Security Standard "restricted" (builders/security.py).
+                    "securityContext": pod_security_context(),
                 },
             },
         },

@@ -10,8 +10,17 @@ from ..api import contract as c
 from ..api.contract import Role
 from ..api.models import DisaggregatedModel, DisaggregatedModelSpec, PoolSpec
 from .merge import strategic_merge
-from .meta import BuildError, model_name, object_meta, role_labels, selector_labels, short_hash
+from .meta import (
+    BuildError,
+    model_name,
+    object_meta,
+    role_labels,
+    selector_labels,
+    short_hash,
+    with_model_labels,
+)
 from .replicas import desired_replicas
+from .security import Level, container_security_context, level_for, pod_security_context
 from .transport import KV_ROLES, UCX_TLS, kv_transfer_config_json, transport_parts
 from .vllm import supports_shutdown_timeout
 
@@ -19,6 +28,13 @@ CONTAINER_NAME = "vllm"
 MODEL_MOUNT = "/models"
 SHM_VOLUME = "dshm"
 MODEL_VOLUME = "model"
+# A writable home for the HF, vLLM, Triton, FlashInfer and torch.compile caches, whatever user the image declares
+# (vllm/vllm-openai runs as root with HOME=/root; the pods run as uid 10001). USER gives that uid a name:
+# torch's inductor cache path calls getpass.getuser(), which fails for a uid without an /etc/passwd entry
+# (pytorch/pytorch#140765).
+HOME_VOLUME = "home"
+HOME_DIR = "/home/vllm"
+HOME_USER = "vllm"
 # Seconds added to vLLM's --shutdown-timeout for the pod's terminationGracePeriodSeconds, so Kubernetes does
 # not SIGKILL a worker that is still draining.
 GRACE_MARGIN_SECONDS = 30
@@ -182,11 +198,16 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
     name = c.pool_name(model, role)
     chash = compat_hash(spec, role)
     labels = role_labels(model, role)
-    pod_labels = {**labels, c.LABEL_COMPAT: chash}
+    # The model's own labels reach the pods too (cost allocation); the selector never changes (it is immutable).
+    pod_labels = with_model_labels(dm, {**labels, c.LABEL_COMPAT: chash})
     kv_connected = role in KV_ROLES
     parts = transport_parts(spec.kv_transfer, model) if kv_connected else None
+    capabilities = list(parts.capabilities) if parts else []
 
-    env: list[dict[str, Any]] = []
+    user_env = {e.get("name") for e in spec.engine.env}
+    env: list[dict[str, Any]] = [
+        {"name": k, "value": v} for k, v in (("HOME", HOME_DIR), ("USER", HOME_USER)) if k not in user_env
+    ]
     ports = [{"name": c.WORKER_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}]
     limits: dict[str, Any] = {}
     if parts:
@@ -218,8 +239,14 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
     resources["limits"][pool.gpu.resource_name] = str(gpu_count(pool))
     resources["limits"].update(limits)
 
-    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
-    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        {"name": HOME_VOLUME, "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        {"name": HOME_VOLUME, "mountPath": HOME_DIR},
+    ]
     pvc = spec.model.source.pvc
     if pvc is not None:
         volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}})
@@ -238,9 +265,8 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
         "startupProbe": _probe("/health", STARTUP_PROBE_PERIOD_SECONDS, STARTUP_PROBE_FAILURES),
         "readinessProbe": _probe("/health", 5, 3),
         "livenessProbe": _probe("/health", 10, 6),
+        "securityContext": container_security_context(capabilities),
     }
-    if parts and parts.capabilities:
-        container["securityContext"] = {"capabilities": {"add": list(parts.capabilities)}}
 
     node_selector = dict(pool.node_selector)
     if pool.gpu.product:
@@ -253,6 +279,7 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": spec.engine.shutdown_timeout_seconds + GRACE_MARGIN_SECONDS,
+        "securityContext": pod_security_context(capabilities),
     }
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
@@ -296,6 +323,14 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
             "template": template,
         },
     }
+
+
+def pool_security_level(dm: DisaggregatedModel, role: Role) -> Level:
+    """The strictest Pod Security Standard the pool's pods meet as rendered (before podTemplate overrides):
+    ``restricted``, except KV-connected pods of transport rdma (IPC_LOCK): ``privileged``."""
+    if role not in KV_ROLES:
+        return level_for(())
+    return level_for(transport_parts(dm.spec.kv_transfer, model_name(dm)).capabilities)
 
 
 def worker_service(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
