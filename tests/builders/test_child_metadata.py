@@ -92,15 +92,15 @@ def test_every_child_carries_the_models_labels_and_annotations(name: str) -> Non
         assert meta["annotations"]["serving.disagg.dev/spec-hash"] != "0000000000000000"
 
 
-def test_pod_templates_get_labels_not_annotations_and_selectors_never_change() -> None:
+def test_pod_templates_and_selectors_never_change_with_the_models_metadata() -> None:
+    """A label or annotation edit on the model re-labels the children but never rolls a pool (no template change)."""
     kids = {ref(o): o for o in build_children(labelled(aggregated=AGGREGATED))}
     bare = {ref(o): o for o in build_children(plain(aggregated=AGGREGATED))}
     deployments = [k for k in kids if k.startswith("Deployment/")]
     assert len(deployments) == 4  # prefill, decode, aggregated, router
     for key in deployments:
         tpl, base_tpl = kids[key]["spec"]["template"], bare[key]["spec"]["template"]
-        assert tpl["metadata"]["labels"] == {**KEPT_LABELS, **base_tpl["metadata"]["labels"]}, key
-        assert tpl["metadata"]["annotations"] == base_tpl["metadata"]["annotations"], key
+        assert tpl == base_tpl, key
         # Deployment selectors are immutable: a label on the model must never reach them.
         assert kids[key]["spec"]["selector"] == bare[key]["spec"]["selector"], key
         selector = kids[key]["spec"]["selector"]["matchLabels"]
@@ -109,16 +109,16 @@ def test_pod_templates_get_labels_not_annotations_and_selectors_never_change() -
         assert kids[key]["spec"]["selector"] == bare[key]["spec"]["selector"], key
 
 
-def test_pool_pod_template_labels_win_over_the_models_labels() -> None:
+def test_pod_labels_come_from_the_pools_pod_template_only() -> None:
     body = example_body("llama-8b-nvlink")
     body["metadata"]["labels"] = {"team": "inference", "tier": "gold"}
     body["spec"]["decode"]["podTemplate"] = {"metadata": {"labels": {"team": "decode-oncall"}}}
     kids = {ref(o): o for o in build_children(parse_model(body))}
     decode = kids["Deployment/llama-8b-decode"]
     assert decode["spec"]["template"]["metadata"]["labels"]["team"] == "decode-oncall"
-    assert decode["spec"]["template"]["metadata"]["labels"]["tier"] == "gold"
+    assert "tier" not in decode["spec"]["template"]["metadata"]["labels"]
     assert decode["metadata"]["labels"]["team"] == "inference"  # the Deployment itself follows the model
-    assert kids["Deployment/llama-8b-prefill"]["spec"]["template"]["metadata"]["labels"]["team"] == "inference"
+    assert "team" not in kids["Deployment/llama-8b-prefill"]["spec"]["template"]["metadata"]["labels"]
 
 
 def test_tool_owned_metadata_changes_do_not_change_any_child() -> None:

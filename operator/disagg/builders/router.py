@@ -8,7 +8,7 @@ import yaml
 
 from ..api import contract as c
 from ..api.models import ActiveMode, DisaggregatedModel, Mode
-from .meta import model_name, namespace_of, object_meta, role_labels, selector_labels, with_model_labels
+from .meta import model_name, namespace_of, object_meta, role_labels, selector_labels
 from .security import container_security_context, pod_security_context
 from .settings import BuildSettings
 from .workers import served_name, worker_roles
@@ -101,7 +101,7 @@ def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[s
             "selector": {"matchLabels": selector_labels(model, "router")},
             "template": {
                 "metadata": {
-                    "labels": with_model_labels(dm, labels),
+                    "labels": dict(labels),  # model labels stay off pod templates: no roll for a label edit
                     "annotations": {
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": str(c.ROUTER_PORT),

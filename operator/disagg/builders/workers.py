@@ -17,7 +17,6 @@ from .meta import (
     role_labels,
     selector_labels,
     short_hash,
-    with_model_labels,
 )
 from .replicas import desired_replicas
 from .security import Level, container_security_context, level_for, pod_security_context
@@ -198,8 +197,9 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
     name = c.pool_name(model, role)
     chash = compat_hash(spec, role)
     labels = role_labels(model, role)
-    # The model's own labels reach the pods too (cost allocation); the selector never changes (it is immutable).
-    pod_labels = with_model_labels(dm, {**labels, c.LABEL_COMPAT: chash})
+    # The model's own labels stay off the pod template: a label edit on the model must not roll a GPU pool
+    # (it would drop prefix caches and long streams). Pod labels are set explicitly in spec.<pool>.podTemplate.
+    pod_labels = {**labels, c.LABEL_COMPAT: chash}
     kv_connected = role in KV_ROLES
     parts = transport_parts(spec.kv_transfer, model) if kv_connected else None
     capabilities = list(parts.capabilities) if parts else []
