@@ -76,3 +76,67 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("mode-policy-rate-over-1", spec(modePolicy={"kvTransferFailureRate": 1.5}),
      "spec.modePolicy.kvTransferFailureRate"),
 ]
+
+# Every cross-field rule of disagg.api.rules.RULES, by name: a spec (valid for the schema) that breaks it, and the
+# path of the node carrying the rule there. A rule without a case fails tests/api/test_rules.py.
+RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    # min > max cannot leave replicas in range: the apiserver reports both rules, and so does spec_errors
+    "pool-min-le-max": (spec(prefill={"minReplicas": 3, "maxReplicas": 2, "replicas": 2}), "spec.prefill"),
+    "pool-replicas-in-range": (spec(decode={"replicas": 9, "maxReplicas": 4}), "spec.decode"),
+    "pool-gpu-count-multiple": (spec(aggregated={"gpu": {"count": 6}, "parallelism": {"tensor": 2, "pipeline": 2}}),
+                                "spec.aggregated"),
+    "source-hub-or-pvc": (spec(model={"name": "m", "source": {"hub": {}, "pvc": {"claimName": "w"}}}),
+                          "spec.model.source"),
+    "rdma-needs-rdma-transport": (spec(kvTransfer={"transport": "nvlink", "rdma": {}}), "spec.kvTransfer"),
+    "tenant-remote-above-local": (
+        spec(routing={"tenants": [{"name": "a", "match": {"values": ["x"]}},
+                                  {"name": "b", "match": {"values": ["y"]}, "remotePrefill": {"minInputTokens": 512},
+                                   "localPrefill": {"maxInputTokens": 512}}]}),
+        "spec.routing.tenants[1]"),
+    "bucket-max-above-min": (
+        spec(routing={"buckets": [{"name": "short", "maxInputTokens": 1024},
+                                  {"name": "long", "minInputTokens": 8192, "maxInputTokens": 8192}]}),
+        "spec.routing.buckets[1]"),
+    "routing-remote-above-local": (
+        spec(routing={"remotePrefill": {"minInputTokens": 256}, "localPrefill": {"maxInputTokens": 4096}}),
+        "spec.routing"),
+    "routing-tenant-names-unique": (spec(routing={"tenants": [{"name": "a", "match": {"values": ["x"]}},
+                                                              {"name": "a", "match": {"values": ["y"]}}]}),
+                                    "spec.routing"),
+    "routing-bucket-names-unique": (spec(routing={"buckets": [{"name": "b"}, {"name": "b", "minInputTokens": 10}]}),
+                                    "spec.routing"),
+    "ratio-min-le-max": (spec(autoscaling={"prefillDecodeRatio": {"min": 2, "max": 0.5}}),
+                         "spec.autoscaling.prefillDecodeRatio"),
+    "autoscaling-needs-prometheus": (spec(autoscaling={"enabled": True}), "spec.autoscaling"),
+}
+
+# One spec breaking every rule at once, and the (rule, node path) pairs both the apiserver and spec_errors report.
+ALL_RULES_BROKEN: dict[str, Any] = spec(
+    model={"name": "m", "source": {"hub": {}, "pvc": {"claimName": "w"}}},
+    prefill={"minReplicas": 3, "maxReplicas": 2, "replicas": 2},
+    decode={"gpu": {"count": 3}, "parallelism": {"tensor": 2}},
+    kvTransfer={"transport": "tcp", "rdma": {}},
+    routing={
+        "remotePrefill": {"minInputTokens": 100},
+        "localPrefill": {"maxInputTokens": 200},
+        "tenants": [{"name": "t", "match": {"values": ["x"]},
+                     "remotePrefill": {"minInputTokens": 1}, "localPrefill": {"maxInputTokens": 2}},
+                    {"name": "t", "match": {"values": ["y"]}}],
+        "buckets": [{"name": "b", "minInputTokens": 10, "maxInputTokens": 5}, {"name": "b"}],
+    },
+    autoscaling={"enabled": True, "prefillDecodeRatio": {"min": 5, "max": 1}},
+)
+ALL_RULES_BROKEN_AT: list[tuple[str, str]] = [
+    ("source-hub-or-pvc", "spec.model.source"),
+    ("pool-min-le-max", "spec.prefill"),
+    ("pool-replicas-in-range", "spec.prefill"),
+    ("pool-gpu-count-multiple", "spec.decode"),
+    ("rdma-needs-rdma-transport", "spec.kvTransfer"),
+    ("routing-remote-above-local", "spec.routing"),
+    ("routing-tenant-names-unique", "spec.routing"),
+    ("routing-bucket-names-unique", "spec.routing"),
+    ("tenant-remote-above-local", "spec.routing.tenants[0]"),
+    ("bucket-max-above-min", "spec.routing.buckets[0]"),
+    ("autoscaling-needs-prometheus", "spec.autoscaling"),
+    ("ratio-min-le-max", "spec.autoscaling.prefillDecodeRatio"),
+]

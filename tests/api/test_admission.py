@@ -15,7 +15,9 @@ from tests.api.cases import INVALID
 from tests.paths import EXAMPLES
 
 from disagg.api import GROUP, PLURAL, VERSION
+from disagg.api.crd import build_crd
 from disagg.api.validate import errors_of
+from disagg.local.procs import wait_for
 
 
 def _create(kube: client.ApiClient, namespace: str, spec: dict, name: str = "m", dry_run: bool = True) -> dict:
@@ -94,3 +96,21 @@ def test_apiserver_and_python_agree_on_pool_rules(kube, namespace, triple, tenso
         server_ok = False
     assert python_ok == server_ok, f"python={python_ok} apiserver={server_ok} for {spec}"
     assert server_ok == (lo <= hi and lo <= replicas <= hi and gpus % tensor == 0)
+
+
+EXPLAINED = ["spec.routing.circuitBreaker", "spec.routing.circuitBreaker.failureThreshold", "spec.modePolicy.probe",
+             "spec.modePolicy.probe.ratePerMinute", "status.pools.prefill.starting",
+             "status.observed.modeProbesSucceeded", "status.observed.modeProbesFailed"]
+
+
+def test_kubectl_explain_prints_the_descriptions(kubectl) -> None:
+    # the apiserver publishes a new CRD's OpenAPI a moment after it is established
+    wait_for(lambda: kubectl("explain", "dm.spec").returncode == 0, 60, "kubectl explain dm.spec")
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path in EXPLAINED:
+        node = schema
+        for part in path.split("."):
+            node = node["properties"][part]
+        r = kubectl("explain", f"dm.{path}")
+        assert r.returncode == 0, r.stderr
+        assert " ".join(node["description"].split()) in " ".join(r.stdout.split()), (path, r.stdout)

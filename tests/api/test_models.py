@@ -50,3 +50,16 @@ def test_validate_cli(tmp_path, capsys) -> None:
     assert main(["validate", str(good)]) == 0
     assert main(["validate", str(bad)]) == 1
     assert "spec.kvTransfer.transport" in capsys.readouterr().err
+
+
+def test_models_re_exports_the_split_modules() -> None:
+    """disagg.api.models stays the import surface after the split into spec, status and rules."""
+    from disagg.api import models, rules, spec, status
+
+    for name in models.__all__:
+        assert hasattr(models, name), name
+    assert models.PoolSpec is spec.PoolSpec and models.ActiveMode is status.ActiveMode
+    assert models.spec_errors is rules.spec_errors and models.RULES is rules.RULES
+    api_version = f"{models.GROUP}/{models.VERSION}"
+    assert api_version == models.API_VERSION
+    assert f"{Mode.AUTO}" == "Auto"  # StrEnum: formats as its value

@@ -7,18 +7,11 @@ Every field carries a description: it is what ``kubectl explain`` prints.
 
 from __future__ import annotations
 
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
-
-
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    """One CEL rule for ``x-kubernetes-validations``; the message always names the field."""
-    out = {"rule": rule, "message": message}
-    if field_path:
-        out["fieldPath"] = field_path
-    return out
 
 
 class ApiModel(BaseModel):
@@ -37,9 +30,16 @@ class ApiModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
-def with_validations(*rules: dict[str, str], **extra: Any) -> dict[str, Any]:
-    """json_schema_extra for a model: its CEL rules plus any other x-kubernetes-* keys."""
-    out: dict[str, Any] = dict(extra)
-    if rules:
-        out["x-kubernetes-validations"] = list(rules)
-    return out
+
+def nested_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """``(Model, is_list)`` for a field typed ``Model``, ``Model | None`` or ``list[Model]``; ``(None, False)``
+    for any other type (scalars, dicts, free-form objects)."""
+    if get_origin(annotation) in (Union, UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        annotation = args[0] if len(args) == 1 else None
+    is_list = get_origin(annotation) is list
+    if is_list:
+        annotation = get_args(annotation)[0]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, is_list
+    return None, False

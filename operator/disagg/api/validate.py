@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
@@ -11,14 +12,14 @@ from pydantic import ValidationError
 from .models import DisaggregatedModel
 
 
-def _loc(loc: tuple) -> str:
+def _loc(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def errors_of(doc: dict) -> list[str]:
+def errors_of(doc: dict[str, Any]) -> list[str]:
     """Every problem with one document, each naming its field (e.g. ``spec.prefill.minReplicas: …``)."""
     try:
         DisaggregatedModel.model_validate(doc)

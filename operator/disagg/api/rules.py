@@ -1,0 +1,224 @@
+"""The cross-field rules of the spec, written once.
+
+Each rule is one row of ``RULES``: the model whose schema node carries it, the CEL expression the apiserver
+evaluates (``x-kubernetes-validations``, ``self`` being that node), the message, the field it names, and the
+same condition in Python. From the table:
+
+- ``crd.py`` puts each rule's CEL on the schema node of its model (``validation()``), wherever the model occurs;
+- ``spec_errors`` walks a spec and reports every rule that does not hold, worded as the apiserver words it:
+  ``<path of the node><fieldPath>: <message>`` (e.g. ``spec.prefill.minReplicas: minReplicas must be …``).
+
+A CEL expression and its predicate are true when the spec is valid. The predicate sees the pydantic object with
+its defaults applied, as the CEL sees the object the apiserver has defaulted. tests/api holds, for every rule, a
+spec that breaks it, refused by both the apiserver and ``spec_errors`` with the same fields and messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from .spec import (
+    AutoscalingSpec,
+    DisaggregatedModelSpec,
+    KVTransferSpec,
+    ModelSourceSpec,
+    PoolSpec,
+    PromptBucket,
+    RatioBounds,
+    RoutingSpec,
+    TenantPolicy,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One cross-field rule of model ``on``, as CEL for the apiserver and as a Python predicate."""
+
+    name: str
+    """Stable identifier (tests key their cases on it)."""
+    on: type[BaseModel]
+    """The model whose schema node carries the rule; ``self`` in the CEL, the argument of ``holds``."""
+    cel: str
+    """CEL expression over ``self``, true when the rule holds."""
+    message: str
+    """What the apiserver and ``spec_errors`` say when it does not."""
+    holds: Callable[[Any], bool]
+    """The CEL expression in Python (made by ``rule``, which checks its argument type against ``on``)."""
+    field_path: str = ""
+    """The field the error names, relative to the node (``.minReplicas``); empty names the node itself."""
+
+    def validation(self) -> dict[str, str]:
+        """The rule's entry in ``x-kubernetes-validations``."""
+        out = {"rule": self.cel, "message": self.message}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        return out
+
+    def error(self, node_path: str) -> str:
+        """The error for the node at ``node_path`` (``spec.prefill``), naming the field as the apiserver does."""
+        return f"{node_path}{self.field_path}: {self.message}"
+
+    def check(self, obj: BaseModel) -> bool:
+        """Whether the rule holds for ``obj``, an object of model ``on``."""
+        if not isinstance(obj, self.on):
+            raise TypeError(f"rule {self.name} applies to {self.on.__name__}, not {type(obj).__name__}")
+        return self.holds(obj)
+
+
+def rule(
+    name: str, *, on: type[M], cel: str, message: str, holds: Callable[[M], bool], field_path: str = ""
+) -> Rule:
+    """A row of the table; the type checker holds ``holds`` to model ``on``."""
+    return Rule(name=name, on=on, cel=cel, message=message, holds=holds, field_path=field_path)
+
+
+# --------------------------------------------------------------------------------------------- predicates
+
+
+def _tenant_overrides_ordered(t: TenantPolicy) -> bool:
+    rp, lp = t.remote_prefill, t.local_prefill
+    if rp is None or rp.min_input_tokens is None or lp is None or lp.max_input_tokens is None:
+        return True
+    return rp.min_input_tokens > lp.max_input_tokens
+
+
+def _unique(names: Sequence[str]) -> bool:
+    return len(names) == len(set(names))
+
+
+# ------------------------------------------------------------------------------------------------- table
+
+RULES: tuple[Rule, ...] = (
+    rule(
+        "pool-min-le-max",
+        on=PoolSpec,
+        cel="self.minReplicas <= self.maxReplicas",
+        message="minReplicas must be less than or equal to maxReplicas",
+        field_path=".minReplicas",
+        holds=lambda p: p.min_replicas <= p.max_replicas,
+    ),
+    rule(
+        "pool-replicas-in-range",
+        on=PoolSpec,
+        cel="self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas",
+        message="replicas must be between minReplicas and maxReplicas",
+        field_path=".replicas",
+        holds=lambda p: p.min_replicas <= p.replicas <= p.max_replicas,
+    ),
+    rule(
+        "pool-gpu-count-multiple",
+        on=PoolSpec,
+        cel="!has(self.gpu.count) || self.gpu.count % (self.parallelism.tensor * self.parallelism.pipeline) == 0",
+        message="gpu.count must be a multiple of parallelism.tensor × parallelism.pipeline",
+        field_path=".gpu.count",
+        holds=lambda p: p.gpu.count is None or p.gpu.count % (p.parallelism.tensor * p.parallelism.pipeline) == 0,
+    ),
+    rule(
+        "source-hub-or-pvc",
+        on=ModelSourceSpec,
+        cel="!(has(self.hub) && has(self.pvc))",
+        message="set either hub or pvc, not both",
+        holds=lambda s: s.hub is None or s.pvc is None,
+    ),
+    rule(
+        "rdma-needs-rdma-transport",
+        on=KVTransferSpec,
+        cel="!has(self.rdma) || self.transport == 'rdma'",
+        message="spec.kvTransfer.rdma is only allowed with spec.kvTransfer.transport rdma",
+        field_path=".rdma",
+        holds=lambda k: k.rdma is None or k.transport == "rdma",
+    ),
+    rule(
+        "tenant-remote-above-local",
+        on=TenantPolicy,
+        cel="!has(self.remotePrefill) || !has(self.remotePrefill.minInputTokens) || !has(self.localPrefill) "
+        "|| !has(self.localPrefill.maxInputTokens) "
+        "|| self.remotePrefill.minInputTokens > self.localPrefill.maxInputTokens",
+        message="remotePrefill.minInputTokens must be greater than localPrefill.maxInputTokens",
+        field_path=".remotePrefill.minInputTokens",
+        holds=_tenant_overrides_ordered,
+    ),
+    rule(
+        "bucket-max-above-min",
+        on=PromptBucket,
+        cel="!has(self.maxInputTokens) || self.maxInputTokens > self.minInputTokens",
+        message="maxInputTokens must be greater than minInputTokens",
+        field_path=".maxInputTokens",
+        holds=lambda b: b.max_input_tokens is None or b.max_input_tokens > b.min_input_tokens,
+    ),
+    rule(
+        "routing-remote-above-local",
+        on=RoutingSpec,
+        cel="self.remotePrefill.minInputTokens > self.localPrefill.maxInputTokens",
+        message="remotePrefill.minInputTokens must be greater than localPrefill.maxInputTokens",
+        field_path=".remotePrefill.minInputTokens",
+        holds=lambda r: r.remote_prefill.min_input_tokens > r.local_prefill.max_input_tokens,
+    ),
+    rule(
+        "routing-tenant-names-unique",
+        on=RoutingSpec,
+        cel="self.tenants.all(t, self.tenants.exists_one(u, u.name == t.name))",
+        message="tenants[].name must be unique",
+        field_path=".tenants",
+        holds=lambda r: _unique([t.name for t in r.tenants]),
+    ),
+    rule(
+        "routing-bucket-names-unique",
+        on=RoutingSpec,
+        cel="self.buckets.all(b, self.buckets.exists_one(c, c.name == b.name))",
+        message="buckets[].name must be unique",
+        field_path=".buckets",
+        holds=lambda r: _unique([b.name for b in r.buckets]),
+    ),
+    rule(
+        "ratio-min-le-max",
+        on=RatioBounds,
+        cel="self.min <= self.max",
+        message="prefillDecodeRatio.min must be less than or equal to max",
+        field_path=".min",
+        holds=lambda b: b.min <= b.max,
+    ),
+    rule(
+        "autoscaling-needs-prometheus",
+        on=AutoscalingSpec,
+        cel="!self.enabled || has(self.prometheus)",
+        message="autoscaling.prometheus is required when autoscaling.enabled is true",
+        field_path=".prometheus",
+        holds=lambda a: not a.enabled or a.prometheus is not None,
+    ),
+)
+
+
+def rules_for(model: type[BaseModel]) -> list[Rule]:
+    """The rules carried by ``model``'s schema node, in table order."""
+    return [r for r in RULES if r.on is model]
+
+
+# ------------------------------------------------------------------------------------------------- check
+
+
+def spec_errors(spec: DisaggregatedModelSpec) -> list[str]:
+    """Every rule of the table that ``spec`` breaks, worded as the apiserver words it (outside the apiserver:
+    ``disagg validate``, ``disagg render``, the operator's own checks and the unit tests)."""
+    return list(_errors(spec, "spec"))
+
+
+def _errors(obj: BaseModel, path: str) -> Iterator[str]:
+    for r in rules_for(type(obj)):
+        if not r.check(obj):
+            yield r.error(path)
+    for name, field in type(obj).model_fields.items():
+        value = getattr(obj, name)
+        wire = field.alias or name
+        if isinstance(value, BaseModel):
+            yield from _errors(value, f"{path}.{wire}")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    yield from _errors(item, f"{path}.{wire}[{i}]")

@@ -1,0 +1,592 @@
+"""The spec of a DisaggregatedModel: what the user asks for, section by section.
+
+Units are carried in field names: latencies in ``…Ms``, periods and windows in ``…Seconds`` (integers),
+ratios and rates as numbers in [0, 1], percentages in [0, 100].
+
+Single-field constraints (bounds, patterns, enums) are declared on the fields; the CRD schema carries them.
+Rules that relate several fields live in ``rules.py`` (one table, from which both the CRD's CEL
+``x-kubernetes-validations`` and the Python check ``spec_errors`` are generated).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from pydantic.config import JsonDict
+
+from .base import ApiModel
+
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.2"
+
+FREEFORM: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+"""Schema extra of a free-form object (core/v1 types the API passes through without modelling)."""
+FREEFORM_ITEMS: JsonDict = {"items": {"type": "object", **FREEFORM}}
+"""Schema extra of a list of free-form objects."""
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Mode(StrEnum):
+    AUTO = "Auto"
+    DISAGGREGATED = "Disaggregated"
+    AGGREGATED = "Aggregated"
+
+
+# ----------------------------------------------------------------------------------------------- model
+
+
+class SecretKeyRef(ApiModel):
+    name: str = Field(min_length=1, max_length=253, description="Name of a Secret in the model's namespace.")
+    key: str = Field(default="token", min_length=1, max_length=253, description="Key within the Secret.")
+
+
+class HubSource(ApiModel):
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret holding a Hugging Face token, exported to workers as HF_TOKEN. "
+        "Omit for public models.",
+    )
+
+
+class PVCSource(ApiModel):
+    claim_name: str = Field(min_length=1, max_length=253, description="PersistentVolumeClaim holding the weights.")
+    path: str = Field(
+        default="/",
+        max_length=1024,
+        pattern=r"^/",
+        description="Absolute path of the model directory inside the claim; passed to `vllm serve` as the model.",
+    )
+
+
+class ModelSourceSpec(ApiModel):
+    hub: HubSource | None = Field(
+        default=None, description="Download `spec.model.name` from the Hugging Face hub (default when no pvc)."
+    )
+    pvc: PVCSource | None = Field(default=None, description="Load the weights from a PersistentVolumeClaim.")
+
+
+class ModelSpec(ApiModel):
+    name: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Model id on the hub (e.g. meta-llama/Llama-3.1-8B-Instruct) or a display name when "
+        "loaded from a PVC. It is the positional model argument of `vllm serve`.",
+    )
+    served_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="Name clients send in the `model` field (--served-model-name). Defaults to spec.model.name.",
+    )
+    source: ModelSourceSpec = Field(default_factory=ModelSourceSpec, description="Where the weights come from.")
+    max_model_len: int | None = Field(
+        default=None, ge=16, le=10_485_760, description="Maximum context length in tokens (--max-model-len)."
+    )
+
+
+# ---------------------------------------------------------------------------------------------- engine
+
+
+class EngineSpec(ApiModel):
+    image: str = Field(
+        default=DEFAULT_VLLM_IMAGE,
+        min_length=1,
+        max_length=512,
+        description="vLLM image for both pools. Prefill and decode must run the same vLLM build "
+        "(NIXL refuses mixed versions); the router pairs equal builds only.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Image pull policy of the worker containers."
+    )
+    image_pull_secrets: list[str] = Field(
+        default_factory=list, max_length=16, description="Names of image pull Secrets for the worker pods."
+    )
+    port: int = Field(default=8000, ge=1024, le=65535, description="HTTP port of `vllm serve` (--port).")
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra `vllm serve` arguments for every pool, appended after the operator's own arguments.",
+    )
+    env: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra environment variables (core/v1 EnvVar objects) for every worker container, "
+        "appended after the operator's own.",
+        json_schema_extra=FREEFORM_ITEMS,
+    )
+    shutdown_timeout_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=3600,
+        description="Seconds a worker keeps serving in-flight requests on shutdown (vLLM --shutdown-timeout). "
+        "The pod's termination grace period is set longer so that scale-down drains.",
+    )
+
+
+# ----------------------------------------------------------------------------------------------- pools
+
+
+class GPUSpec(ApiModel):
+    resource_name: str = Field(
+        default="nvidia.com/gpu",
+        max_length=253,
+        pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$",
+        description="Extended resource that the GPU device plugin advertises.",
+    )
+    count: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="GPUs per worker pod. Defaults to tensor × pipeline × data parallel size; "
+        "must be a multiple of tensor × pipeline.",
+    )
+    product: str | None = Field(
+        default=None,
+        max_length=253,
+        description="GPU product to schedule on (e.g. NVIDIA-H100-80GB-HBM3), matched against the node label "
+        "`productLabel`. Lets prefill use compute-heavy GPUs and decode bandwidth-heavy ones.",
+    )
+    product_label: str = Field(
+        default="nvidia.com/gpu.product",
+        max_length=253,
+        description="Node label holding the GPU product (GPU feature discovery's label by default).",
+    )
+
+
+class ParallelismSpec(ApiModel):
+    tensor: int = Field(default=1, ge=1, le=64, description="Tensor parallel size (--tensor-parallel-size).")
+    pipeline: int = Field(default=1, ge=1, le=64, description="Pipeline parallel size (--pipeline-parallel-size).")
+    data: int = Field(default=1, ge=1, le=64, description="Data parallel size inside one pod (--data-parallel-size).")
+
+
+class PoolSpec(ApiModel):
+    """One pool of vLLM workers (a Deployment)."""
+
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Initial worker count. With autoscaling enabled the operator owns replicas afterwards.",
+    )
+    min_replicas: int = Field(default=1, ge=0, le=1000, description="Lower bound for the autoscaler.")
+    max_replicas: int = Field(default=8, ge=0, le=1000, description="Upper bound for the autoscaler.")
+    gpu: GPUSpec = Field(default_factory=GPUSpec, description="GPUs per worker pod and where to find them.")
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Parallelism of each worker; may differ between pools."
+    )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, le=65536, description="Concurrent sequences per worker (--max-num-seqs)."
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, le=10_485_760, description="Token budget per engine step (--max-num-batched-tokens)."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra `vllm serve` arguments for this pool only, appended after spec.engine.extraArgs.",
+    )
+    resources: dict[str, Any] = Field(
+        default_factory=dict,
+        description="core/v1 ResourceRequirements for the worker container (CPU, memory). GPU and RDMA "
+        "resources are added by the operator.",
+        json_schema_extra=FREEFORM,
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the worker pods must match (merged with gpu.product)."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="core/v1 Tolerations for the worker pods.",
+        json_schema_extra=FREEFORM_ITEMS,
+    )
+    affinity: dict[str, Any] = Field(
+        default_factory=dict, description="core/v1 Affinity for the worker pods.", json_schema_extra=FREEFORM
+    )
+    pod_template: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Strategic overrides merged into the rendered pod template (metadata and spec), "
+        "for what the API does not model.",
+        json_schema_extra=FREEFORM,
+    )
+
+
+# ---------------------------------------------------------------------------------------- KV transfer
+
+
+class RDMASpec(ApiModel):
+    resource_name: str = Field(
+        default="rdma/ib",
+        max_length=253,
+        pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9._-]+$",
+        description="Extended resource of the RDMA device plugin (e.g. rdma/ib, rdma/hca_shared_devices_a).",
+    )
+    count: int = Field(default=1, ge=1, le=64, description="RDMA resources per worker pod.")
+    devices: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="HCA ports for UCX_NET_DEVICES (e.g. mlx5_0:1). Empty lets UCX choose.",
+    )
+
+
+class KVTransferSpec(ApiModel):
+    connector: Literal["NixlConnector"] = Field(
+        default="NixlConnector", description="vLLM KV connector (--kv-transfer-config kv_connector)."
+    )
+    transport: Literal["rdma", "nvlink", "tcp", "auto"] = Field(
+        default="auto",
+        description="How UCX moves KV blocks: rdma (InfiniBand/RoCE verbs), nvlink (cuda_ipc inside one "
+        "node/NVLink domain), tcp (slow; long prompts pay for it), auto (UCX chooses).",
+    )
+    rdma: RDMASpec | None = Field(default=None, description="RDMA devices; only with transport rdma.")
+    side_channel_port: int = Field(
+        default=5600, ge=1024, le=65535, description="NIXL handshake port (VLLM_NIXL_SIDE_CHANNEL_PORT)."
+    )
+    transfer_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        le=600_000,
+        description="Router deadline for the prefill leg plus KV hand-off; past it the fallback applies.",
+    )
+    load_failure_policy: Literal["recompute", "fail"] = Field(
+        default="recompute",
+        description="What the decode worker does when a KV load fails (kv_load_failure_policy): recompute the "
+        "prefill locally, or fail the request.",
+    )
+    extra_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="kv_connector_extra_config passed verbatim to vLLM.",
+        json_schema_extra=FREEFORM,
+    )
+
+
+# -------------------------------------------------------------------------------------------- routing
+
+
+class RemotePrefillPolicy(ApiModel):
+    min_input_tokens: int = Field(
+        default=2048, ge=0, le=10_485_760, description="Prompts at least this long may take remote prefill."
+    )
+    max_prefill_queue_wait_ms: int = Field(
+        default=300,
+        ge=0,
+        le=600_000,
+        description="Remote prefill only while the estimated prefill-queue wait is at most this.",
+    )
+    min_expected_output_tokens: int = Field(
+        default=128,
+        ge=0,
+        le=10_485_760,
+        description="Remote prefill only when the expected output (max_tokens, else the tenant's observed "
+        "average) is at least this many tokens.",
+    )
+    require_decode_pool_pressure: bool = Field(
+        default=False,
+        description="Remote prefill only while the decode pool is busy (running sequences or KV-cache usage high).",
+    )
+
+
+class LocalPrefillPolicy(ApiModel):
+    max_input_tokens: int = Field(
+        default=1024, ge=0, le=10_485_760, description="Prompts at most this long prefill on the decode worker."
+    )
+    prefer_when_prefix_cache_hit: bool = Field(
+        default=True,
+        description="Prefill locally when the chosen decode worker likely holds the prompt's prefix.",
+    )
+
+
+class FallbackPolicy(ApiModel):
+    on_kv_transfer_timeout: Literal["LocalAggregated", "Fail"] = Field(
+        default="LocalAggregated",
+        alias="onKVTransferTimeout",
+        description="On a prefill-leg or KV-transfer timeout/error: serve the request aggregated on a decode "
+        "worker (LocalAggregated), or return the error (Fail).",
+    )
+    on_prefill_queue_overload: Literal["LocalPrefill", "Queue", "Reject"] = Field(
+        default="LocalPrefill",
+        description="When the prefill queue wait exceeds maxPrefillQueueWaitMs: prefill on the decode worker, "
+        "wait in the prefill queue, or reject with 429.",
+    )
+
+
+class CircuitBreakerSpec(ApiModel):
+    failure_threshold: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="Consecutive KV-transfer failures or timeouts on one target (a decode worker, or a "
+        "prefill→decode pair) that open its breaker; while it is open, requests for that target prefill locally at "
+        "once instead of waiting for a timeout.",
+    )
+    cooldown_seconds: int = Field(
+        default=10,
+        ge=1,
+        le=3600,
+        description="Seconds an open breaker stays open before it turns half-open and lets trial requests through.",
+    )
+    half_open_probes: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="Trial requests a half-open breaker lets through; all must succeed to close it, one failure "
+        "reopens it.",
+    )
+
+
+class RemotePrefillOverride(ApiModel):
+    min_input_tokens: int | None = Field(default=None, ge=0, le=10_485_760, description="Overrides the model's.")
+    max_prefill_queue_wait_ms: int | None = Field(default=None, ge=0, le=600_000, description="Overrides the model's.")
+    min_expected_output_tokens: int | None = Field(
+        default=None, ge=0, le=10_485_760, description="Overrides the model's."
+    )
+    require_decode_pool_pressure: bool | None = Field(default=None, description="Overrides the model's.")
+
+
+class LocalPrefillOverride(ApiModel):
+    max_input_tokens: int | None = Field(default=None, ge=0, le=10_485_760, description="Overrides the model's.")
+    prefer_when_prefix_cache_hit: bool | None = Field(default=None, description="Overrides the model's.")
+
+
+class TenantMatch(ApiModel):
+    header: str = Field(
+        default="x-tenant-id",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9-]+$",
+        description="Request header carrying the tenant.",
+    )
+    values: list[str] = Field(
+        min_length=1, max_length=256, description="Header values that select this tenant (exact match)."
+    )
+
+
+class TenantPolicy(ApiModel):
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL, description="Tenant name (metrics label).")
+    match: TenantMatch = Field(description="How requests are attributed to this tenant.")
+    priority: Literal["Interactive", "Batch", "Background"] = Field(
+        default="Interactive", description="Scheduling class; Interactive requests are served first."
+    )
+    disaggregation: Literal["Auto", "Never", "Always"] = Field(
+        default="Auto",
+        description="Auto applies the policy; Never always prefills locally; Always prefers remote prefill "
+        "(fallbacks still apply).",
+    )
+    remote_prefill: RemotePrefillOverride | None = Field(
+        default=None, description="Per-tenant remote-prefill overrides."
+    )
+    local_prefill: LocalPrefillOverride | None = Field(default=None, description="Per-tenant local-prefill overrides.")
+
+
+class PromptBucket(ApiModel):
+    name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL, description="Bucket name (metrics label).")
+    min_input_tokens: int = Field(default=0, ge=0, le=10_485_760, description="Inclusive lower bound on prompt tokens.")
+    max_input_tokens: int | None = Field(
+        default=None, ge=1, le=10_485_760, description="Exclusive upper bound on prompt tokens; open when omitted."
+    )
+    prefill: Literal["Auto", "Remote", "Local"] = Field(
+        default="Auto", description="Decision for prompts in this bucket: the policy (Auto), or forced."
+    )
+
+
+class RoutingSpec(ApiModel):
+    """The per-request policy (the seed's pd_disaggregation_policy)."""
+
+    remote_prefill: RemotePrefillPolicy = Field(
+        default_factory=RemotePrefillPolicy, description="When a request may take the remote-prefill path."
+    )
+    local_prefill: LocalPrefillPolicy = Field(
+        default_factory=LocalPrefillPolicy, description="When a request prefills on its decode worker."
+    )
+    fallback: FallbackPolicy = Field(
+        default_factory=FallbackPolicy, description="What to do when the remote path fails."
+    )
+    circuit_breaker: CircuitBreakerSpec = Field(
+        default_factory=CircuitBreakerSpec,
+        description="Fail fast on the remote path: one circuit breaker per decode worker and one per "
+        "prefill→decode pair, opened by KV-transfer failures and timeouts.",
+    )
+    tenants: list[TenantPolicy] = Field(
+        default_factory=list, max_length=32, description="Tenants matched by header, with priority and overrides."
+    )
+    buckets: list[PromptBucket] = Field(
+        default_factory=list, max_length=16, description="Prompt-length buckets with a forced or automatic decision."
+    )
+
+
+# -------------------------------------------------------------------------------------------- rollout
+
+
+class CanarySpec(ApiModel):
+    traffic_percent: float = Field(
+        default=100,
+        ge=0,
+        le=100,
+        description="Share of eligible requests (0–100) that may take the remote-prefill path at all.",
+    )
+    tenants: list[str] = Field(
+        default_factory=list, max_length=32, description="Only these tenants may take the remote path (empty: all)."
+    )
+    endpoints: list[Literal["/v1/completions", "/v1/chat/completions"]] = Field(
+        default_factory=list, max_length=2, description="Only these endpoints may take the remote path (empty: all)."
+    )
+    input_tokens_gte: int = Field(
+        default=0, ge=0, le=10_485_760, description="Only prompts at least this long may take the remote path."
+    )
+
+
+class RolloutSpec(ApiModel):
+    canary: CanarySpec = Field(
+        default_factory=CanarySpec, description="Restricts the remote path to a slice of traffic while rolling out."
+    )
+
+
+# ------------------------------------------------------------------------------------------------ SLO
+
+
+class SLOSpec(ApiModel):
+    ttft_p95_ms: int = Field(default=2000, ge=1, le=600_000, description="Target p95 time to first token.")
+    tpot_p95_ms: int = Field(default=100, ge=1, le=60_000, description="Target p95 time per output token.")
+    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Highest acceptable share of failed requests.")
+    goodput_target: float = Field(
+        default=0.9, ge=0, le=1, description="Target share of requests meeting both TTFT and TPOT targets."
+    )
+
+
+# ---------------------------------------------------------------------------------------- autoscaling
+
+
+class PrometheusSpec(ApiModel):
+    url: str = Field(
+        min_length=1, max_length=2048, pattern=r"^https?://", description="Prometheus base URL (http or https)."
+    )
+    auth_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret with a bearer token for Prometheus."
+    )
+    timeout_seconds: int = Field(default=5, ge=1, le=120, description="Per-query timeout.")
+
+
+class RatioBounds(ApiModel):
+    min: float = Field(default=0.1, ge=0, le=100, description="Lowest prefill:decode replica ratio.")
+    max: float = Field(default=10, ge=0, le=100, description="Highest prefill:decode replica ratio.")
+
+
+class AutoscalingSpec(ApiModel):
+    enabled: bool = Field(
+        default=False,
+        description="Scale each pool from phase metrics against the SLOs. When on, the operator owns the "
+        "Deployments' replicas (edits are reported and reverted).",
+    )
+    prometheus: PrometheusSpec | None = Field(default=None, description="Where the phase metrics are queried.")
+    interval_seconds: int = Field(default=30, ge=5, le=3600, description="How often the policy runs.")
+    scale_up_stabilization_seconds: int = Field(
+        default=0, ge=0, le=3600, description="Window over which scale-up recommendations are smoothed."
+    )
+    scale_down_stabilization_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="Window over which the highest recommendation wins before scaling down.",
+    )
+    max_step: int = Field(default=2, ge=1, le=100, description="Most replicas a pool changes by per interval.")
+    gpu_budget: int | None = Field(
+        default=None, ge=1, le=100_000, description="Total GPUs both pools may use together; unlimited when omitted."
+    )
+    prefill_decode_ratio: RatioBounds = Field(
+        default_factory=RatioBounds, description="Bounds on prefill replicas ÷ decode replicas."
+    )
+
+
+class ModeProbeSpec(ApiModel):
+    rate_per_minute: int = Field(
+        default=6,
+        ge=0,
+        le=6000,
+        description="While the operator (not spec.mode) holds the model Aggregated, each router sends at most this "
+        "many eligible requests per minute down the remote path as probes, each with the normal fallback. "
+        "0 turns probing off: the return to Disaggregated then needs only healthyHoldSeconds.",
+    )
+    max_share: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Probes are also capped at this share (0–1) of eligible requests. 0 turns probing off.",
+    )
+    successes_to_return: int = Field(
+        default=3,
+        ge=0,
+        le=10_000,
+        description="Successful probes within windowSeconds needed, besides healthyHoldSeconds of healthy signals, "
+        "to return to Disaggregated. 0 lets the healthy hold alone decide.",
+    )
+
+
+class ModePolicySpec(ApiModel):
+    kv_transfer_failure_rate: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Flip to Aggregated (spec.mode Auto) when this share of remote requests fail or time out "
+        "in KV transfer.",
+    )
+    transfer_share_of_ttft: float = Field(
+        default=0.5,
+        alias="transferShareOfTTFT",
+        ge=0,
+        le=1,
+        description="Flip to Aggregated when TTFT breaches its SLO and KV transfer is this share of it or more.",
+    )
+    window_seconds: int = Field(
+        default=60, ge=10, le=3600, description="Window the signals and probe counts are measured over."
+    )
+    healthy_hold_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description="How long the signals must stay healthy before flipping back to Disaggregated.",
+    )
+    probe: ModeProbeSpec = Field(
+        default_factory=ModeProbeSpec,
+        description="Remote-path probes while the operator holds the model Aggregated: the evidence, besides the "
+        "healthy hold, needed to return to Disaggregated.",
+    )
+
+
+# ----------------------------------------------------------------------------------------------- spec
+
+
+class DisaggregatedModelSpec(ApiModel):
+    model: ModelSpec = Field(description="The model to serve.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM image and settings shared by all pools.")
+    mode: Mode = Field(
+        default=Mode.AUTO,
+        description="Auto: disaggregated, flipped to Aggregated by the operator when it misbehaves and back when "
+        "healthy. Disaggregated or Aggregated pin the mode (Aggregated is the one-click rollback).",
+    )
+    prefill: PoolSpec = Field(default_factory=PoolSpec, description="The prefill pool (kv_producer workers).")
+    decode: PoolSpec = Field(default_factory=PoolSpec, description="The decode pool (kv_consumer workers).")
+    aggregated: PoolSpec | None = Field(
+        default=None,
+        description="Optional aggregated pool (no KV connector) kept as the fallback path, e.g. an existing "
+        "deployment during a migration. Without it, decode workers serve aggregated requests.",
+    )
+    kv_transfer: KVTransferSpec = Field(
+        default_factory=KVTransferSpec, alias="kvTransfer", description="KV-cache transfer between the pools."
+    )
+    routing: RoutingSpec = Field(default_factory=RoutingSpec, description="Per-request remote/local prefill policy.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Gradual rollout of the remote path.")
+    slo: SLOSpec = Field(default_factory=SLOSpec, description="Service-level objectives per phase.")
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="SLO-driven scaling per pool.")
+    mode_policy: ModePolicySpec = Field(
+        default_factory=ModePolicySpec, description="When spec.mode Auto flips to Aggregated and back."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> DisaggregatedModelSpec:
+        """The rules that relate several fields (rules.py), checked as the apiserver's CEL would check them."""
+        from .rules import spec_errors  # rules.py imports these models, so it is imported when first needed
+
+        for err in spec_errors(self):
+            raise ValueError(err)
+        return self
