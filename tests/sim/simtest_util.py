@@ -23,6 +23,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free loopback ports (a DP sim listens on side-channel port + rank)."""
+    for _ in range(200):
+        base = free_port()
+        socks = []
+        try:
+            for port in range(base, base + n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise AssertionError(f"no {n} consecutive free ports on 127.0.0.1")
+
+
+def _dp_size(args: tuple[str, ...]) -> int:
+    for i, a in enumerate(args):
+        if a in ("-dp", "--data-parallel-size") and i + 1 < len(args):
+            return int(args[i + 1])
+        if a.startswith("--data-parallel-size="):
+            return int(a.split("=", 1)[1])
+    return 1
+
+
 @dataclass
 class SimProc:
     proc: subprocess.Popen
@@ -50,6 +78,16 @@ class SimProc:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
+
+    def post_raw(self, path: str, body: dict, headers: dict | None = None) -> tuple[int, str, bytes]:
+        """(status, content type, body bytes exactly as sent) — for byte-level wire checks."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, r.headers.get("Content-Type", ""), r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers.get("Content-Type", ""), e.read()
 
     def state(self) -> dict:
         return json.loads(self.get("/sim/state")[1])
@@ -109,7 +147,11 @@ class SimFactory:
 
     def start(self, *args: str, env: dict[str, str] | None = None, model: str = MODEL, time_scale: float = 0.2,
               expect_ready: bool = True) -> SimProc:
-        port, side = free_port(), free_port()
+        dp = _dp_size(args)
+        port = free_port()
+        side = free_ports(dp)
+        while side <= port < side + dp:
+            side = free_ports(dp)
         argv = [sys.executable, "-m", "disagg.sim", model, "--host", "127.0.0.1", "--port", str(port),
                 "--time-scale", str(time_scale), *args]
         full_env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",

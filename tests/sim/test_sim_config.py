@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from disagg.cli import build_parser
+from disagg.sim import args, faults
 from disagg.sim.config import Faults, env_name, parse
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -122,3 +124,51 @@ def test_faults_update_validates():
     for bad in ({"nope": 1}, {"error_rate": 1.5}, {"health_fail": "yes"}, {"kv_transfer_delay_ms": -1}):
         with pytest.raises(ValueError):
             f.update(bad)
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "simulator.md"
+# per kind of fault: (CLI/env text, the value it means, a valid admin value) and (bad text, bad admin value)
+GOOD = {faults.RATE: ("0.25", 0.25, 1), faults.MILLIS: ("12.5", 12.5, 40), faults.COUNT: ("3", 3, 2),
+        faults.SWITCH: ("yes", True, True)}
+BAD = {faults.RATE: ("1.5", 1.5), faults.MILLIS: ("-1", -1), faults.COUNT: ("-2", 2.5),
+       faults.SWITCH: (None, "yes")}
+
+
+def test_fault_table_in_docs_is_generated_from_code():
+    text = DOCS.read_text()
+    assert faults.docs_table(text) == faults.markdown_table(env_name), (
+        "docs/simulator.md's fault table is stale: run `python -m disagg.sim.faults docs/simulator.md`")
+    assert faults.replace_docs_table(text, faults.markdown_table(env_name)) == text
+    with pytest.raises(ValueError):
+        faults.replace_docs_table("no markers here", "| x |")
+
+
+def test_fault_table_is_the_runtime_structure():
+    assert tuple(Faults().as_dict()) == faults.FAULT_FIELDS == tuple(s.name for s in faults.FAULTS)
+    assert {s.kind for s in faults.FAULTS} == set(GOOD)  # every kind is exercised below
+    flags = {o for a in args.build_parser()._actions for o in a.option_strings}
+    assert {s.flag for s in faults.FAULTS} <= flags
+
+
+@pytest.mark.parametrize("spec", faults.FAULTS, ids=lambda s: s.name)
+def test_each_fault_reaches_the_config_from_flag_env_and_admin(spec):
+    text, value, admin = GOOD[spec.kind]
+    assert getattr(parse([MODEL], env={}).faults, spec.name) == spec.default
+    assert getattr(parse([MODEL, spec.flag, text], env={}).faults, spec.name) == value
+    assert getattr(parse([MODEL], env={env_name(spec.flag): text}).faults, spec.name) == value
+    f = Faults()
+    f.update({spec.name: admin})
+    assert f.as_dict()[spec.name] == admin and type(getattr(f, spec.name)) is spec.kind.type
+
+
+@pytest.mark.parametrize("spec", faults.FAULTS, ids=lambda s: s.name)
+def test_each_fault_refuses_bad_values_naming_it(spec, capsys):
+    bad_text, bad_admin = BAD[spec.kind]
+    if bad_text is not None:  # a switch reads any text (vLLM-style truthy strings)
+        with pytest.raises(SystemExit) as e:
+            parse([MODEL, spec.flag, bad_text], env={})
+        assert e.value.code == 2 and f"argument {spec.flag}" in capsys.readouterr().err
+    f = Faults()
+    with pytest.raises(ValueError, match=spec.name):
+        f.update({"kv_transfer_delay_ms": 5.0, spec.name: bad_admin})
+    assert f == Faults()  # all or nothing

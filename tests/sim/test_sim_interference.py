@@ -5,6 +5,7 @@ vllm:inter_token_latency_seconds histogram (simulated seconds)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -27,12 +28,11 @@ async def stream(session: aiohttp.ClientSession, sim: SimProc, prompt: str, prog
         assert r.status == 200
         async for raw in r.content:
             line = raw.decode().strip()
-            if line.startswith("data: {"):
-                if json.loads(line[6:])["choices"]:
-                    times.append(time.monotonic())
-                    progress[i] += 1
+            if line.startswith("data: {") and json.loads(line[6:])["choices"]:
+                times.append(time.monotonic())
+                progress[i] += 1
     assert len(times) == OUT
-    return [(b - a) / SCALE for a, b in zip(times, times[1:])]
+    return [(b - a) / SCALE for a, b in itertools.pairwise(times)]
 
 
 async def scenario(sim: SimProc, long_prompts: int) -> tuple[list[float], dict[str, float]]:
@@ -90,5 +90,5 @@ async def test_long_prefill_spikes_itl_and_chunked_prefill_bounds_it(workers):
     # chunked prefill (512-token budget) spreads the same prefills over ~47 short steps
     assert slow_itls(chunked_d, "0.1") == 0
     assert chunked_d["vllm:prompt_tokens_total"] >= 2 * LONG
-    assert spiky_d["vllm:iteration_tokens_total_bucket{engine=\"0\",le=\"16384.0\",model_name=\"%s\"}"
-                   % "meta-llama/Llama-3.1-8B-Instruct"] > 0
+    model = "meta-llama/Llama-3.1-8B-Instruct"
+    assert spiky_d[f'vllm:iteration_tokens_total_bucket{{engine="0",le="16384.0",model_name="{model}"}}'] > 0

@@ -96,10 +96,10 @@ def test_preemption_when_blocks_run_out_and_everyone_still_finishes():
 def test_prefix_cache_hit_shortens_prefill():
     s = sched(bs=16)
     shared = list(range(1000, 1064))  # 4 full blocks
-    a = req("a", shared + [1, 2, 3], out=1)
+    a = req("a", [*shared, 1, 2, 3], out=1)
     s.add(a)
     run_until_idle(s)
-    b = req("b", shared + [7, 8, 9, 10], out=1)
+    b = req("b", [*shared, 7, 8, 9, 10], out=1)
     s.add(b)
     first = s.schedule(10.0)
     assert b.num_cached == 64

@@ -7,7 +7,7 @@ import argparse
 HELP = "simulated vLLM worker (digital twin); takes `vllm serve`'s arguments, plus --gpu, --time-scale, --fault-*"
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # Every argument goes to our own vLLM-compatible parser: a prefix char no flag uses makes argparse hand
     # over `--port 8000 -tp 2 ...` untouched.
     p = subparsers.add_parser("sim", help=HELP, description=HELP, add_help=False, prefix_chars="\x01")

@@ -9,6 +9,7 @@ beside the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from dataclasses import dataclass, field
@@ -57,7 +58,7 @@ class SimClock:
 
 @dataclass(eq=False)
 class ReqCtx:
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[tuple[str, Any, float]] = field(default_factory=asyncio.Queue)  # (kind, value, time)
     max_tokens_param: int | None = None
     kv_params_out: dict[str, Any] | None = None
     error: str | None = None
@@ -109,7 +110,7 @@ class Engine:
             self.sched.set_kv_lease(self.kvt.lease_s)
         # vLLM: each data-parallel rank is its own engine, with engine_id "<id>_dp<rank>" and side-channel port
         # VLLM_NIXL_SIDE_CHANNEL_PORT + rank
-        self.engine_id = None
+        self.engine_id: str | None = None
         if self.kvt:
             self.engine_id = self.kvt.engine_id if cfg.dp == 1 else f"{self.kvt.engine_id}_dp{dp_rank}"
         self.side_port = cfg.side_channel_port + dp_rank
@@ -127,14 +128,14 @@ class Engine:
                                   mp.kv_heads, mp.head_dim)
         self.client: SideChannelClient | None = None
         self.side_server: SideChannelServer | None = None
-        if self.kvt:
+        if self.kvt and self.engine_id is not None:
             self.client = SideChannelClient(engine_id=self.engine_id, compat=self.compat, tp_size=cfg.tp)
             self.side_server = SideChannelServer(engine_id=self.engine_id, compat=self.compat, tp_size=cfg.tp,
                                                  read=self._serve_read, release=self._serve_release,
                                                  payload_scale=cfg.kv_payload_scale)
         self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
-        self._pulls: set[asyncio.Task] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._pulls: set[asyncio.Task[None]] = set()
         self._prev = SchedulerStats()
         self._busy_until: float | None = None  # end of the last step while continuously busy
         self._ready_at = 0.0  # simulated time of the latest event that made work available while idle
@@ -159,10 +160,9 @@ class Engine:
             t.cancel()
         if self._task:
             self._task.cancel()
-            try:
+            # stopping must not re-raise whatever ended the loop
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
         if self.side_server:
             await self.side_server.close()
 
@@ -187,7 +187,7 @@ class Engine:
             req.remote_decode = False
         self.sched.add(req)
         self.metrics.req_max_tokens.observe(ctx.max_tokens_param or req.max_new_tokens)
-        self._gauges()
+        self.update_gauges()
         self.wake(req.arrival)
         return ctx
 
@@ -196,7 +196,7 @@ class Engine:
             return
         self.sched.abort(req)
         self._record_finish(req, self.clock.now())
-        self._gauges()
+        self.update_gauges()
         self.wake()
 
     @property
@@ -221,7 +221,7 @@ class Engine:
                 self._pulls.add(t)
                 t.add_done_callback(self._pulls.discard)
             self._sync_stats()
-            self._gauges()
+            self.update_gauges()
             if not batch.items:
                 self._busy_until = None
                 self._ready_at = now
@@ -230,10 +230,8 @@ class Engine:
                 nxt = self.sched.next_expiry()
                 if nxt is not None:
                     timeout = max(0.0, (nxt - now) * self.cfg.time_scale) + 0.001
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
-                except TimeoutError:
-                    pass
                 continue
             # The step starts when its work became available in simulated time (end of the previous step, an
             # arrival, a finished KV pull), not when Python got round to it: up to max_lag of event-loop latency
@@ -258,7 +256,7 @@ class Engine:
             for req, done in self.sched.finish_step(batch, end):
                 self._on_token(req, done, end)
             self._sync_stats()
-            self._gauges()
+            self.update_gauges()
 
     def _sync_stats(self) -> None:
         s, p, m = self.sched.stats, self._prev, self.metrics
@@ -270,7 +268,7 @@ class Engine:
             m.preemptions.inc(s.preemptions - p.preemptions)
         self._prev = SchedulerStats(**vars(s))
 
-    def _gauges(self) -> None:
+    def update_gauges(self) -> None:
         m = self.metrics
         deferred = self.sched.num_waiting_deferred
         m.running.set(len(self.sched.running))
@@ -353,7 +351,7 @@ class Engine:
 
     def _serve_release(self, request_id: str) -> bool:
         freed = self.sched.release_held(request_id) is not None
-        self._gauges()
+        self.update_gauges()
         self.wake()
         return freed
 
@@ -384,7 +382,7 @@ class Engine:
                 outcome = await self.client.pull(params, remote_id, wait_modelled)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # pragma: no cover - defensive
+        except Exception as e:  # noqa: BLE001 - any failure of a pull is a failed load, handled by the policy
             outcome = PullOutcome(False, f"side channel error: {e!r}")
         t1 = self.clock.now()
         if outcome.ok and marks:  # done when the bytes are in and the modelled time has passed (the NIXL
@@ -411,7 +409,7 @@ class Engine:
             ctx.error = f"KV cache load failed for request {req.request_id} ({outcome.error}); " \
                         "kv_load_failure_policy=fail"
             self._record_finish(req, t1)
-        self._gauges()
+        self.update_gauges()
         self.wake(t1)
 
     # ------------------------------------------------------------------------------------ state

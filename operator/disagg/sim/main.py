@@ -53,8 +53,8 @@ async def serve(cfg: SimConfig) -> int:
         await site.start()
     except OSError as e:
         log.error("startup_failed", error=f"cannot listen on {cfg.host or '*'}:{cfg.port} (--host/--port): {e}")
-        for e in engines:
-            await e.stop()
+        for eng in engines:
+            await eng.stop()
         return 1
     log.info("serving", host=cfg.host or "*", port=cfg.port)
 
@@ -69,8 +69,8 @@ async def serve(cfg: SimConfig) -> int:
         while any(e.busy for e in engines) and loop.time() < deadline:
             await asyncio.sleep(0.05)
     await runner.cleanup()
-    for e in engines:
-        await e.stop()
+    for eng in engines:
+        await eng.stop()
     return 0
 
 

@@ -7,7 +7,8 @@ All durations are *simulated* seconds (see docs/simulator.md, "Time").
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -28,7 +29,8 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
     """vLLM's vllm.v1.metrics.loggers.build_1_2_5_buckets."""
-    out, exponent = [], 0
+    out: list[int] = []
+    exponent = 0
     while True:
         for m in (1, 2, 5):
             v = m * 10**exponent
@@ -38,6 +40,9 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         exponent += 1
 
 
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
 class Registry:
     """One per process: the families, shared by the engines (data-parallel ranks) of the process."""
 
@@ -45,10 +50,12 @@ class Registry:
         self.registry = CollectorRegistry(auto_describe=True)
         self._families: dict[str, Any] = {}
 
-    def family(self, cls: type, name: str, doc: str, labelnames: list[str], **kw: Any) -> Any:
+    def family(self, cls: type[M], name: str, doc: str, labelnames: list[str], **kw: Any) -> M:
         f = self._families.get(name)
         if f is None:
             f = self._families[name] = cls(name, doc, labelnames, registry=self.registry, **kw)
+        if not isinstance(f, cls):
+            raise TypeError(f"metric family {name} is a {type(f).__name__}, not a {cls.__name__}")
         return f
 
     def render(self) -> bytes:
@@ -72,14 +79,14 @@ class Metrics:
         def c(name: str, doc: str) -> Counter:
             return fam(Counter, name, doc, ln).labels(**lv)
 
-        def h(name: str, doc: str, buckets: list) -> Histogram:
+        def h(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             return fam(Histogram, name, doc, ln, buckets=buckets).labels(**lv)
 
         self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         by_reason = fam(Gauge, "vllm:num_requests_waiting_by_reason",
                         "Number of requests waiting, by reason (capacity: no room; deferred: waiting for remote KV).",
-                        ln + ["reason"])
+                        [*ln, "reason"])
         self.waiting_capacity = by_reason.labels(**lv, reason="capacity")
         self.waiting_deferred = by_reason.labels(**lv, reason="deferred")
         self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
@@ -88,14 +95,14 @@ class Metrics:
         self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         self.preemptions = c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        by_source = fam(Counter, "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ln + ["source"])
+        by_source = fam(Counter, "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", [*ln, "source"])
         self.prompt_local_compute = by_source.labels(**lv, source="local_compute")
         self.prompt_local_cache_hit = by_source.labels(**lv, source="local_cache_hit")
         self.prompt_external = by_source.labels(**lv, source="external_kv_transfer")
         self.prompt_cached = c("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
         self.generation_tokens = c("vllm:generation_tokens", "Number of generation tokens processed.")
         success = fam(Counter, "vllm:request_success", "Count of successfully processed requests.",
-                      ln + ["finished_reason"])
+                      [*ln, "finished_reason"])
         self.success = {reason: success.labels(**lv, finished_reason=reason) for reason in FINISH_REASONS}
         self.req_prompt_tokens = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
                                    build_1_2_5_buckets(max_model_len))
@@ -132,7 +139,7 @@ class Metrics:
                                     "Histogram of transfer duration for NIXL KV Cache transfers.", NIXL_TIME_BUCKETS)
             self.nixl_post_time = h("vllm:nixl_post_time_seconds",
                                     "Histogram of transfer post time for NIXL KV Cache transfers.",
-                                    [0.001] + NIXL_TIME_BUCKETS)
+                                    [0.001, *NIXL_TIME_BUCKETS])
             self.nixl_bytes = h("vllm:nixl_bytes_transferred",
                                 "Histogram of bytes transferred per NIXL KV Cache transfers.", NIXL_BYTES_BUCKETS)
             self.nixl_descs = h("vllm:nixl_num_descriptors",

@@ -57,7 +57,10 @@ async def _recv(reader: asyncio.StreamReader) -> dict[str, Any]:
     (n,) = struct.unpack(">I", await reader.readexactly(4))
     if n > 1 << 20:
         raise ValueError("side-channel header too large")
-    return orjson.loads(await reader.readexactly(n))
+    msg = orjson.loads(await reader.readexactly(n))
+    if not isinstance(msg, dict):
+        raise ValueError("side-channel header is not a JSON object")
+    return msg
 
 
 class SideChannelServer:
@@ -117,7 +120,7 @@ class SideChannelServer:
                     await _send(writer, {"ok": True, "freed": freed})
                 else:
                     await _send(writer, {"ok": False, "error": f"unknown op {op!r}"})
-        except Exception:  # a broken peer must not take the server down
+        except Exception:  # noqa: BLE001 - a broken peer must not take the server down
             return
         finally:
             writer.close()
@@ -187,9 +190,11 @@ class SideChannelClient:
 
     async def notify_only(self, params: dict[str, Any], request_id: str) -> bool:
         """Full local prefix hit: nothing to read, but the prefill engine must still free its blocks."""
+        host, port = params.get("remote_host"), params.get("remote_port")
+        if port is None:
+            return False
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(params.get("remote_host"), int(params.get("remote_port"))), self.timeout_s)
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), self.timeout_s)
         except (TimeoutError, OSError, ValueError, TypeError):
             return False
         try:

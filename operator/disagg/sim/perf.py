@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .presets import GiB, GPUPreset, ModelPreset, TransportPreset
 
@@ -89,16 +90,17 @@ class PerfModel:
 
     @classmethod
     def from_names(cls, gpu: str = "H100-SXM", model: str = "Llama-3.1-8B", tp: int = 1, pp: int = 1,
-                   **kw) -> PerfModel:
+                   **kw: Any) -> PerfModel:
         """``PerfModel.from_names("H200", "meta-llama/Llama-3.1-70B-Instruct", tp=4)`` (preset or model id)."""
         from .presets import get_gpu, get_model, infer_model
 
         try:
             m = get_model(model)
         except ValueError:
-            m = infer_model(model)
-            if m is None:
+            found = infer_model(model)
+            if found is None:
                 raise
+            m = found
         return cls(get_gpu(gpu), m, tp, pp, **kw)
 
     # ------------------------------------------------------------------------------- memory / capacity

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 GB = 1e9
@@ -244,7 +245,7 @@ def transport_from_ucx_tls(ucx_tls: str | None) -> str:
     return "rdma"
 
 
-def resolve_transport(name: str, env: dict[str, str] | None = None) -> TransportPreset:
+def resolve_transport(name: str, env: Mapping[str, str] | None = None) -> TransportPreset:
     env = os.environ if env is None else env
     if _norm(name) == "auto":
         return TRANSPORTS[transport_from_ucx_tls(env.get("UCX_TLS"))]

@@ -18,6 +18,7 @@ Behaviour kept from vLLM (vllm/v1/core/sched/scheduler.py, v0.11.2):
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections import deque
 from dataclasses import dataclass, field
@@ -282,7 +283,7 @@ class Scheduler:
         self.running = [r for r in self.running if r.status == Status.RUNNING]
         return out
 
-    def _finish(self, req: Request, reason: str, now: float, hold_until: float | None = None) -> None:
+    def _finish(self, req: Request, reason: str, now: float) -> None:
         req.status = Status.FINISHED
         req.finish_reason = reason
         if req.remote_decode and reason == "length" and req.blocks and self._hold_lease is not None:
@@ -301,10 +302,8 @@ class Scheduler:
             return
         if req in self.running:
             self.running.remove(req)
-        try:
+        with contextlib.suppress(ValueError):
             self.waiting.remove(req)
-        except ValueError:
-            pass
         req.status = Status.FINISHED
         req.finish_reason = reason
         self.pool.release(req.blocks)

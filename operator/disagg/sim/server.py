@@ -8,6 +8,7 @@ POST /sim/crash. Response shapes follow vllm/entrypoints/openai/protocol.py (v0.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -22,6 +23,7 @@ from . import tokenizer
 from .config import SimConfig
 from .engine import Engine, ReqCtx, make_request
 from .metrics import CONTENT_TYPE
+from .scheduler import Request
 
 log = logs.get("disagg.sim.server")
 
@@ -30,7 +32,8 @@ CFG_KEY = web.AppKey("cfg", SimConfig)
 
 
 class ApiError(Exception):
-    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError", param: str | None = None):
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.message, self.status, self.err_type, self.param = message, status, err_type, param
 
@@ -53,8 +56,35 @@ def _sse(data: Any) -> bytes:
     return b"data: " + orjson.dumps(data) + b"\n\n"
 
 
+# A request the engine finished with reason "error" (here: a failed KV load under kv_load_failure_policy=fail).
+# vLLM 0.33.0 turns it into GenerationError("Internal server error") before building any choice for that output
+# (vllm/entrypoints/generate/base/serving.py:200-207 _raise_if_error; vllm/exceptions.py:131-136, status 500), so
+# no chunk ever carries finish_reason "error" and the detail only reaches the server log:
+# - not streamed: HTTP 500 with this body, compact (serve/exception_handling/handlers/vllm_error.py:69-77
+#   generation_error_handler; error_response.py:60-67 type InternalServerError; starlette JSONResponse separators
+#   (",", ":"));
+# - chat, streamed: HTTP 200; the role chunk (sent with the engine's first output, which is this one), then this
+#   body as `data:` compact (openai/chat_completion/serving.py:686 raise, :947-950 ErrorResponse, :496-497
+#   model_dump_json), then `data: [DONE]` (:507); no usage chunk;
+# - completion, streamed: HTTP 200; no chunk before it; this body as `data:` through json.dumps, i.e. with ", " and
+#   ": " separators (openai/completion/serving.py:350 raise, :552-553; generate/base/serving.py:183-198), then
+#   `data: [DONE]` (:558).
+GENERATION_ERROR = "Internal server error"
+
+
+def generation_error_body() -> dict[str, Any]:
+    return error_body(GENERATION_ERROR, "InternalServerError", 500)
+
+
+def generation_error_event(chat: bool) -> bytes:
+    body = generation_error_body()
+    if chat:
+        return _sse(body)
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
 # ------------------------------------------------------------------------------------------ parsing
-def _int_param(body: dict, name: str, minimum: int | None = None) -> int | None:
+def _int_param(body: dict[str, Any], name: str, minimum: int | None = None) -> int | None:
     v = body.get(name)
     if v is None:
         return None
@@ -76,7 +106,7 @@ async def _read_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _check_model(cfg: SimConfig, body: dict) -> str:
+def _check_model(cfg: SimConfig, body: dict[str, Any]) -> str:
     model = body.get("model")
     if model is None:
         return cfg.served_model_name
@@ -85,17 +115,17 @@ def _check_model(cfg: SimConfig, body: dict) -> str:
     return model
 
 
-def _prompts(body: dict, vocab: int) -> list[list[int]]:
+def _prompts(body: dict[str, Any], vocab: int) -> list[list[int]]:
     prompt = body.get("prompt")
     if prompt is None:
         raise ApiError("prompt is required", param="prompt")
     if isinstance(prompt, str):
-        return [[tokenizer.BOS_ID] + tokenizer.encode(prompt, vocab)]
+        return [[tokenizer.BOS_ID, *tokenizer.encode(prompt, vocab)]]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
             return [list(prompt)]
         if all(isinstance(p, str) for p in prompt):
-            return [[tokenizer.BOS_ID] + tokenizer.encode(p, vocab) for p in prompt]
+            return [[tokenizer.BOS_ID, *tokenizer.encode(p, vocab)] for p in prompt]
         if all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt):
             return [list(p) for p in prompt]
     raise ApiError("prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids",
@@ -123,7 +153,7 @@ def _output_plan(cfg: SimConfig, n_prompt: int, max_tokens: int | None) -> tuple
     return cfg.output_tokens, "stop"
 
 
-def _kv_params(body: dict) -> dict[str, Any] | None:
+def _kv_params(body: dict[str, Any]) -> dict[str, Any] | None:
     p = body.get("kv_transfer_params")
     if p is None:
         return None
@@ -220,7 +250,8 @@ class Api:
             return await self._stream(request, reqs[0], request_id, base, model, created, chat, include_usage)
         return await self._full(reqs, request_id, base, model, created, chat)
 
-    async def _full(self, reqs, request_id, base, model, created, chat) -> web.Response:
+    async def _full(self, reqs: list[Request], request_id: str, base: str, model: str, created: int,
+                    chat: bool) -> web.Response:
         choices = []
         completion_tokens = 0
         kv_out = None
@@ -236,20 +267,24 @@ class Api:
                     else:
                         reason = val
                         break
-                if ctx.error:
-                    raise ApiError(ctx.error, 500, "InternalServerError")
+                if ctx.error or reason == "error":
+                    log.error("generation_error", request_id=req.request_id, error=ctx.error)
+                    raise ApiError(GENERATION_ERROR, 500, "InternalServerError")
                 completion_tokens += len(pieces)
                 text = "".join(pieces)
                 kv_out = kv_out or ctx.kv_params_out
                 if chat:
-                    choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None,
-                                                            "annotations": None, "audio": None, "function_call": None,
-                                                            "tool_calls": [], "reasoning": None, "reasoning_content": None},
-                                    "logprobs": None, "finish_reason": reason, "stop_reason": None})
+                    message: dict[str, Any] = {
+                        "role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
+                        "function_call": None, "tool_calls": [], "reasoning": None, "reasoning_content": None}
+                    choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason,
+                                    "stop_reason": None})
                 else:
                     choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason,
                                     "stop_reason": None, "prompt_logprobs": None})
         except ApiError as e:
+            for req in reqs:  # vLLM: the exception closes the other prompts' generators, which aborts them
+                req.ctx.engine.abort(req)
             return error_response(e, base)
         except asyncio.CancelledError:
             for req in reqs:
@@ -272,13 +307,14 @@ class Api:
         body["kv_transfer_params"] = kv_out
         return _json(body, headers={"X-Request-Id": base})
 
-    async def _stream(self, request, req, request_id, base, model, created, chat, include_usage):
+    async def _stream(self, request: web.Request, req: Request, request_id: str, base: str, model: str,
+                      created: int, chat: bool, include_usage: bool) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                         "Cache-Control": "no-cache", "X-Request-Id": base})
         obj = "chat.completion.chunk" if chat else "text_completion"
         ctx: ReqCtx = req.ctx
 
-        def chunk(choice: dict) -> bytes:
+        def chunk(choice: dict[str, Any]) -> bytes:
             if chat:  # vLLM dumps chat chunks with exclude_unset=True ...
                 return _sse({"id": request_id, "object": obj, "created": created, "model": model,
                              "choices": [choice]})
@@ -318,19 +354,16 @@ class Api:
                     if finish is not None:
                         break
                 else:
-                    if ctx.error or val == "error":
-                        err = ctx.error or "request failed"
-                        if chat:
-                            c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "error"}
-                        else:
-                            c = {"index": 0, "text": "", "logprobs": None, "finish_reason": "error", "stop_reason": None}
-                        await resp.write(b"".join(pending) + chunk(c) + _sse(error_body(err, "InternalServerError", 500)))
+                    if ctx.error or val == "error":  # vLLM's in-stream GenerationError: see GENERATION_ERROR
+                        log.error("generation_error", request_id=req.request_id, error=ctx.error)
+                        await resp.write(b"".join(pending) + generation_error_event(chat) + b"data: [DONE]\n\n")
+                        await resp.write_eof()
+                        return resp
+                    if chat:
+                        c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": val}
                     else:
-                        if chat:
-                            c = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": val}
-                        else:
-                            c = {"index": 0, "text": "", "logprobs": None, "finish_reason": val, "stop_reason": None}
-                        await resp.write(b"".join(pending) + chunk(c))
+                        c = {"index": 0, "text": "", "logprobs": None, "finish_reason": val, "stop_reason": None}
+                    await resp.write(b"".join(pending) + chunk(c))
                     break
             if include_usage:
                 usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + req.num_output,
@@ -345,27 +378,28 @@ class Api:
         return resp
 
     # -------------------------------------------------------------------------------------- misc
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, _request: web.Request) -> web.Response:
         now = int(time.time())
-        data = [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": self.cfg.model,
-                 "parent": None, "max_model_len": self.cfg.max_model_len, "permission": []}
-                for name in self.cfg.served_model_names]
+        data: list[dict[str, Any]] = [
+            {"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": self.cfg.model,
+             "parent": None, "max_model_len": self.cfg.max_model_len, "permission": []}
+            for name in self.cfg.served_model_names]
         return _json({"object": "list", "data": data})
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, _request: web.Request) -> web.Response:
         if self.cfg.faults.health_fail:
             return web.Response(status=503)
         return web.Response(status=200)
 
-    async def version(self, request: web.Request) -> web.Response:
+    async def version(self, _request: web.Request) -> web.Response:
         return _json({"version": self.cfg.vllm_version})
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def metrics(self, _request: web.Request) -> web.Response:
         for e in self.engines:
-            e._gauges()
+            e.update_gauges()
         return web.Response(body=self.engine.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    async def get_faults(self, request: web.Request) -> web.Response:
+    async def get_faults(self, _request: web.Request) -> web.Response:
         return _json(self.cfg.faults.as_dict())
 
     async def set_faults(self, request: web.Request) -> web.Response:
@@ -379,10 +413,10 @@ class Api:
         log.warning("faults_updated", **self.cfg.faults.as_dict())
         return _json(self.cfg.faults.as_dict())
 
-    async def state(self, request: web.Request) -> web.Response:
+    async def state(self, _request: web.Request) -> web.Response:
         return _json(aggregate_state([e.state() for e in self.engines]))
 
-    async def crash(self, request: web.Request) -> web.Response:
+    async def crash(self, _request: web.Request) -> web.Response:
         log.error("injected_crash", via="POST /sim/crash")
         asyncio.get_running_loop().call_later(0.05, os._exit, 1)
         return _json({"crashing": True})

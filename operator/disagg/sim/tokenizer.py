@@ -52,7 +52,8 @@ def _content_text(content: Any) -> str:
     return str(content)
 
 
-def encode_chat(messages: Iterable[dict[str, Any]], vocab: int = 128256, add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(messages: Iterable[dict[str, Any]], vocab: int = 128256,
+                add_generation_prompt: bool = True) -> list[int]:
     ids = [BOS_ID]
     for msg in messages:
         role = str(msg.get("role", "user"))
