@@ -68,7 +68,10 @@ class FakeWorker:
     role: str  # prefill | decode
     tokens: int = 5
     token_delay: float = 0.0
-    fault: str | None = None  # None | "500" | "400" | "hang" | "drop" | "no_kv"
+    # None | "500" | "400" | "hang" | "drop" | "no_kv" | "error_first" (vLLM 0.33.0's in-stream error before any
+    # token: the chat role chunk, then data: {"error": ...}) | "error_mid_stream" (two tokens, then the error)
+    # | "error_finish" (non-streamed: 200 with a finish_reason "error" choice, as older servers answer)
+    fault: str | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     completed: int = 0
@@ -93,13 +96,13 @@ class FakeWorker:
         if self._runner:
             await self._runner.cleanup()
 
-    async def _health(self, request: web.Request) -> web.Response:
+    async def _health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, _request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def _metrics(self, _request: web.Request) -> web.Response:
         return web.Response(text="# HELP vllm:num_requests_waiting x\n"
                                  "vllm:num_requests_waiting{model_name=\"m\"} 0\n"
                                  "vllm:num_requests_running{model_name=\"m\"} 0\n")
@@ -129,6 +132,9 @@ class FakeWorker:
             n = body.get("max_tokens") or self.tokens
             n = min(n, self.tokens)
             if not body.get("stream"):
+                if self.fault == "error_finish":
+                    return web.json_response({"id": "cmpl-d", "choices": [{"index": 0, "text": "",
+                                                                           "finish_reason": "error"}]})
                 await asyncio.sleep(self.token_delay * n)
                 self.completed += 1
                 key = "message" if chat else "text"
@@ -136,6 +142,19 @@ class FakeWorker:
                                           "usage": {"prompt_tokens": 10, "completion_tokens": n}})
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
+            if self.fault in ("error_first", "error_mid_stream"):
+                if chat:
+                    await resp.write(b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+                                     b'"logprobs":null,"finish_reason":null}]}\n\n')
+                if self.fault == "error_mid_stream":
+                    for i in range(2):
+                        key = '"delta":{"content":' if chat else '"text":'
+                        await resp.write(f'data: {{"choices":[{{"index":0,{key}" t{i}"}}'.encode()
+                                         + (b"}" if chat else b"") + b',"finish_reason":null}]}\n\n')
+                await resp.write(b'data: {"error":{"message":"Internal server error","type":"InternalServerError",'
+                                 b'"param":null,"code":500}}\n\ndata: [DONE]\n\n')
+                await resp.write_eof()
+                return resp
             for i in range(n):
                 await asyncio.sleep(self.token_delay)
                 ev = {"id": "cmpl-d", "choices": [{"index": 0, "text": f" t{i}"}]}
@@ -197,7 +216,7 @@ async def router_factory() -> AsyncIterator[Any]:
         ws.set_pool("aggregated", [parse_worker_arg(u) for u in aggregated])
         router = Router(ConfigWatcher(None, initial=config or RouterConfig()), ws,
                         RouterOptions(**{"scrape_interval": 0.2, **opts}))
-        runner = web.AppRunner(router.app(), handler_cancellation=True)
+        runner = router.runner()
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -288,13 +307,13 @@ class ProcessStack:
         self.procs.append(p)
         return p
 
-    def sim(self, role: str, *extra: str, wait: bool = True) -> Proc:
+    def sim(self, role: str, *extra: str, wait: bool = True, kv_load_failure_policy: str = "recompute") -> Proc:
         import sys
 
         port, side = free_port(), free_port()
         kv = {"kv_connector": "NixlConnector",
               "kv_role": {"prefill": "kv_producer", "decode": "kv_consumer"}[role],
-              "kv_load_failure_policy": "recompute"}
+              "kv_load_failure_policy": kv_load_failure_policy}
         argv = [sys.executable, "-m", "disagg.sim", SIM_MODEL, "--host", "127.0.0.1", "--port", str(port),
                 "--time-scale", SIM_TIME_SCALE, "--kv-transfer-config", json.dumps(kv), *extra]
         p = self._spawn(f"sim-{role}-{port}", argv, {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
@@ -325,7 +344,7 @@ class ProcessStack:
     def wait(self, p: Proc, timeout: float = 30.0) -> None:
         try:
             wait_http(p.url + "/health", timeout, p.proc)
-        except Exception as e:
+        except (TimeoutError, RuntimeError) as e:
             raise AssertionError(f"{p.url} did not come up: {e}\n{p.log()[-3000:]}") from None
 
     def stop_all(self) -> None:

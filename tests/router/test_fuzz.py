@@ -8,7 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from disagg.router import features as F
+from disagg.router import features
 from disagg.router.load import parse_prometheus
 from disagg.router.proxy import StreamAccount
 
@@ -23,25 +23,25 @@ bodies = st.dictionaries(
 
 
 @settings(max_examples=300, deadline=None)
-@given(body=bodies, endpoint=st.sampled_from(F.ENDPOINTS))
+@given(body=bodies, endpoint=st.sampled_from(features.ENDPOINTS))
 def test_parsing_only_raises_bad_request(body, endpoint):
     try:
-        view = F.prompt_view(endpoint, body)
-        F.requested_max_tokens(body)
-    except F.BadRequest as e:
+        view = features.prompt_view(endpoint, body)
+        features.requested_max_tokens(body)
+    except features.BadRequestError as e:
         assert e.code == 400 and e.message
         return
-    n = F.count_input_tokens(view)
+    n = features.count_input_tokens(view)
     assert n >= 0
-    hashes = F.prefix_block_hashes(view)
-    assert len(hashes) <= F.MAX_PREFIX_BLOCKS
+    hashes = features.prefix_block_hashes(view)
+    assert len(hashes) <= features.MAX_PREFIX_BLOCKS
 
 
 @settings(max_examples=200, deadline=None)
 @given(text=st.text(max_size=3000))
 def test_prefix_hashes_are_chained_prefixes(text):
-    a = F.prefix_block_hashes(F.PromptView(text, None, 0))
-    b = F.prefix_block_hashes(F.PromptView(text + "suffix" * 20, None, 0))
+    a = features.prefix_block_hashes(features.PromptView(text, None, 0))
+    b = features.prefix_block_hashes(features.PromptView(text + "suffix" * 20, None, 0))
     assert b[: len(a)] == a
 
 
@@ -82,7 +82,7 @@ async def test_random_bodies_through_server(fake_workers, router_factory):
     for i in range(150):
         body = {k: rand_value() for k in rng.sample(["prompt", "messages", "max_tokens", "stream", "model",
                                                      "stream_options", "max_completion_tokens"], rng.randrange(1, 5))}
-        path = rng.choice(F.ENDPOINTS)
+        path = rng.choice(features.ENDPOINTS)
         data = json.dumps(body).encode()
         if i % 10 == 0:
             data = data[: rng.randrange(len(data))]  # truncated JSON

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -23,7 +25,7 @@ class RouterApp:
     router: Router
     host: str
     port: int
-    discovery_args: dict | None = None
+    discovery_args: dict[str, Any] | None = None
     shutdown_grace: float = 30.0
 
     @classmethod
@@ -38,6 +40,8 @@ class RouterApp:
         opts = RouterOptions(
             max_body_bytes=args.max_body_bytes, chars_per_token=args.chars_per_token,
             scrape_interval=args.scrape_interval, client_write_timeout=args.client_write_timeout,
+            header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
+            max_connections=args.max_connections,
             tuning=Tuning(decode_pressure_kv_usage=args.decode_pressure_kv_usage,
                           decode_pressure_running=args.decode_pressure_running),
             tokenize=getattr(args, "tokenize", None),
@@ -64,7 +68,7 @@ class RouterApp:
         log.info("discovery_started", namespace=d["namespace"], model=model)
 
     async def serve_forever(self) -> None:
-        runner = web.AppRunner(self.router.app(), handler_cancellation=True, access_log=None)
+        runner = self.router.runner(access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, backlog=2048, shutdown_timeout=self.shutdown_grace)
         await site.start()
@@ -76,10 +80,8 @@ class RouterApp:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # pragma: no cover
                 loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):  # pragma: no cover
-                pass
         await stop.wait()
         log.info("router_stopping")
         await runner.cleanup()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from ..api.contract import ROUTER_PORT
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "router",
         help="OpenAI-compatible router: per-request remote/local prefill with fallbacks",
@@ -37,6 +40,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="tokenizer.json for exact input-token counts (needs the `tokenizers` package)")
     p.add_argument("--client-write-timeout", type=float, default=30.0,
                    help="drop a streaming client that does not accept data for this many seconds")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="close a connection that has not sent a complete request head within this many seconds "
+                   "(0: off)")
+    p.add_argument("--idle-timeout", type=float, default=75.0,
+                   help="close an idle keep-alive connection after this many seconds")
+    p.add_argument("--max-connections", type=int, default=4096,
+                   help="close new client connections at once while this many are open")
     p.add_argument("--decode-pressure-kv-usage", type=float, default=0.5,
                    help="requireDecodePoolPressure: a decode worker is under pressure at this KV-cache usage")
     p.add_argument("--decode-pressure-running", type=int, default=8,
@@ -45,7 +55,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_router)
 
 
-def _tokenizer(path: str):
+def _tokenizer(path: str) -> Callable[[str], int]:
     from tokenizers import Tokenizer  # optional dependency
 
     tok = Tokenizer.from_file(path)
@@ -72,14 +82,13 @@ def _cmd_router(args: argparse.Namespace) -> int:
             return 2
     else:
         args.tokenize = None
+    runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop
 
         runner = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         runner(RouterApp.from_args(args).serve_forever())
-    except KeyboardInterrupt:
-        pass
     return 0

@@ -29,14 +29,14 @@ def parse_config(text: str) -> RouterConfig:
     return RouterConfig.model_validate(data)
 
 
-def load_config(path: str | os.PathLike) -> RouterConfig:
+def load_config(path: str | os.PathLike[str]) -> RouterConfig:
     return parse_config(Path(path).read_text())
 
 
 class ConfigWatcher:
     """Holds the current RouterConfig; polls ``path`` every ``interval`` seconds and swaps it atomically."""
 
-    def __init__(self, path: str | os.PathLike | None, initial: RouterConfig | None = None,
+    def __init__(self, path: str | os.PathLike[str] | None, initial: RouterConfig | None = None,
                  interval: float = 1.0, on_reload: Callable[[bool], None] | None = None) -> None:
         self.path = Path(path) if path else None
         self.interval = interval

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from .. import logs
-from ..api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, RouterConfig
+from ..api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, PoolEndpoint, RouterConfig
 from .load import WorkerSet
 
 log = logs.get("disagg.router.discovery")
@@ -28,7 +28,7 @@ log = logs.get("disagg.router.discovery")
 def model_name_from_config(cfg: RouterConfig) -> str | None:
     """The DisaggregatedModel's name, from the pools' Service names (``<model>-<role>``)."""
     for role in ("decode", "prefill", "aggregated"):
-        pool = getattr(cfg.pools, role)
+        pool: PoolEndpoint | None = getattr(cfg.pools, role)
         if pool is not None and pool.service.endswith(f"-{role}"):
             return pool.service[: -len(role) - 1]
     return None
@@ -87,12 +87,12 @@ class PodDiscovery:
                 pods: dict[str, tuple[str, str]] = {}
                 for p in listing.items:
                     ep = pod_endpoint(p, port)
-                    if ep:
+                    if ep and p.metadata is not None and p.metadata.name:
                         pods[p.metadata.name] = ep
                 self._publish(role, pods)
                 log.info("discovery_listed", role=role, ready=len(pods))
-                rv = listing.metadata.resource_version
-                w = watch.Watch()
+                rv = listing.metadata.resource_version if listing.metadata is not None else None
+                w: Any = watch.Watch()  # type: ignore[no-untyped-call]  # the kubernetes client is untyped here
                 for ev in w.stream(api.list_namespaced_pod, self.namespace, label_selector=selector,
                                    resource_version=rv, timeout_seconds=60, allow_watch_bookmarks=True):
                     if self._stop.is_set():

@@ -27,10 +27,11 @@ PREFIX_BLOCK_TOKENS = 16
 MAX_PREFIX_BLOCKS = 4096  # hash at most this many blocks of a prompt (64k tokens); longer prompts: the head only
 
 
-class BadRequest(ValueError):
+class BadRequestError(ValueError):
     """The body is not a valid OpenAI request (→ 400 with an OpenAI-style error object)."""
 
-    def __init__(self, message: str, param: str | None = None, code: int = 400, type_: str = "invalid_request_error"):
+    def __init__(self, message: str, param: str | None = None, code: int = 400,
+                 type_: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -52,18 +53,18 @@ def _is_int(x: Any) -> bool:
 
 
 def prompt_view(endpoint: str, body: dict[str, Any]) -> PromptView:
-    """Extract the prompt of a completions or chat request; raises BadRequest on wrong shapes."""
+    """Extract the prompt of a completions or chat request; raises BadRequestError on wrong shapes."""
     if endpoint == "/v1/chat/completions":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty array", "messages")
+            raise BadRequestError("'messages' must be a non-empty array", "messages")
         parts: list[str] = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
-                raise BadRequest(f"messages[{i}] must be an object", "messages")
+                raise BadRequestError(f"messages[{i}] must be an object", "messages")
             role = m.get("role")
             if not isinstance(role, str):
-                raise BadRequest(f"messages[{i}].role must be a string", "messages")
+                raise BadRequestError(f"messages[{i}].role must be a string", "messages")
             content = m.get("content")
             parts.append(f"<|{role}|>")
             if isinstance(content, str):
@@ -73,7 +74,7 @@ def prompt_view(endpoint: str, body: dict[str, Any]) -> PromptView:
                     if isinstance(p, dict) and isinstance(p.get("text"), str):
                         parts.append(p["text"])
             elif content is not None:
-                raise BadRequest(f"messages[{i}].content must be a string or an array", "messages")
+                raise BadRequestError(f"messages[{i}].content must be a string or an array", "messages")
         return PromptView(text="\n".join(parts), token_ids=None, messages=len(messages))
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -85,7 +86,7 @@ def prompt_view(endpoint: str, body: dict[str, Any]) -> PromptView:
             return PromptView(text=None, token_ids=tuple(prompt), messages=0)
         if all(isinstance(p, list) and all(_is_int(t) for t in p) for p in prompt):
             return PromptView(text=None, token_ids=tuple(t for p in prompt for t in p), messages=0)
-    raise BadRequest("'prompt' must be a string, an array of strings, or an array of token ids", "prompt")
+    raise BadRequestError("'prompt' must be a string, an array of strings, or an array of token ids", "prompt")
 
 
 Tokenize = Callable[[str], int]
@@ -109,8 +110,8 @@ def requested_max_tokens(body: dict[str, Any]) -> int | None:
         v = body.get(key)
         if v is None:
             continue
-        if not _is_int(v) or v < 0:
-            raise BadRequest(f"'{key}' must be a non-negative integer", key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise BadRequestError(f"'{key}' must be a non-negative integer", key)
         return v
     return None
 

@@ -33,7 +33,7 @@ PHASES = {
 
 
 class RouterMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.phase: dict[str, Histogram] = {}
@@ -59,6 +59,22 @@ class RouterMetrics:
             registry=r)
         self.config_reloads = Counter("disagg_config_reloads", "Router config reloads by result.", ["result"],
                                       registry=r)
+        self.circuit_state = Gauge(
+            "disagg_circuit_state", "Circuit breaker state per target: 0 closed, 1 open, 2 half-open. pool=decode: "
+            "worker is the decode URL; pool=pair: worker is '<prefill URL>-><decode URL>'.", ["pool", "worker"],
+            registry=r)
+        self.mode_probes = Counter(
+            "disagg_mode_probes", "Remote-path probes sent while the operator holds the model Aggregated, by outcome "
+            "(ok: served by the remote path; failed: fell back or failed).", ["outcome"], registry=r)
+        self.open_connections = Gauge("disagg_open_connections", "Client connections open on the router.",
+                                      registry=r)
+        self.connections_closed = Counter(
+            "disagg_connections_closed", "Client connections the router closed for hygiene, by reason "
+            "(header_timeout, limit).", ["reason"], registry=r)
+        for outcome in ("ok", "failed"):
+            self.mode_probes.labels(outcome)
+        for reason in ("header_timeout", "limit"):
+            self.connections_closed.labels(reason)
         for pool in ("prefill", "decode", "aggregated"):
             self.inflight.labels(pool)
             self.workers.labels(pool)

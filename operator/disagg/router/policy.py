@@ -9,14 +9,17 @@ Rule order (first match wins; docs/router.md has the table):
  3. tenant disaggregation Never                                          → local  tenant_never
  4. canary: tenant / endpoint / input length / traffic percent           → local  canary_excluded
  5. bucket prefill Local                                                 → local  bucket_local
- 6. tenant Always / bucket Remote                                        → remote candidate (skip 7–11)
+ 6. tenant Always / bucket Remote                                        → remote candidate (skip 7–10)
  7. input ≤ localPrefill.maxInputTokens                                  → local  short_prompt
  8. prefix hit: chosen decode worker holds the prefix and the uncached
     suffix ≤ localPrefill.maxInputTokens (preferWhenPrefixCacheHit)      → local  prefix_cache_hit
  9. input < remotePrefill.minInputTokens                                 → local  below_remote_threshold
 10. expected output < minExpectedOutputTokens                            → local  short_output
-11. requireDecodePoolPressure, chosen decode worker not under pressure   → local  no_decode_pressure
+11. the prefill pool is starting (RouterConfig.prefill_starting)         → local  prefill_pool_starting
 12. no ready prefill worker / none with a decode worker's compat hash    → local  no_prefill_worker|no_compatible_pair
+    every compatible decode worker / pair has an open circuit breaker    → local  circuit_open
+    (decode workers and pairs whose breaker is open are skipped while another one is healthy)
+    requireDecodePoolPressure, chosen decode worker not under pressure   → local  no_decode_pressure
 13. est. prefill queue wait > maxPrefillQueueWaitMs: onPrefillQueueOverload
         LocalPrefill → local  prefill_queue_overload
         Queue        → remote prefill_queue_overload_queued
@@ -27,7 +30,7 @@ Rule order (first match wins; docs/router.md has the table):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ..api.contract import RouterConfig
 from ..api.models import ActiveMode, PromptBucket, TenantPolicy
@@ -64,6 +67,10 @@ class LoadSnapshot:
     decode: tuple[WorkerLoad, ...] = ()
     aggregated: tuple[WorkerLoad, ...] = ()  # optional aggregated pool: serves mode Aggregated when present
     tenant_avg_output_tokens: float | None = None  # observed average output of this request's tenant
+    # Circuit breakers (breaker.py) that would not let a remote request through now: decode URLs and
+    # (prefill URL, decode URL) pairs. Local prefill on such a decode worker is still fine.
+    blocked_decode: frozenset[str] = frozenset()
+    blocked_pairs: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,7 @@ class Decision:
     status: int = 200  # HTTP status for reject
     # Decode worker choice for a local path if the remote decision must fall back (compat group may differ).
     local_decode: str | None = None
-    detail: dict = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,7 @@ def effective_policy(cfg: RouterConfig, tenant: TenantPolicy | None) -> Effectiv
     ro = tenant.remote_prefill if tenant and tenant.remote_prefill else None
     lo = tenant.local_prefill if tenant and tenant.local_prefill else None
 
-    def pick(override, name, base):
+    def pick(override: object | None, name: str, base: object) -> Any:
         v = getattr(override, name) if override is not None else None
         return getattr(base, name) if v is None else v
 
@@ -168,6 +175,26 @@ def choose_prefill(workers: tuple[WorkerLoad, ...], compat: str | None) -> Worke
     return min(pool, key=lambda w: (w.est_wait_ms, w.inflight, w.url))
 
 
+def choose_pair(decodes: tuple[WorkerLoad, ...], snap: LoadSnapshot,
+                tuning: Tuning = Tuning()) -> tuple[WorkerLoad, WorkerLoad] | None:
+    """The preferred decode worker and its prefill worker, skipping decode workers and pairs whose circuit
+    breaker is open; None when every candidate is blocked."""
+    cands = decodes
+    if snap.blocked_decode:
+        cands = tuple(w for w in cands if w.url not in snap.blocked_decode)
+    while cands:
+        d = choose_decode(cands, tuning)
+        assert d is not None
+        prefills = snap.prefill
+        if snap.blocked_pairs:
+            prefills = tuple(w for w in prefills if (w.url, d.url) not in snap.blocked_pairs)
+        p = choose_prefill(prefills, d.compat)
+        if p is not None:
+            return d, p
+        cands = tuple(w for w in cands if w is not d)
+    return None
+
+
 def under_pressure(w: WorkerLoad, tuning: Tuning) -> bool:
     return w.kv_usage >= tuning.decode_pressure_kv_usage or _decode_load(w) >= tuning.decode_pressure_running
 
@@ -179,7 +206,7 @@ def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tu
     bname = bucket.name if bucket else None
     local_d = choose_decode(snap.decode, tuning) or choose_decode(snap.aggregated, tuning)
 
-    def local(reason: str, **detail) -> Decision:
+    def local(reason: str, **detail: Any) -> Decision:
         return Decision("local", reason, decode=local_d.url if local_d else None, tenant=tname, bucket=bname,
                         prefix_tokens=local_d.prefix_tokens if local_d else 0,
                         local_decode=local_d.url if local_d else None, detail=detail)
@@ -218,18 +245,21 @@ def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tu
         if expected is not None and expected < pol.min_expected_output_tokens:
             return local("short_output", expected_output_tokens=expected)
 
-    # Remote candidate: a decode worker that has a compatible prefill worker.
+    if cfg.prefill_starting:
+        return local("prefill_pool_starting")
+    # Remote candidate: a decode worker that has a compatible prefill worker, with closed breakers.
     compat_groups = {w.compat for w in snap.prefill}
     if not snap.prefill:
         return local("no_prefill_worker")
     remote_decodes = tuple(w for w in snap.decode if w.compat in compat_groups)
-    d = choose_decode(remote_decodes, tuning)
-    if d is None:
+    if not remote_decodes:
         return local("no_compatible_pair")
+    pair = choose_pair(remote_decodes, snap, tuning)
+    if pair is None:
+        return local("circuit_open")
+    d, p = pair
     if forced is None and pol.require_decode_pool_pressure and not under_pressure(d, tuning):
         return local("no_decode_pressure")
-    p = choose_prefill(snap.prefill, d.compat)
-    assert p is not None
     reason = forced or "policy"
 
     def remote(reason: str) -> Decision:

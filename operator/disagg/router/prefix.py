@@ -47,8 +47,3 @@ class PrefixIndex:
 
     def forget(self, worker: str) -> None:
         self._workers.pop(worker, None)
-
-    def retain(self, workers: set[str]) -> None:
-        for w in list(self._workers):
-            if w not in workers:
-                del self._workers[w]

@@ -1,4 +1,4 @@
-"""Upstream legs of the vLLM NixlConnector proxy protocol, and the minimal stream accounting.
+"""Upstream legs of the vLLM NixlConnector proxy protocol, the minimal stream accounting, and error shapes.
 
 Prefill leg (``prefill_body``): the client's body with max_tokens=1 (and max_completion_tokens=1 when present),
 stream=false, stream_options removed, min_tokens / min_completion_tokens removed, and
@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 import time
 from typing import Any
+
+import orjson
 
 PREFILL_KV_PARAMS = {
     "do_remote_decode": True,
@@ -54,7 +56,7 @@ class UpstreamError(Exception):
     """An upstream leg failed before anything reached the client (so it may be retried or fall back)."""
 
     def __init__(self, cause: str, status: int | None = None, body: bytes = b"", content_type: str | None = None,
-                 worker: str | None = None):
+                 worker: str | None = None) -> None:
         super().__init__(f"{cause} ({status})" if status else cause)
         self.cause = cause
         self.status = status
@@ -65,6 +67,106 @@ class UpstreamError(Exception):
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
+# Errors inside a 200 response. vLLM 0.33.0 (vllm/entrypoints/openai/chat_completion/serving.py:947-950,
+# completion/serving.py:552-553, generate/base/serving.py:183-213) ends a stream whose request finished with reason
+# "error" (e.g. a failed KV pull under kv_load_failure_policy "fail") with ``data: {"error": {...}}`` then
+# ``data: [DONE]``: compact JSON on chat, json.dumps (", " / ": ") on completions; chat streams send the role chunk
+# first. Older releases and our simulator may also send a choice with ``finish_reason: "error"``: both count.
+_STREAM_ERROR = re.compile(rb'data:\s*\{\s*"error"|"finish_reason"\s*:\s*"error"')
+# vLLM's non-streamed GenerationError (vllm/exceptions.py:131-136, serve/exception_handling/handlers/vllm_error.py:
+# 69-77 in 0.33.0): HTTP 500, type InternalServerError, the fixed message "Internal server error". On a remote
+# decode leg this is the KV load failing (the only request-level error before the first token there).
+GENERATION_ERROR_MESSAGE = "Internal server error"
+_HOLD_LIMIT = 64 * 1024  # leading token-less events held back at most this many bytes
+
+
+def is_generation_error(status: int | None, body: bytes) -> bool:
+    if status != 500 or b"InternalServerError" not in body:
+        return False
+    try:
+        err = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(err, dict) and err.get("message") == GENERATION_ERROR_MESSAGE
+
+
+def has_error_finish(payload: bytes) -> bool:
+    """A non-streamed 200 body that is an error object or carries a choice with finish_reason "error"."""
+    if b'"error"' not in payload:
+        return False
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(obj, dict):
+        return False
+    if obj.get("error") is not None:
+        return True
+    choices = obj.get("choices")
+    return isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") == "error"
+                                             for c in choices)
+
+
+HOLD, COMMIT, ERROR = "hold", "commit", "error"
+
+
+def _classify_event(payload: bytes) -> str:
+    """One SSE data payload before the first token: HOLD (no token: the chat role chunk, a comment),
+    ERROR (an error object or finish_reason "error"), or COMMIT (a token, a normal finish, anything else)."""
+    if payload == b"[DONE]":
+        return COMMIT
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return COMMIT
+    if not isinstance(obj, dict):
+        return COMMIT
+    if obj.get("error") is not None:
+        return ERROR
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return HOLD if isinstance(choices, list) else COMMIT  # [] (a usage chunk): no token
+    for c in choices:
+        if not isinstance(c, dict):
+            return COMMIT
+        fr = c.get("finish_reason")
+        if fr == "error":
+            return ERROR
+        if fr is not None or c.get("text"):
+            return COMMIT
+        delta = c.get("delta")
+        if isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role"):
+            return COMMIT
+    return HOLD
+
+
+class StreamStart:
+    """Holds a stream's leading events until one carries a token (commit) or an error (the leg failed).
+
+    Only the first few events are parsed (JSON); once committed, the relay stops using this.
+    """
+
+    __slots__ = ("_pos", "buf")
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self._pos = 0  # start of the first event not yet classified
+
+    def feed(self, chunk: bytes) -> str:
+        self.buf += chunk
+        buf = self.buf
+        while True:
+            end = buf.find(b"\n\n", self._pos)
+            if end < 0:
+                break
+            event, self._pos = buf[self._pos:end], end + 2
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    verdict = _classify_event(line[5:].strip())
+                    if verdict != HOLD:
+                        return verdict
+        return COMMIT if len(buf) > _HOLD_LIMIT else HOLD
+
 
 class StreamAccount:
     """Counts SSE events as they are relayed (no JSON parsing): first/last event times and token count.
@@ -73,7 +175,7 @@ class StreamAccount:
     ``usage.completion_tokens`` (stream_options.include_usage), which then wins.
     """
 
-    __slots__ = ("_tail", "chat", "done", "events", "first_at", "last_at", "usage_tokens")
+    __slots__ = ("_etail", "_tail", "chat", "done", "error", "events", "first_at", "last_at", "usage_tokens")
 
     def __init__(self, chat: bool) -> None:
         self.events = 0
@@ -82,11 +184,18 @@ class StreamAccount:
         self.last_at: float | None = None
         self.usage_tokens: int | None = None
         self._tail = b""
+        self._etail = b""
+        self.error = False  # an error event or finish_reason "error" was relayed
         self.chat = chat
 
     def feed(self, chunk: bytes, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         data = self._tail + chunk
+        if not self.error:
+            edata = self._etail + chunk
+            if b'"error"' in edata and _STREAM_ERROR.search(edata):
+                self.error = True
+            self._etail = edata[-32:]
         n = data.count(b"data:")
         if n:
             if b"[DONE]" in data:
@@ -97,12 +206,8 @@ class StreamAccount:
                     self.first_at = now
                 self.last_at = now
                 self.events += n
-            if b'"usage"' in data:
-                m = None
-                for m in _COMPLETION_TOKENS.finditer(data):
-                    pass
-                if m is not None:
-                    self.usage_tokens = int(m.group(1))
+            if b'"usage"' in data and (n_usage := usage_completion_tokens(data)) is not None:
+                self.usage_tokens = n_usage
         self._tail = data[-5:]
         # avoid double counting a "data:" that straddles the tail: drop it from the tail if complete in `data`
         if self._tail.endswith(b"data:"):
@@ -123,7 +228,5 @@ class StreamAccount:
 
 
 def usage_completion_tokens(payload: bytes) -> int | None:
-    m = None
-    for m in _COMPLETION_TOKENS.finditer(payload):
-        pass
-    return int(m.group(1)) if m is not None else None
+    found = _COMPLETION_TOKENS.findall(payload)
+    return int(found[-1]) if found else None

@@ -1,0 +1,91 @@
+"""Phase accounting at the end of a request: phases derived from worker metrics, the Prometheus metrics
+(requests, phase histograms, SLO attainment, probe outcomes) and the one JSON log line per request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .. import logs
+from ..api.models import SLOSpec
+from .load import TenantStats, Worker
+from .metrics import RouterMetrics
+from .request import Ctx
+
+reqlog = logs.get("disagg.router.request")
+
+# histogram phase name → Ctx.timings key
+PHASE_KEYS = (("prefill_compute", "prefill_compute"), ("kv_cache_pack", "kv_pack"),
+              ("kv_cache_transfer", "kv_transfer"), ("kv_cache_unpack", "kv_unpack"),
+              ("decode_queue_wait", "decode_queue"), ("first_token_emit", "ttft"), ("per_token_decode", "tpot"))
+
+
+def derive_phases(ctx: Ctx, w: Worker | None, remote: bool, ttfb: float | None) -> None:
+    """Phases inside vLLM, from the decode worker's recent metric averages (capped by what the router saw)."""
+    if w is None:
+        return
+    cap = ttfb if ttfb is not None else float("inf")
+    q = w.avg.get("vllm:request_queue_time_seconds")
+    if q is not None:
+        ctx.timings["decode_queue"] = min(q, cap)
+    if not remote:
+        return
+    pack = w.avg.get("vllm:nixl_post_time_seconds")
+    xfer = w.avg.get("vllm:nixl_xfer_time_seconds")
+    if pack is not None:
+        ctx.timings["kv_pack"] = min(pack, cap)
+    if xfer is not None:
+        ctx.timings["kv_transfer"] = min(xfer, max(cap - ctx.timings.get("kv_pack", 0.0), 0.0))
+    if ttfb is not None and xfer is not None:
+        step = w.avg.get("vllm:time_per_output_token_seconds") or w.avg.get(
+            "vllm:request_time_per_output_token_seconds") or 0.0
+        explained = ctx.timings.get("decode_queue", 0.0) + ctx.timings.get("kv_pack", 0.0) + \
+            ctx.timings["kv_transfer"] + step
+        ctx.timings["kv_unpack"] = max(ttfb - explained, 0.0)
+
+
+def slo_met(ctx: Ctx, slo: SLOSpec, e2e: float) -> bool:
+    t = ctx.timings
+    if ctx.stream:
+        ttft_ok = t.get("ttft", e2e) * 1000 <= slo.ttft_p95_ms
+        tpot_ok = "tpot" not in t or t["tpot"] * 1000 <= slo.tpot_p95_ms
+        return ttft_ok and tpot_ok
+    n = ctx.output_tokens or 1
+    return e2e * 1000 <= slo.ttft_p95_ms + slo.tpot_p95_ms * max(n - 1, 0)
+
+
+class Accounting:
+    def __init__(self, metrics: RouterMetrics, tenants: TenantStats, slo: Callable[[], SLOSpec]) -> None:
+        self.metrics = metrics
+        self.tenants = tenants
+        self.slo = slo
+
+    def finish(self, ctx: Ctx) -> None:
+        e2e = time.monotonic() - ctx.t0
+        ctx.timings["e2e"] = e2e
+        if ctx.first_upstream_at is not None:
+            ctx.timings["request_queue"] = ctx.first_upstream_at - ctx.t0
+        path = ctx.path or "none"
+        m = self.metrics
+        m.requests.labels(ctx.outcome or "unknown", path).inc()
+        if ctx.probe and ctx.outcome != "cancelled":
+            m.mode_probes.labels("ok" if path == "remote" and ctx.outcome == "ok" else "failed").inc()
+        if path in ("remote", "local", "fallback") and ctx.outcome == "ok":
+            tl = (path, ctx.tenant)
+            t = ctx.timings
+            m.phase["request_queue_wait"].labels(*tl).observe(t.get("request_queue", 0.0))
+            for phase, key in PHASE_KEYS:
+                if key in t:
+                    m.phase[phase].labels(*tl).observe(t[key])
+            if ctx.output_tokens is not None:
+                self.tenants.observe(ctx.tenant, ctx.output_tokens)
+            m.slo_requests.labels(ctx.tenant).inc()
+            if slo_met(ctx, self.slo(), e2e):
+                m.slo_met.labels(ctx.tenant).inc()
+        reqlog.info(
+            "request", request_id=ctx.request_id, upstream_request_id=ctx.upstream_id, endpoint=ctx.endpoint,
+            tenant=ctx.tenant, stream=ctx.stream, input_tokens=ctx.input_tokens, output_tokens=ctx.output_tokens,
+            decision=ctx.decision, reason=ctx.reason, path=path, fallback=ctx.fallback, probe=ctx.probe,
+            prefill_worker=ctx.prefill_worker, decode_worker=ctx.decode_worker, outcome=ctx.outcome, status=ctx.status,
+            timings_ms={k: round(v * 1000, 3) for k, v in ctx.timings.items()},
+        )

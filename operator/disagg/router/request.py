@@ -1,0 +1,101 @@
+"""One request: its bookkeeping (``Ctx``, which becomes the log line), body validation, and HTTP helpers.
+
+``parse_request`` validates the body once (JSON object, model, stream flags, prompt shape) and raises
+``features.BadRequestError`` with an OpenAI-style status/type/param; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from . import features
+
+HOP_HEADERS = {"authorization"}  # forwarded from the client to the workers
+
+
+def openai_error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 headers: dict[str, str] | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json", headers=headers)
+
+
+@dataclass
+class Ctx:
+    """One request's bookkeeping (becomes the log line)."""
+
+    request_id: str
+    endpoint: str
+    stream: bool
+    t0: float
+    tenant: str = "default"
+    decision: str = ""
+    reason: str = ""
+    path: str = ""
+    input_tokens: int = 0
+    prefill_worker: str | None = None
+    decode_worker: str | None = None
+    fallback: str | None = None
+    outcome: str = ""
+    status: int = 0
+    output_tokens: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    first_upstream_at: float | None = None
+    upstream_id: str = ""  # X-Request-Id sent on both legs
+    probe: bool = False  # a mode probe (probe.py)
+
+    def mark_upstream(self) -> None:
+        if self.first_upstream_at is None:
+            self.first_upstream_at = time.monotonic()
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    body: dict[str, Any]
+    stream: bool
+    view: features.PromptView
+    max_tokens: int | None
+
+
+def parse_request(raw: bytes, endpoint: str, served_model: str) -> ParsedRequest:
+    """Validate a completions / chat completions body; raises features.BadRequestError."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise features.BadRequestError(f"invalid JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise features.BadRequestError("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise features.BadRequestError("'model' must be a string", "model")
+    if served_model and model is not None and model != served_model:
+        raise features.BadRequestError(f"The model `{model}` does not exist.", "model", 404, "NotFoundError")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise features.BadRequestError("'stream' must be a boolean", "stream")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise features.BadRequestError("'stream_options' must be an object", "stream_options")
+    view = features.prompt_view(endpoint, body)
+    return ParsedRequest(body, stream, view, features.requested_max_tokens(body))
+
+
+def fwd_headers(request: web.Request, request_id: str | None) -> dict[str, str]:
+    """Headers for an upstream leg: the client's hop headers, our request id, JSON."""
+    h = {k: v for k, v in request.headers.items() if k.lower() in HOP_HEADERS}
+    if request_id:
+        h["X-Request-Id"] = request_id
+    h["Content-Type"] = "application/json"
+    return h
+
+
+def decision_headers(ctx: Ctx) -> dict[str, str]:
+    """Response headers telling the client which path served it and why (debugging, demo, benchmarks)."""
+    return {"X-Request-Id": ctx.request_id, "X-Disagg-Decision": ctx.decision, "X-Disagg-Reason": ctx.reason,
+            "X-Disagg-Path": ctx.path}
