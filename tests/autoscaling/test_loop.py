@@ -23,7 +23,7 @@ def test_long_prompts_scale_prefill_and_report_figures() -> None:
     out = step(spec(), POOLS, sample, LoopState(), 0, "2026-11-29T00:00:00Z")
     assert out.decisions["prefill"].desired > 2 and out.decisions["decode"].desired == 2
     assert out.observed.ttft_p95_ms == 1500 and out.observed.goodput == 0.6
-    status, reason, message = out.slo_met
+    status, _, message = out.slo_met
     assert status == "False" and "TTFT p95 1500 ms > 1000 ms" in message and "goodput" in message
 
 
@@ -57,3 +57,24 @@ def test_slow_local_first_tokens_do_not_grow_prefill() -> None:
     out = step(spec(), POOLS, sample, LoopState(), 0, "t")
     assert out.decisions["prefill"].desired == 2
     assert out.decisions["decode"].desired > 2
+
+
+def test_probe_counts_reach_status_and_the_mode() -> None:
+    state = LoopState()
+    s = spec(modePolicy={"healthyHoldSeconds": 0, "probe": {"ratePerMinute": 6, "successesToReturn": 3}})
+    step(s, POOLS, Sample({"kv_failure_rate": 0.5, "targets_up": 5}), state, 0, "t")
+    held = step(s, POOLS, Sample({"mode_probes_ok": 1.0, "mode_probes_failed": 4.0, "targets_up": 5}), state, 30, "t")
+    assert held.mode.active == ActiveMode.AGGREGATED
+    assert (held.observed.mode_probes_succeeded, held.observed.mode_probes_failed) == (1.0, 4.0)
+    back = step(s, POOLS, Sample({"mode_probes_ok": 3.0, "mode_probes_failed": 0.0, "targets_up": 5}), state, 60,
+                "t")
+    assert back.mode.active == ActiveMode.DISAGGREGATED and back.mode_changed
+
+
+def test_starting_prefill_pool_does_not_flip() -> None:
+    pools = {"prefill": PoolReplicas(2, 0, starting=True), "decode": PoolReplicas(2, 2)}
+    out = step(spec(), pools, Sample({"targets_up": 1}), LoopState(), 0, "t")
+    assert out.mode.active == ActiveMode.DISAGGREGATED and not out.mode_changed
+    failed = {"prefill": PoolReplicas(2, 0, starting=False), "decode": PoolReplicas(2, 2)}
+    out = step(spec(), failed, Sample({"targets_up": 1}), LoopState(), 0, "t")
+    assert out.mode.active == ActiveMode.AGGREGATED and "no ready prefill" in out.mode.reason

@@ -93,3 +93,49 @@ def test_unreachable_prometheus_is_an_error_not_a_zero() -> None:
     spec = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
     sample = collect(connect(f"http://127.0.0.1:{port}", timeout_seconds=1), "ns", "m", spec)
     assert sample.error and "failed" in sample.error
+
+
+def test_kv_failure_rate_counts_transport_causes_only(prometheus) -> None:
+    """Capacity is not a transport fault: prefill-leg fallbacks (queueing, worker errors: cause prefill_*) leave
+    the mode controller's failure rate at 0; KV-transport fallbacks (cause kv_*) raise it."""
+    from prometheus_client import Counter
+
+    spec = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
+    registry = CollectorRegistry()
+    fallbacks = Counter("disagg_fallbacks", "fallbacks", ["cause"], registry=registry)
+    decisions = Counter("disagg_routing_decisions", "decisions", ["decision"], registry=registry)
+    for cause in ("prefill_queue_timeout", "kv_load_failed", "kv_transfer_timeout"):
+        fallbacks.labels(cause).inc(0)
+    decisions.labels("remote").inc(0)
+    server = _text_exporter(registry)
+    try:
+        prometheus.set_targets([Target(f"127.0.0.1:{server.server_address[1]}",
+                                       {"namespace": "ns", "model": "kv", "role": "router"})])
+        query = connect(prometheus.url)
+
+        def poll(pred, what: str):
+            deadline = time.monotonic() + 30
+            sample = collect(query, "ns", "kv", spec)
+            while not pred(sample):
+                assert time.monotonic() < deadline, f"timed out waiting for {what}: {sample}"
+                time.sleep(0.5)
+                sample = collect(query, "ns", "kv", spec)
+            return sample
+
+        # this exporter's own series must be in Prometheus (at 0) before they increase, or no rate can be seen
+        deadline = time.monotonic() + 30
+        while not _api(prometheus, 'disagg_routing_decisions_total{namespace="ns",model="kv"}')["data"]["result"]:
+            assert time.monotonic() < deadline, "the exporter was never scraped"
+            time.sleep(0.5)
+        decisions.labels("remote").inc(100)
+        fallbacks.labels("prefill_queue_timeout").inc(50)  # half the remote requests queued past the timeout
+        sample = poll(lambda s: s.get("kv_failure_rate") is not None, "a failure rate")
+        assert sample.get("kv_failure_rate") == 0.0
+
+        fallbacks.labels("kv_load_failed").inc(10)
+        fallbacks.labels("kv_transfer_timeout").inc(10)
+        sample = poll(lambda s: (s.get("kv_failure_rate") or 0) > 0, "transport failures to count")
+        assert 0 < sample.get("kv_failure_rate") <= 0.2 + 1e-9  # 20 of 100 remote attempts, never the 50 queued
+    finally:
+        server.shutdown()
+        prometheus.set_targets([])

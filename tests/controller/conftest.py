@@ -128,3 +128,29 @@ class Cluster:
 @pytest.fixture
 def cluster(kube: client.ApiClient, namespace: str) -> Cluster:
     return Cluster(kube, namespace)
+
+
+def step_result(body: dict[str, Any], decisions: dict[str, tuple[int, str]] | None = None) -> Any:
+    """An autoscaler step outcome for ``body``: ``decisions`` maps a pool to (replicas, reason)."""
+    from disagg.api.models import ActiveMode, ObservedStatus
+    from disagg.autoscaling.loop import StepResult
+    from disagg.autoscaling.mode import ModeState
+    from disagg.autoscaling.policy import Decision
+
+    pools = (body.get("status") or {}).get("pools") or {}
+    out = {}
+    for pool, (replicas, reason) in (decisions or {}).items():
+        current = int((pools.get(pool) or {}).get("desiredReplicas", body["spec"][pool].get("replicas", 1)))
+        out[pool] = Decision(pool, current, replicas, None, reason)  # type: ignore[arg-type]
+    mode = ActiveMode((body.get("status") or {}).get("activeMode") or "Disaggregated")
+    return StepResult(decisions=out, mode=ModeState(active=mode), mode_changed=False, observed=ObservedStatus(),
+                      slo_met=("Unknown", "NoTraffic", "test"))
+
+
+def scale(scaler: Any, cluster: Cluster, name: str, pool: str, replicas: int, reason: str) -> None:
+    """One autoscaler decision, recorded and written exactly as the daemon's tick does it (Autoscaler.apply)."""
+    from disagg.api.models import DisaggregatedModel
+
+    body = cluster.model(name)
+    dm = DisaggregatedModel.model_validate({k: v for k, v in body.items() if k != "status"})
+    scaler.apply(body, dm, step_result(body, {pool: (replicas, reason)}), "2026-01-01T00:00:00Z")

@@ -1,7 +1,7 @@
 """The operator against a real kube-apiserver + kube-controller-manager (garbage collector, Deployment controller).
 
-There is no kubelet or scheduler in the fixture: pods never become Ready, so readiness is asserted as
-readyReplicas 0 with a clear reason.
+There is no kubelet or scheduler in the fixture: pods never become Ready, so every pool stays *starting*
+(readyReplicas 0, never ready since creation): reason Starting, condition Progressing, no Warning.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from disagg.api import contract as c
 from disagg.api.models import API_VERSION, KIND
 from disagg.kube import FIELD_MANAGER
 
-from .conftest import load_example, wait_for
+from .conftest import load_example, scale, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -92,15 +92,21 @@ def test_examples_become_children_with_owner_refs_and_status(operator, cluster):
         m = _converged(cluster, name)
         conds = _conditions(m)
         assert all(cond["observedGeneration"] == 1 for cond in conds.values())
-        assert conds["DecodeReady"]["status"] == "False" and conds["DecodeReady"]["reason"] == "NoReplicasReady"
-        assert conds["Ready"]["status"] == "False"
-        assert conds["RouterReady"]["reason"] == "NoReplicasReady"
+        assert conds["DecodeReady"]["status"] == "False" and conds["DecodeReady"]["reason"] == "Starting"
+        assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"].endswith("Starting")
+        assert conds["RouterReady"]["reason"] == "Starting"
+        assert conds["Progressing"]["status"] == "True" and conds["Progressing"]["reason"] == "PoolStarting"
         pools = m["status"]["pools"]
-        assert pools["decode"]["readyReplicas"] == 0
+        assert pools["decode"]["readyReplicas"] == 0 and pools["decode"]["starting"] is True
         assert pools["decode"]["summary"] == f"0/{m['spec']['decode']['replicas']}"
+        # starting is not failing: no Warning Event for it
+        assert not [e for e in cluster.events(name) if e.type == "Warning" and e.reason in ("NotReady", "Starting")]
 
     # Prefill pool: the 8B example needs it (Auto → Disaggregated); the rollback example pins Aggregated.
-    assert _conditions(cluster.model("llama-8b"))["PrefillReady"]["reason"] == "NoReplicasReady"
+    llama8b = cluster.model("llama-8b")
+    assert _conditions(llama8b)["PrefillReady"]["reason"] == "Starting"
+    assert llama8b["status"]["pools"]["prefill"]["starting"] is True
+    assert _router_config(cluster, "llama-8b")["prefillStarting"] is True  # the router keeps requests local
     rollback = cluster.model("qwen3-32b")
     assert rollback["status"]["activeMode"] == "Aggregated"
     assert _conditions(rollback)["PrefillReady"]["reason"] == "NotRequired"
@@ -173,7 +179,10 @@ def test_drift_is_corrected_and_spec_changes_follow(operator, cluster):
 
 def test_status_inputs_reach_router_and_replicas(operator, cluster):
     """The mode controller's activeMode reaches the router ConfigMap; with autoscaling on, the autoscaler's
-    desiredReplicas (not spec replicas) reach the Deployment."""
+    decisions (recorded in status, written through /scale) own the Deployment's replicas, not spec replicas."""
+    from disagg.controller.autoscaler import Autoscaler
+    from disagg.controller.clock import FakeClock
+
     body = load_example("llama-70b-rdma")  # autoscaling enabled, mode Auto
     cluster.create_model(body)
     _converged(cluster, "llama-70b")
@@ -183,15 +192,18 @@ def test_status_inputs_reach_router_and_replicas(operator, cluster):
     wait_for(lambda: _router_config(cluster, "llama-70b")["activeMode"] == "Aggregated", 20, "router mode flip")
     m = cluster.model("llama-70b")
     assert m["status"]["activeMode"] == "Aggregated"  # the operator does not fight the mode controller in Auto
-    assert _conditions(m)["PrefillReady"]["reason"] == "NoReplicasReady"
+    assert _conditions(m)["PrefillReady"]["reason"] == "Starting"
 
-    from disagg.controller.scaling import set_desired_replicas
-
-    assert set_desired_replicas(cluster.api, cluster.ns, "llama-70b", "prefill", 4, "TTFT p95 above SLO")
+    scaler = Autoscaler(kube=operator.kube, emit=lambda *_: None, clock=FakeClock())
+    scale(scaler, cluster, "llama-70b", "prefill", 4, "TTFT p95 above SLO")
     wait_for(lambda: cluster.deployment("llama-70b-prefill").spec.replicas == 4, 20, "autoscaled replicas")
     cluster.patch_model("llama-70b", {"spec": {"prefill": {"replicas": 1}}})
     _converged(cluster, "llama-70b", generation=2)
-    assert cluster.deployment("llama-70b-prefill").spec.replicas == 4  # spec replicas are only the initial count
+    dep = cluster.deployment("llama-70b-prefill")
+    assert dep.spec.replicas == 4  # spec replicas are only the initial count
+    owners = {mf.manager for mf in dep.metadata.managed_fields
+              if "f:replicas" in (mf.fields_v1 or {}).get("f:spec", {})}
+    assert owners == {"disagg-autoscaler"}  # one owner: the operator's apply no longer carries the field
     last = cluster.model("llama-70b")["status"]["pools"]["prefill"]["lastScale"]
     assert (last["from"], last["to"], last["reason"]) == (2, 4, "TTFT p95 above SLO")
 

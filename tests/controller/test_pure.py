@@ -48,27 +48,89 @@ def test_why_apply():
     assert why_apply(obj, live) == "changed"
 
 
+def _failed_deployment(replicas: int) -> dict:
+    """A Deployment whose rollout completed (all replicas were available) and that now has none ready."""
+    return {"metadata": {"generation": 3}, "spec": {"replicas": replicas},
+            "status": {"observedGeneration": 3, "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": 0,
+                       "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]}}
+
+
 def test_status_conditions_and_pools():
     dm = _dm()
     deps = {"prefill": _deployment(1, 0), "decode": _deployment(1, 1), "router": _deployment(1, 1)}
     out = st.desired_status(dm, {}, deps, 1, now="T0")
     conds = {c["type"]: c for c in out["conditions"]}
-    assert conds["PrefillReady"]["status"] == "False" and conds["PrefillReady"]["reason"] == "NoReplicasReady"
+    # never ready since creation: starting, not failing
+    assert conds["PrefillReady"]["status"] == "False" and conds["PrefillReady"]["reason"] == "Starting"
     assert conds["DecodeReady"]["reason"] == "AllReplicasReady"
-    assert conds["Ready"] == {"type": "Ready", "status": "False", "reason": "PrefillNotReady", "observedGeneration": 1,
+    assert conds["Ready"] == {"type": "Ready", "status": "False", "reason": "PrefillStarting", "observedGeneration": 1,
                               "message": conds["PrefillReady"]["message"], "lastTransitionTime": "T0"}
-    assert out["pools"]["prefill"] == {"replicas": 1, "readyReplicas": 0, "desiredReplicas": 1, "summary": "0/1"}
+    assert conds["Progressing"]["status"] == "True" and conds["Progressing"]["reason"] == "PoolStarting"
+    assert conds["Progressing"]["observedGeneration"] == 1 and "prefill" in conds["Progressing"]["message"]
+    assert out["pools"]["prefill"] == {"replicas": 1, "readyReplicas": 0, "desiredReplicas": 1, "summary": "0/1",
+                                       "starting": True}
+    assert out["pools"]["decode"]["starting"] is False
     assert out["activeMode"] == "Disaggregated" and out["modeSince"] == "T0"
 
     deps["prefill"] = _deployment(1, 1)
     later = st.desired_status(dm, out, deps, 1, now="T1")
     conds2 = {c["type"]: c for c in later["conditions"]}
     assert conds2["Ready"]["status"] == "True" and conds2["Ready"]["lastTransitionTime"] == "T1"
+    assert conds2["Progressing"]["status"] == "False" and conds2["Progressing"]["reason"] == "PoolsStarted"
     assert conds2["DecodeReady"]["lastTransitionTime"] == "T0"  # unchanged status keeps its transition time
     patch = st.status_patch(out, later)
-    assert "activeMode" not in patch and patch["pools"] == {"prefill": {"readyReplicas": 1, "summary": "1/1"}}
+    assert "activeMode" not in patch
+    assert patch["pools"] == {"prefill": {"readyReplicas": 1, "summary": "1/1", "starting": False}}
     merged = {**out, **later}
     assert st.status_patch(merged, st.desired_status(dm, merged, deps, 1, now="T2")) == {}
+
+    # ready once, then every replica lost (rollout long complete): failing, not starting
+    deps["prefill"] = _failed_deployment(1)
+    failed = st.desired_status(dm, merged, deps, 1, now="T3")
+    conds3 = {c["type"]: c for c in failed["conditions"]}
+    assert failed["pools"]["prefill"]["starting"] is False
+    assert conds3["PrefillReady"]["reason"] == "NoReplicasReady" and conds3["Ready"]["reason"] == "PrefillNotReady"
+    assert conds3["Progressing"]["status"] == "False"
+
+
+def test_starting_rule():
+    ready_before = {"starting": False, "readyReplicas": 2, "desiredReplicas": 2}
+    failed = _failed_deployment(2)
+    assert st.pool_starting(None, 2, None)  # not created yet
+    assert st.pool_starting(failed, 2, None)  # never observed: not ready since creation
+    assert not st.pool_starting(failed, 0, None)  # nothing wanted
+    assert not st.pool_starting(failed, 2, ready_before)  # was ready, lost every replica: failing
+    assert st.pool_starting(failed, 2, {"starting": True, "readyReplicas": 0, "desiredReplicas": 2})  # still loading
+    assert st.pool_starting(failed, 2, {"starting": False, "readyReplicas": 0, "desiredReplicas": 0})  # from zero
+    rolling = copy.deepcopy(failed)
+    rolling["metadata"]["generation"] = 4  # a new generation the Deployment controller has not rolled out yet
+    assert st.pool_starting(rolling, 2, ready_before)
+    rolling["status"].update(observedGeneration=4, updatedReplicas=1)  # rolling: new pods not all there yet
+    assert st.pool_starting(rolling, 2, ready_before)
+    assert not st.pool_starting(_deployment(2, 1), 2, None)  # one ready replica: serving
+    deadline = copy.deepcopy(failed)
+    deadline["status"]["conditions"] = [{"type": "Progressing", "status": "False",
+                                         "reason": "ProgressDeadlineExceeded"}]
+    assert not st.pool_starting(deadline, 2, {"starting": True})  # the progress deadline bounds starting
+
+
+def test_starting_pool_raises_no_warning():
+    """A pool that starts (scale from zero) sets Ready False with a Normal event; a failing pool warns."""
+    from disagg.controller.reconcile import Reconciler
+
+    events: list[tuple[str, str]] = []
+    rec = Reconciler(kube=None, emit=lambda _obj, type_, reason, _msg: events.append((type_, reason)))  # type: ignore[arg-type]
+    dm = _dm()
+    ok = {"prefill": _deployment(1, 1), "decode": _deployment(1, 1), "router": _deployment(1, 1)}
+    serving = st.desired_status(dm, {}, ok, 1, now="T0")
+    starting = st.desired_status(dm, serving, {**ok, "prefill": _deployment(1, 0) | {"metadata": {"generation": 2}}},
+                                 1, now="T1")
+    rec._report_transitions({"metadata": {}}, serving, starting)
+    assert events == [("Normal", "Starting")]
+    events.clear()
+    failing = st.desired_status(dm, serving, {**ok, "prefill": _failed_deployment(1)}, 1, now="T1")
+    rec._report_transitions({"metadata": {}}, serving, failing)
+    assert events == [("Warning", "NotReady")]
 
 
 def test_mode_controller_owns_active_mode_in_auto_and_foreign_conditions_are_kept():

@@ -1,8 +1,9 @@
 """One pure step of the operator's closed loop: a Prometheus sample → scaling decisions, mode, status figures.
 
-The kopf timer (controller) does the I/O around it: runs :func:`queries.collect` off the event loop, calls
-:func:`step`, then writes replicas to the Deployments, the active mode to the router's ConfigMap and the result
-to status. Keeping this step pure makes the whole loop table-testable.
+A kopf daemon per model (``disagg.controller.autoscaler``) does the I/O around it: runs :func:`queries.collect`
+off the event loop, calls :func:`step`, records the decisions, the active mode and the figures in status, and
+writes pool sizes through each Deployment's /scale subresource (the reconciler then rewrites the router's
+ConfigMap from status). Keeping this step pure makes the whole loop table-testable.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class LoopState:
 class PoolReplicas:
     replicas: int
     ready: int
+    starting: bool = False  # status.pools.<pool>.starting (the reconciler's reading of the pool's readiness)
 
 
 @dataclass(frozen=True)
@@ -42,14 +44,23 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 1)
 
 
+def _count(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _share(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
 def observed(sample: Sample, time_iso: str) -> ObservedStatus:
     g = sample.get
     return ObservedStatus(
         ttft_p95_ms=_ms(g("ttft_p95")), tpot_p95_ms=_ms(g("tpot_p95")),
-        goodput=None if g("goodput") is None else round(g("goodput"), 4),
+        goodput=_share(g("goodput")),
         prefill_queue_delay_p95_ms=_ms(g("prefill_queue_wait_p95")),
         decode_active_sequences=g("decode_active_sequences"), kv_transfer_p95_ms=_ms(g("kv_transfer_p95")),
-        prefix_cache_hit_rate=None if g("prefix_cache_hit_rate") is None else round(g("prefix_cache_hit_rate"), 4),
+        prefix_cache_hit_rate=_share(g("prefix_cache_hit_rate")),
+        mode_probes_succeeded=_count(g("mode_probes_ok")), mode_probes_failed=_count(g("mode_probes_failed")),
         time=time_iso,
     )
 
@@ -97,7 +108,9 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
                                      reason="operator started")
     mode_signals = ModeSignals(
         time=now, kv_failure_rate=g("kv_failure_rate"), prefill_ready=prefill.ready,
-        prefill_desired=prefill.replicas, ttft_p95_ms=_ms(g("ttft_p95")), kv_transfer_p95_ms=_ms(g("kv_transfer_p95")),
+        prefill_desired=prefill.replicas, prefill_starting=prefill.starting, ttft_p95_ms=_ms(g("ttft_p95")),
+        kv_transfer_p95_ms=_ms(g("kv_transfer_p95")), probes_ok=g("mode_probes_ok"),
+        probes_failed=g("mode_probes_failed"),
         # a pinned mode is applied whatever the metrics say; Auto needs evidence
         stale_reason=sample.error if spec.mode == Mode.AUTO else None,
     )

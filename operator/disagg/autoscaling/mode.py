@@ -1,14 +1,25 @@
 """Pure mode controller: when spec.mode is Auto, flip to Aggregated when disaggregation misbehaves, and back.
 
 To Aggregated (immediately, it is the safe side) when any of:
-- the KV-transfer failure/timeout rate over the window exceeds modePolicy.kvTransferFailureRate;
-- no prefill replica is ready while the prefill pool should have some;
+- the KV-transport failure rate over the window exceeds modePolicy.kvTransferFailureRate. Only transport causes
+  count (router fallback causes ``kv_*``: KV pull failed, transfer timeout after the prefill finished), over
+  remote attempts; a prefill leg that queued or failed for capacity (``prefill_*``) is the autoscaler's and the
+  overload policy's business, never the mode's;
+- no prefill replica is ready while the prefill pool should have some — unless the pool is *starting* (created,
+  scaled from zero or rolled to a new generation, and not ready since: status.pools.prefill.starting). Starting
+  is not failing: no flip, no backoff;
 - TTFT p95 breaches the SLO and the KV transfer is at least modePolicy.transferShareOfTTFT of it.
 
-Back to Disaggregated only after every signal has stayed healthy for the hold period. Hysteresis against
-flapping: a relapse within RELAPSE_HOLDS × hold of a return doubles the next hold (up to 16×); a healthy stretch
-that long in Disaggregated resets it. An oscillating signal therefore produces a bounded number of
-flips however long it oscillates. spec.mode Aggregated/Disaggregated pins the mode.
+Back to Disaggregated on evidence, not on silence: while the controller holds the model Aggregated no request
+uses the KV path, so "healthy" alone only means "no evidence". The router probes the remote path with a bounded
+share of requests (modePolicy.probe); the return needs every signal healthy for the hold period AND at least
+``probe.successesToReturn`` successful probes within the window. With probing off (ratePerMinute 0, or
+successesToReturn 0) the hold alone decides. A starting prefill pool holds the return (there is nothing to
+return to yet).
+
+Hysteresis against flapping: a relapse within RELAPSE_HOLDS × hold of a return doubles the next hold (up to
+16×); a healthy stretch that long in Disaggregated resets it. An oscillating signal therefore produces a bounded
+number of flips however long it oscillates. spec.mode Aggregated/Disaggregated pins the mode.
 """
 
 from __future__ import annotations
@@ -24,11 +35,14 @@ RELAPSE_HOLDS = 10  # a relapse within 10 holds of a return counts as flapping
 @dataclass(frozen=True)
 class ModeSignals:
     time: float
-    kv_failure_rate: float | None = None  # failures+timeouts ÷ remote attempts over the window
+    kv_failure_rate: float | None = None  # transport failures (cause kv_*) ÷ remote attempts over the window
     prefill_ready: int = 0
     prefill_desired: int = 0
+    prefill_starting: bool = False  # status.pools.prefill.starting: not ready yet, and not failed
     ttft_p95_ms: float | None = None
     kv_transfer_p95_ms: float | None = None
+    probes_ok: float | None = None  # successful remote-path probes in the window (None: no data)
+    probes_failed: float | None = None
     stale_reason: str | None = None
 
 
@@ -47,7 +61,7 @@ def unhealthy_reason(spec: DisaggregatedModelSpec, s: ModeSignals) -> str | None
     p = spec.mode_policy
     if s.kv_failure_rate is not None and s.kv_failure_rate > p.kv_transfer_failure_rate:
         return f"KV transfer failure rate {s.kv_failure_rate:.1%} > {p.kv_transfer_failure_rate:.1%}"
-    if s.prefill_desired > 0 and s.prefill_ready == 0:
+    if s.prefill_desired > 0 and s.prefill_ready == 0 and not s.prefill_starting:
         return "no ready prefill replica"
     if (
         s.ttft_p95_ms is not None
@@ -77,14 +91,37 @@ def next_state(spec: DisaggregatedModelSpec, state: ModeState, s: ModeSignals) -
         quick_relapse = state.flips > 0 and s.time - state.since < RELAPSE_HOLDS * hold
         backoff = min(MAX_BACKOFF, state.backoff * 2) if quick_relapse else state.backoff
         return replace(_to(state, ActiveMode.AGGREGATED, s.time, why), backoff=backoff, healthy_since=None)
-    # Aggregated (chosen by us): wait for a healthy hold, scaled by the backoff.
+    # Aggregated (chosen by us): wait for a healthy hold, scaled by the backoff, and for probe evidence.
+    if why is None and s.prefill_starting and s.prefill_ready == 0:
+        why = "prefill pool starting"
     if why is not None:
         return replace(state, healthy_since=None, reason=why)
     healthy_since = state.healthy_since if state.healthy_since is not None else s.time
-    if s.time - healthy_since >= hold * state.backoff:
-        return _to(state, ActiveMode.DISAGGREGATED, s.time,
-                   f"healthy for {s.time - healthy_since:.0f}s (hold {hold * state.backoff}s)")
-    return replace(state, healthy_since=healthy_since)
+    held = s.time - healthy_since
+    if held < hold * state.backoff:
+        return replace(state, healthy_since=healthy_since)
+    missing = missing_evidence(spec, s)
+    if missing is not None:
+        return replace(state, healthy_since=healthy_since, reason=f"healthy for {held:.0f}s; {missing}")
+    evidence = "" if not probes_required(spec) else f" and {s.probes_ok or 0:.0f} successful probes"
+    return _to(state, ActiveMode.DISAGGREGATED, s.time,
+               f"healthy for {held:.0f}s (hold {hold * state.backoff}s){evidence}")
+
+
+def probes_required(spec: DisaggregatedModelSpec) -> int:
+    """Successful probes the return needs (0: probing is off and the hold alone decides)."""
+    probe = spec.mode_policy.probe
+    return probe.successes_to_return if probe.rate_per_minute > 0 else 0
+
+
+def missing_evidence(spec: DisaggregatedModelSpec, s: ModeSignals) -> str | None:
+    """Why the probes do not (yet) justify a return, or None."""
+    need = probes_required(spec)
+    ok = s.probes_ok or 0.0
+    if need and ok < need:
+        failed = f", {s.probes_failed:.0f} failed" if s.probes_failed else ""
+        return f"waiting for remote-path probes: {ok:.0f}/{need} succeeded in the window{failed}"
+    return None
 
 
 def _to(state: ModeState, mode: ActiveMode, t: float, reason: str) -> ModeState:

@@ -184,7 +184,8 @@ def decide(spec: DisaggregatedModelSpec, signals: Signals, history: History) -> 
             for name in pools}
 
 
-def _apply_ratio_bounds(spec: DisaggregatedModelSpec, desired: dict[PoolName, int], reasons: dict[PoolName, str]) -> None:
+def _apply_ratio_bounds(spec: DisaggregatedModelSpec, desired: dict[PoolName, int],
+                        reasons: dict[PoolName, str]) -> None:
     bounds = spec.autoscaling.prefill_decode_ratio
     p, d = desired["prefill"], desired["decode"]
     if d == 0 or p == 0:
@@ -207,8 +208,9 @@ def _apply_ratio_bounds(spec: DisaggregatedModelSpec, desired: dict[PoolName, in
             reasons["decode"] += f"; capped to keep prefill:decode ≥ {bounds.min}"
 
 
-def _apply_gpu_budget(spec: DisaggregatedModelSpec, desired: dict[PoolName, int], pressure: dict[PoolName, float | None],
-                      current: dict[PoolName, int], reasons: dict[PoolName, str]) -> None:
+def _apply_gpu_budget(spec: DisaggregatedModelSpec, desired: dict[PoolName, int],
+                      pressure: dict[PoolName, float | None], current: dict[PoolName, int],
+                      reasons: dict[PoolName, str]) -> None:
     budget = spec.autoscaling.gpu_budget
     if budget is None:
         return
@@ -218,7 +220,11 @@ def _apply_gpu_budget(spec: DisaggregatedModelSpec, desired: dict[PoolName, int]
         return sum(desired[n] * gpus[n] for n in desired)
 
     # Take growth back from the less pressured pool first, one replica at a time, never below current/min.
-    order = sorted(desired, key=lambda n: pressure[n] if pressure[n] is not None else 0.0)
+    def pressure_of(name: PoolName) -> float:
+        value = pressure[name]
+        return 0.0 if value is None else value
+
+    order = sorted(desired, key=pressure_of)
     for name in order:
         floor = max(spec.prefill.min_replicas if name == "prefill" else spec.decode.min_replicas,
                     min(current[name], desired[name]))

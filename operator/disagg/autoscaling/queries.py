@@ -23,7 +23,8 @@ from ..api.models import DisaggregatedModelSpec
 # name -> (PromQL template, description). {sel} is the model selector; {w} the window.
 QUERIES: dict[str, tuple[str, str]] = {
     "prefill_queue_wait_p95": (
-        'histogram_quantile(0.95, sum by (le) (rate(vllm:request_queue_time_seconds_bucket{{{sel},role="prefill"}}[{w}])))',
+        "histogram_quantile(0.95, sum by (le) ("
+        'rate(vllm:request_queue_time_seconds_bucket{{{sel},role="prefill"}}[{w}])))',
         "p95 time requests wait in the prefill workers' queues (vLLM's own histogram), seconds",
     ),
     "ttft_p95": (
@@ -31,7 +32,8 @@ QUERIES: dict[str, tuple[str, str]] = {
         "p95 time to first token as clients see it (router), seconds",
     ),
     "remote_ttft_p95": (
-        'histogram_quantile(0.95, sum by (le) (rate(disagg_first_token_emit_seconds_bucket{{{sel},path="remote"}}[{w}])))',
+        "histogram_quantile(0.95, sum by (le) ("
+        'rate(disagg_first_token_emit_seconds_bucket{{{sel},path="remote"}}[{w}])))',
         "p95 time to first token of remote-prefill requests (router), seconds: the prefill pool's share of TTFT",
     ),
     "prefill_waiting_per_replica": (
@@ -55,16 +57,27 @@ QUERIES: dict[str, tuple[str, str]] = {
         "sequences running on the decode pool",
     ),
     "kv_transfer_p95": (
-        'histogram_quantile(0.95, sum by (le) (rate(disagg_kv_cache_transfer_seconds_bucket{{{sel},path="remote"}}[{w}])))',
+        "histogram_quantile(0.95, sum by (le) ("
+        'rate(disagg_kv_cache_transfer_seconds_bucket{{{sel},path="remote"}}[{w}])))',
         "p95 KV-cache transfer time on the remote path (router, from the decode workers' NIXL metrics), seconds",
     ),
     "kv_failure_rate": (
-        'sum(rate(disagg_fallbacks_total{{{sel},cause=~"prefill_.*|kv_transfer_.*|decode_rejected"}}[{w}])) / '
+        'sum(rate(disagg_fallbacks_total{{{sel},cause=~"kv_.*"}}[{w}])) / '
         'sum(rate(disagg_routing_decisions_total{{{sel},decision="remote"}}[{w}]))',
-        "share of remote-prefill requests that fell back (prefill-leg or KV-transfer failure or timeout)",
+        "share of remote-prefill attempts that fell back for a KV-transport fault (causes kv_*: KV pull failed, "
+        "transfer timeout after the prefill finished); prefill queueing/capacity causes (prefill_*) do not count",
+    ),
+    "mode_probes_ok": (
+        'sum(increase(disagg_mode_probes_total{{{sel},outcome="ok"}}[{w}]))',
+        "remote-path probes that succeeded in the window (sent while the operator holds the model Aggregated)",
+    ),
+    "mode_probes_failed": (
+        'sum(increase(disagg_mode_probes_total{{{sel},outcome="failed"}}[{w}]))',
+        "remote-path probes that failed (and fell back) in the window",
     ),
     "goodput": (
-        "sum(increase(disagg_slo_met_requests_total{{{sel}}}[{w}])) / sum(increase(disagg_slo_requests_total{{{sel}}}[{w}]))",
+        "sum(increase(disagg_slo_met_requests_total{{{sel}}}[{w}])) / "
+        "sum(increase(disagg_slo_requests_total{{{sel}}}[{w}]))",
         "share of requests meeting both the TTFT and TPOT SLOs",
     ),
     "prefix_cache_hit_rate": (
@@ -107,7 +120,8 @@ def connect(url: str, timeout_seconds: int = 5, token: str | None = None) -> Que
     headers = {"Authorization": f"Bearer {token}"} if token else None
     prom = PrometheusConnect(url=url, headers=headers, disable_ssl=False, timeout=timeout_seconds,
                              retry=Retry(total=2, backoff_factor=0.2, status_forcelist=[502, 503, 504]))
-    return prom.custom_query
+    query: QueryFn = prom.custom_query
+    return query
 
 
 def collect(query: QueryFn, namespace: str, model: str, spec: DisaggregatedModelSpec) -> Sample:

@@ -2,20 +2,24 @@
 Prometheus, runs the pure step (disagg.autoscaling.loop) and writes the outcome to status.
 
 What it writes (merge patch on the status subresource, guarded by resourceVersion and retried on conflict):
-- ``observed`` figures and the ``SLOMet`` condition — always;
-- ``pools.<pool>.desiredReplicas`` + ``lastScale`` — when autoscaling is enabled; the reconciler then sets the
-  Deployment's replicas (one owner);
+- ``observed`` figures (including the mode probes seen in the window) and the ``SLOMet`` condition — always;
+- ``pools.<pool>.desiredReplicas`` + ``lastScale`` — when autoscaling is enabled: the record of each decision;
 - ``activeMode``/``modeReason``/``modeSince`` and the ``FallbackActive`` condition — when spec.mode is Auto (a
   pinned mode is written by the reconciler). The status change triggers the reconciler, which rewrites the
   router's ConfigMap, so the router flips at once.
-Each scaling decision and mode flip is an Event and a metric.
+
+With autoscaling enabled it is also the one writer of each pool Deployment's ``spec.replicas``: after recording a
+decision it server-side-applies the count through the Deployment's ``/scale`` subresource under its own field
+manager (``disagg-autoscaler``, HPA's pattern); the operator's own applies leave the field out. Every tick it also
+checks the Deployments against the record (level-triggered): a count someone else changed is set back, with a
+Warning Event ``ReplicasConflict`` naming the other field manager (never silently).
+Each scaling decision and mode flip is an Event and a metric. Time comes from an injectable clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,13 +29,18 @@ from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
 from .. import logs
+from ..api.contract import Role
 from ..api.models import ActiveMode, DisaggregatedModel, Mode
 from ..autoscaling.loop import LoopState, PoolReplicas, StepResult, step
 from ..autoscaling.mode import ModeState
 from ..autoscaling.queries import Sample, collect, connect
+from ..builders import parse_model
+from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, desired_replicas
+from .clock import Clock, RealClock, rfc3339
 from .kubeio import Kube, KubeError
+from .reconcile import replicas_managers
 from .scaling import scale_patch
-from .status import condition, merge_conditions, now_rfc3339
+from .status import condition, merge_conditions
 
 log = logs.get("disagg.autoscaler")
 
@@ -42,6 +51,13 @@ MODE_FLIPS = Counter("disagg_operator_mode_flips", "Active-mode changes decided 
 ACTIVE_MODE = Gauge("disagg_operator_active_mode", "1 for the model's active mode.", ["namespace", "model", "mode"])
 DESIRED = Gauge("disagg_operator_desired_replicas", "Replicas the operator wants per pool.",
                 ["namespace", "model", "pool"])
+MODE_PROBES = Gauge("disagg_operator_mode_probes", "Remote-path probes in the mode window, as last measured.",
+                    ["namespace", "model", "outcome"])
+REPLICA_CONFLICTS = Counter("disagg_operator_replica_conflicts", "Pool sizes set back after another writer.",
+                            ["namespace", "model", "pool"])
+
+POOLS: tuple[Role, ...] = ("prefill", "decode")
+STATUS_ATTEMPTS = 8  # the reconciler writes status too (conditions are a list: writes are resourceVersion-guarded)
 
 Emit = Callable[[Mapping[str, Any], str, str, str], None]
 
@@ -52,6 +68,7 @@ class Autoscaler:
     emit: Emit
     states: dict[tuple[str, str], LoopState] = field(default_factory=dict)
     query_factory: Callable[..., Any] = connect
+    clock: Clock = field(default_factory=RealClock)
 
     # ------------------------------------------------------------------ one tick
     def sample(self, dm: DisaggregatedModel, namespace: str, name: str) -> Sample:
@@ -74,25 +91,29 @@ class Autoscaler:
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None
         try:
-            dm = DisaggregatedModel.model_validate(body)
+            dm = DisaggregatedModel.model_validate({k: v for k, v in body.items() if k != "status"})
         except ValidationError:
             return None  # the reconciler reports invalid specs
         sample = self.sample(dm, namespace, name)
         state = self.states.setdefault((namespace, name), LoopState())
         status = body.get("status") or {}
+        mono = self.clock.monotonic()
         current = ActiveMode(status["activeMode"]) if status.get("activeMode") else ActiveMode.DISAGGREGATED
         if state.mode is None or state.mode.active != current:  # status is the truth (pins, restarts)
-            state.mode = ModeState(active=current, since=time.monotonic(), reason=status.get("modeReason") or "",
+            state.mode = ModeState(active=current, since=mono, reason=status.get("modeReason") or "",
                                    backoff=state.mode.backoff if state.mode else 1,
                                    flips=state.mode.flips if state.mode else 0)
         pools = {}
         for pool in ("prefill", "decode"):
             ps = (status.get("pools") or {}).get(pool) or {}
             spec_replicas = getattr(dm.spec, pool).replicas
-            pools[pool] = PoolReplicas(int(ps.get("desiredReplicas", spec_replicas)), int(ps.get("readyReplicas", 0)))
-        now_iso = now_rfc3339()
-        result = step(dm.spec, pools, sample, state, time.monotonic(), now_iso, current_mode=current)
-        self._write(body, dm, result, now_iso)
+            # a pool the reconciler has not reported yet has not been ready since it was created: starting
+            starting = ps["starting"] if "starting" in ps else not ps.get("readyReplicas")
+            pools[pool] = PoolReplicas(int(ps.get("desiredReplicas", spec_replicas)), int(ps.get("readyReplicas", 0)),
+                                       starting=bool(starting))
+        now_iso = rfc3339(self.clock.now())
+        result = step(dm.spec, pools, sample, state, mono, now_iso, current_mode=current)
+        self.apply(body, dm, result, now_iso)
         return result
 
     def _patch(self, body: Mapping[str, Any], dm: DisaggregatedModel, r: StepResult, now: str) -> dict[str, Any]:
@@ -116,15 +137,18 @@ class Autoscaler:
         patch["conditions"] = merge_conditions(status.get("conditions") or [], conds, now)
         return patch
 
-    def _write(self, body: Mapping[str, Any], dm: DisaggregatedModel, r: StepResult, now: str) -> None:
+    def apply(self, body: Mapping[str, Any], dm: DisaggregatedModel, r: StepResult, now: str) -> None:
+        """Record one step's outcome in status, then (autoscaling on) bring the Deployments to the record."""
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        for attempt in range(3):
+        for attempt in range(STATUS_ATTEMPTS):
             try:
-                self.kube.patch_model_status(ns, name, self._patch(body, dm, r, now),
-                                             body["metadata"].get("resourceVersion"))
+                out = self.kube.patch_model_status(ns, name, self._patch(body, dm, r, now),
+                                                   body["metadata"].get("resourceVersion"))
+                if out:
+                    body = out
                 break
             except KubeError as exc:
-                if exc.status != 409 or attempt == 2:
+                if exc.status != 409 or attempt == STATUS_ATTEMPTS - 1:
                     raise
                 fresh = self.kube.get_model(ns, name)
                 if fresh is None:
@@ -139,11 +163,41 @@ class Autoscaler:
                 log.info("scaled", model=f"{ns}/{name}", pool=pool, frm=d.current, to=d.desired, reason=d.reason)
         for mode in ActiveMode:
             ACTIVE_MODE.labels(ns, name, mode.value).set(1 if r.mode.active == mode else 0)
+        for outcome, value in (("ok", r.observed.mode_probes_succeeded), ("failed", r.observed.mode_probes_failed)):
+            MODE_PROBES.labels(ns, name, outcome).set(value or 0)
         if r.mode_changed and dm.spec.mode == Mode.AUTO:
             MODE_FLIPS.labels(ns, name, r.mode.active.value).inc()
             kind = "Warning" if r.mode.active == ActiveMode.AGGREGATED else "Normal"
             self.emit(body, kind, "ModeChanged", f"{r.mode.active.value}: {r.mode.reason}")
             log.info("mode changed", model=f"{ns}/{name}", mode=r.mode.active.value, reason=r.mode.reason)
+        if dm.spec.autoscaling.enabled:
+            recorded = parse_model(body)
+            for pool in POOLS:
+                decision = r.decisions.get(pool)
+                self.sync_replicas(body, pool, desired_replicas(recorded, pool),
+                                   decided=decision is not None and decision.changed)
+
+    def sync_replicas(self, body: Mapping[str, Any], pool: Role, target: int, decided: bool = False) -> None:
+        """Make the pool's Deployment carry ``target`` replicas, written through /scale under the autoscaler's field
+        manager. A count another writer set is reported (Warning ReplicasConflict) before it is set back."""
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        deployment = f"{name}-{pool}"
+        live = self.kube.get("Deployment", ns, deployment)
+        if live is None:
+            return  # the reconciler creates it, starting at the recorded count
+        replicas = int((live.get("spec") or {}).get("replicas") or 0)
+        owners = replicas_managers(live)
+        if replicas == target and AUTOSCALER_FIELD_MANAGER in owners:
+            return
+        others = sorted(owners - {AUTOSCALER_FIELD_MANAGER, self.kube.field_manager})
+        if replicas != target and others and not decided:
+            REPLICA_CONFLICTS.labels(ns, name, pool).inc()
+            self.emit(body, "Warning", "ReplicasConflict",
+                      f"Deployment/{deployment} was scaled to {replicas} by {', '.join(others)}; the autoscaler owns "
+                      f"its replicas (spec.autoscaling.enabled): set back to {target}")
+            log.warning("replicas conflict", model=f"{ns}/{name}", pool=pool, was=replicas, to=target,
+                        managers=others)
+        self.kube.apply_scale(ns, deployment, target, AUTOSCALER_FIELD_MANAGER)
 
     # ------------------------------------------------------------------ the daemon body
     async def run(self, namespace: str, name: str, stopped: Any, interval_of: Callable[[], int]) -> None:

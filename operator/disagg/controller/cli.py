@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..builders import BuildSettings
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("operator", help="run the DisaggregatedModel operator (kopf)")
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
@@ -40,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_render)
 
 
-def _build_settings(args: argparse.Namespace):  # noqa: ANN202
+def _build_settings(args: argparse.Namespace) -> BuildSettings:
     from dataclasses import replace
 
     from ..builders import BuildSettings
@@ -65,7 +69,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
         return 2
     text = sys.stdin.read() if str(path) == "-" else path.read_text()
     settings = _build_settings(args)
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     failed = False
     for i, doc in enumerate(yaml.safe_load_all(text)):
         if doc is None:

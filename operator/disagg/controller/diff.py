@@ -8,13 +8,14 @@ server-side apply would leave them alone too.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
 from ..builders.meta import ANNOTATION_SPEC_HASH
 
-_EMPTY = (None, False, 0, "", {}, [])
+_EMPTY: tuple[Any, ...] = (None, False, 0, "", {}, [])
 
 
 def _scalar_equal(live: Any, desired: Any) -> bool:
@@ -26,7 +27,7 @@ def _scalar_equal(live: Any, desired: Any) -> bool:
         if str(live) == str(desired):
             return True
         try:  # resource quantities are normalised by the apiserver ("1000m" → "1")
-            return parse_quantity(live) == parse_quantity(desired)
+            return bool(parse_quantity(live) == parse_quantity(desired))  # type: ignore[no-untyped-call]
         except (ValueError, TypeError):
             return False
     return False
@@ -58,13 +59,13 @@ def covers(live: Any, desired: Any) -> bool:
     return _scalar_equal(live, desired)
 
 
-def spec_hash(obj: dict[str, Any] | None) -> str | None:
+def spec_hash(obj: Mapping[str, Any] | None) -> str | None:
     if not obj:
         return None
     return ((obj.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_SPEC_HASH)
 
 
-def why_apply(desired: dict[str, Any], live: dict[str, Any] | None) -> str | None:
+def why_apply(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> str | None:
     """None when ``live`` is up to date; else "missing", "changed" (the desired manifest changed) or
     "drifted" (someone else changed a field the operator sets)."""
     if live is None:

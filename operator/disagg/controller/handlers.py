@@ -1,24 +1,30 @@
 """Thin kopf handlers: watch DisaggregatedModels and their children, call the Reconciler.
 
-- ``@kopf.on.resume / create / update`` (DisaggregatedModel): reconcile all children (kopf retries failures
-  with backoff). Resume runs for every model when the operator starts: with nothing drifted it writes nothing.
-- ``@kopf.on.event`` (DisaggregatedModel): status-driven inputs (``status.activeMode`` from the mode controller,
-  ``status.pools.*.desiredReplicas`` from the autoscaler) reach the router ConfigMap and the Deployments.
+Every handler below calls the same level-triggered ``Reconciler.reconcile`` (which reads the model fresh from the
+apiserver); they differ only in what woke them up:
+
+- ``@kopf.on.resume / create / update`` (DisaggregatedModel): kopf retries failures with backoff. Resume runs for
+  every model when the operator starts: with nothing drifted it writes nothing.
+- ``@kopf.on.event`` (DisaggregatedModel): status-driven inputs (``status.activeMode`` from the mode controller)
+  reach the router ConfigMap.
 - ``@kopf.on.event`` (each child kind, label ``app.kubernetes.io/managed-by=disagg-operator``): a deleted or
-  edited child is restored; Deployment changes refresh the pool counts and conditions in the parent's status.
+  edited child is restored; Deployment changes refresh the pool counts, ``starting`` and conditions in status.
 - ``@kopf.index``: in-memory caches of models and children, filled before any handler runs, so that a
-  reconcile compares against the cluster without extra GETs.
-- ``@kopf.daemon`` (models with ``spec.autoscaling.prometheus``): the autoscaler / mode controller loop.
+  reconcile compares against the cluster without listing it. The model index only routes a child's event to its
+  model; no child is ever built from it.
+- ``@kopf.daemon`` (models with ``spec.autoscaling.prometheus``): the autoscaler / mode controller loop; with
+  autoscaling on it writes pool sizes through each Deployment's /scale subresource itself.
 - Deleting a DisaggregatedModel needs no handler: every child carries an owner reference and Kubernetes' garbage
   collector removes it. Only models running the autoscaler daemon get a finalizer (kopf stops the daemon first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -84,20 +90,26 @@ def _children_of(kwargs: Mapping[str, Any], namespace: str, model: str) -> dict[
     return out
 
 
-def _parent_of(kwargs: Mapping[str, Any], namespace: str, model: str) -> Mapping[str, Any] | None:
+def _parent_of(kwargs: Mapping[str, Any], namespace: str, model: str) -> str | None:
+    """The uid of the model, if the operator's watch has seen it."""
     index = kwargs.get(MODELS_INDEX)
     if index is None:
         return None
-    for body in index.get((namespace, model), ()):
-        return body
+    for uid in index.get((namespace, model), ()):
+        return str(uid)
     return None
 
 
 def _emit(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-    try:
-        kopf.event(dict(obj), type=type_, reason=reason, message=message[:1024])
-    except LookupError:  # outside a kopf context (unit tests of the reconciler)
-        pass
+    with contextlib.suppress(LookupError):  # outside a kopf context (unit tests of the reconciler)
+        kopf.event(cast(kopf.Body, dict(obj)), type=type_, reason=reason, message=message[:1024])
+
+
+def _ns(namespace: str | None) -> str:
+    """DisaggregatedModels and their children are namespaced: kopf always gives a namespace."""
+    if namespace is None:
+        raise kopf.PermanentError("a cluster-scoped object reached a namespaced handler")
+    return namespace
 
 
 def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = None,
@@ -120,11 +132,11 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     # ---------------------------------------------------------------------------------- indexes
 
     @kopf.index(GROUP, VERSION, PLURAL, id=MODELS_INDEX, registry=registry)
-    def index_models(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[Any, Any]:
-        return {(namespace, name): trim(body)}
+    def index_models(namespace: str | None, name: str, uid: str, **_: Any) -> dict[Any, Any]:
+        return {(namespace, name): uid}  # which models exist (children are never built from a cached copy)
 
-    def make_child_indexer(api_version: str, kind: str):  # noqa: ANN202
-        def index_children(namespace: str, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+    def make_child_indexer(api_version: str, kind: str) -> Callable[..., Any]:
+        def index_children(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
             model = labels.get(LABEL_MODEL)
             if not model:
                 return None
@@ -143,46 +155,40 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.update(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
-    def reconcile(body: kopf.Body, namespace: str, name: str, reason: str, **kwargs: Any) -> None:
+    def reconcile(namespace: str | None, name: str, reason: str, **kwargs: Any) -> None:
+        namespace = _ns(namespace)
         try:
-            result = rec.sync_model(body, _children_of(kwargs, namespace, name), trigger=str(reason))
+            result = rec.reconcile(namespace, name, lambda: _children_of(kwargs, namespace, name),
+                                   trigger=str(reason))
         except KubeError as exc:  # refused objects are reported in status; retry them less often
             raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=60 if exc.status in REJECTED else 5) from exc
         log.info("reconciled", model=f"{namespace}/{name}", trigger=str(reason), applied=len(result.applied),
                  deleted=len(result.deleted), invalid=result.invalid)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="status-inputs", registry=registry)
-    def status_inputs(type: str | None, body: kopf.Body, namespace: str, name: str, **kwargs: Any) -> None:
-        if type != "MODIFIED":
+    def status_inputs(type: str | None, body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> None:
+        if type != "MODIFIED" or body.get("metadata", {}).get("deletionTimestamp"):
             return
-        meta, status = body.get("metadata", {}), body.get("status") or {}
-        if meta.get("deletionTimestamp") or status.get("observedGeneration") != meta.get("generation"):
-            return  # a spec change is pending: the update handler reconciles it
+        namespace = _ns(namespace)
         try:
-            rec.sync_model(body, _children_of(kwargs, namespace, name), trigger="status")
+            rec.reconcile(namespace, name, lambda: _children_of(kwargs, namespace, name), trigger="status")
         except KubeError as exc:
             log.warning("status-driven reconcile failed", model=f"{namespace}/{name}", error=str(exc))
 
     # --------------------------------------------------------------------------------- children
 
-    def make_child_handler(kind: str):  # noqa: ANN202
-        def on_child(type: str | None, body: kopf.Body, namespace: str, name: str, labels: Mapping[str, str],
+    def make_child_handler(kind: str) -> Callable[..., None]:
+        def on_child(type: str | None, body: kopf.Body, namespace: str | None, name: str, labels: Mapping[str, str],
                      **kwargs: Any) -> None:
             if type is None:
                 return  # initial listing: the resume handler reconciles every model
+            namespace = _ns(namespace)
             model = labels.get(LABEL_MODEL)
-            parent = _parent_of(kwargs, namespace, model) if model else None
-            if parent is None:
-                return
-            live: Mapping[str, Any] | None = body
+            if not model or _parent_of(kwargs, namespace, model) is None:
+                return  # not (or no longer) one of our models
             try:
-                if type == "DELETED":
-                    rec.forget(namespace, kind, name)
-                    parent = rec.kube.get_model(namespace, model)  # fresh: is the owner itself going away?
-                    if parent is None or parent["metadata"].get("deletionTimestamp"):
-                        return
-                    live = None
-                rec.sync_child(parent, kind, name, live, _children_of(kwargs, namespace, model))
+                rec.reconcile(namespace, model, lambda: _children_of(kwargs, namespace, model),
+                              trigger=f"{kind} {type}", event=(kind, name, None if type == "DELETED" else body))
             except KubeError as exc:
                 log.warning("drift correction failed", model=f"{namespace}/{model}", object=f"{kind}/{name}",
                             error=str(exc))
@@ -204,20 +210,21 @@ def _has_prometheus(spec: Mapping[str, Any], **_: Any) -> bool:
 
 def register_autoscaler(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:
     """One daemon per model that names a Prometheus: every spec.autoscaling.intervalSeconds it measures, decides
-    pool sizes and the active mode, and writes them to status (disagg.controller.autoscaler); the status-event
-    handler above then applies them. kopf holds a finalizer on such models so that the daemon stops cleanly."""
+    pool sizes and the active mode, records them in status and writes pool sizes through /scale
+    (disagg.controller.autoscaler); the status-event handler above then rewrites the router's ConfigMap. kopf holds
+    a finalizer on such models so that the daemon stops cleanly."""
     from .autoscaler import Autoscaler
 
-    scaler = Autoscaler(kube=rec.kube, emit=_emit)
+    scaler = Autoscaler(kube=rec.kube, emit=_emit, clock=rec.clock)
 
     @kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=_has_prometheus, cancellation_timeout=10,
                  registry=registry)
-    async def autoscaler(namespace: str, name: str, spec: kopf.Spec, stopped: kopf.DaemonStopped,
+    async def autoscaler(namespace: str | None, name: str, spec: kopf.Spec, stopped: kopf.DaemonStopped,
                          **_: Any) -> None:
         def interval() -> int:
             return int(((spec.get("autoscaling") or {}).get("intervalSeconds")) or 30)
 
-        await scaler.run(namespace, name, stopped, interval)
+        await scaler.run(_ns(namespace), name, stopped, interval)
 
 
 def connection_info(kubeconfig: str) -> kopf.ConnectionInfo:

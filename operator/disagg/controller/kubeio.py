@@ -1,12 +1,15 @@
 """The few API calls the controller makes, over one shared kubernetes ApiClient (no discovery round-trips).
 
-Server-side apply with the operator's field manager (``disagg.kube.FIELD_MANAGER``), deletes, and merge patches
-of the DisaggregatedModel's status subresource. Transient failures (409 conflicts, 429, 5xx, connection errors)
+Server-side apply with the operator's field manager (``disagg.kube.FIELD_MANAGER``), deletes, merge patches of
+the DisaggregatedModel's status subresource, and server-side apply of a Deployment's ``/scale`` subresource under
+the autoscaler's own field manager (``disagg.builders.replicas.AUTOSCALER_FIELD_MANAGER``, HPA's pattern).
+ Transient failures (409 conflicts, 429, 5xx, connection errors)
 are retried a few times with a short backoff; then ``KubeError`` is raised for the caller (kopf retries later).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -32,7 +35,7 @@ RETRYABLE = {409, 429, 500, 502, 503, 504}
 
 
 class KubeError(RuntimeError):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message
@@ -49,7 +52,7 @@ def model_path(namespace: str, name: str, subresource: str = "") -> str:
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient, field_manager: str = FIELD_MANAGER, attempts: int = 4):
+    def __init__(self, api: client.ApiClient, field_manager: str = FIELD_MANAGER, attempts: int = 4) -> None:
         self.api = api
         self.field_manager = field_manager
         self.attempts = attempts
@@ -66,7 +69,7 @@ class Kube:
                 params = self.api.param_serialize(method=method, resource_path=path, query_params=query or [],
                                                   header_params=headers, body=body, auth_settings=["BearerToken"])
                 resp = self.api.call_api(*params, _request_timeout=30)
-                resp.read()
+                resp.read()  # type: ignore[no-untyped-call]
                 status = resp.status
                 data = resp.data
             except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -75,16 +78,13 @@ class Kube:
                 if method != "GET":
                     self.writes += 1
                 return json.loads(data) if data else None
-            if status in RETRYABLE or status == 0:
-                if retry and attempt + 1 < self.attempts:
-                    time.sleep(delay)
-                    delay *= 3
-                    continue
+            if (status in RETRYABLE or status == 0) and retry and attempt + 1 < self.attempts:
+                time.sleep(delay)  # backoff between retries of a transient failure
+                delay *= 3
+                continue
             message = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-            try:
+            with contextlib.suppress(ValueError, AttributeError):
                 message = json.loads(message).get("message", message)
-            except (ValueError, AttributeError):
-                pass
             raise KubeError(status, message)
         raise AssertionError("unreachable")
 
@@ -96,6 +96,28 @@ class Kube:
         path = object_path(obj["kind"], meta["namespace"], meta["name"])
         out = self.request("PATCH", path, query=[("fieldManager", self.field_manager), ("force", "true")],
                            body=obj, content_type="application/apply-patch+yaml")
+        return out or {}
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A child as the apiserver has it now (a quorum read, with managedFields), or None."""
+        try:
+            return self.request("GET", object_path(kind, namespace, name))
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def apply_scale(self, namespace: str, name: str, replicas: int, field_manager: str,
+                    resource_version: str | None = None) -> dict[str, Any]:
+        """Server-side apply of ``spec.replicas`` through a Deployment's /scale subresource under
+        ``field_manager``. With ``resource_version`` the write is refused (409) if the Deployment moved meanwhile."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        body = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": meta, "spec": {"replicas": replicas}}
+        out = self.request("PATCH", object_path("Deployment", namespace, name) + "/scale",
+                           query=[("fieldManager", field_manager), ("force", "true")], body=body,
+                           content_type="application/apply-patch+yaml", retry=resource_version is None)
         return out or {}
 
     def delete(self, kind: str, namespace: str, name: str) -> None:

@@ -10,15 +10,16 @@ from prometheus_client.registry import Collector
 from .reconcile import Reconciler
 
 HELP = {
-    "reconciles": "Model-level reconciles run (create, update, resume, status inputs).",
+    "reconciles": "Reconciles run (create, update, resume, status and child events).",
     "applies": "Server-side applies of child objects (each one a real change: missing, changed or drifted).",
     "deletes": "Child objects deleted because the spec no longer wants them.",
     "status_patches": "Status subresource patches of DisaggregatedModels.",
+    "scale_handovers": "Deployments whose spec.replicas the operator handed to the autoscaler's field manager.",
 }
 
 
 class ReconcilerCollector(Collector):
-    def __init__(self, reconciler: Reconciler):
+    def __init__(self, reconciler: Reconciler) -> None:
         self.reconciler = reconciler
 
     def collect(self) -> Iterator[CounterMetricFamily]:

@@ -1,20 +1,23 @@
 """Reconciliation: apply the builders' output, prune what is no longer wanted, keep status. Thin I/O over pure parts.
 
-Two entry points, both serialised per model:
+One level-triggered entry point, ``Reconciler.reconcile(namespace, name, ...)``, serialised per model. Every
+trigger — the model's create/update/resume, a status change (the mode controller's ``activeMode``, the
+autoscaler's records), a child's event (edited, deleted, a Deployment's readiness) — runs the same function,
+which first reads the model from the apiserver (a quorum read), so no child is ever built from a stale copy of
+its parent. Every child is compared with its live copy (the event's object for the child that triggered, the
+operator's watch cache for the others) and applied only when it is missing, its desired manifest changed, or
+someone else edited a field the operator sets (drift). A reconcile with nothing to do makes no API writes.
 
-- ``sync_model`` — the DisaggregatedModel changed (create, spec update, resume after a restart, or a status
-  change such as the mode controller flipping ``activeMode`` or the autoscaler writing ``desiredReplicas``).
-  Every child is compared with its live copy (from the operator's watch cache) and applied only when it is
-  missing, its desired manifest changed, or someone else edited a field the operator sets. A reconcile with
-  nothing to do makes no API writes at all.
-- ``sync_child`` — a child changed or disappeared: restore it (drift correction) and, for Deployments,
-  refresh the pool counts and conditions in the parent's status.
+Replicas have one owner (``disagg.builders.replicas``): with autoscaling on, a pool Deployment's ``spec.replicas``
+is sent only when the Deployment is created; afterwards it is neither applied nor compared, and the operator hands
+its ownership of the field to the autoscaler's field manager before its first apply without it (the server-side
+apply hand-over pattern: the field would otherwise be removed and reset to 1).
 """
 
 from __future__ import annotations
 
+import copy
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,12 +25,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from .. import logs
-from ..api.contract import LABEL_ROLE, WORKER_ROLES
+from ..api.contract import LABEL_MODEL, LABEL_ROLE, WORKER_ROLES, Role
 from ..api.models import KIND, DisaggregatedModel
 from ..api.validate import errors_of
 from ..builders import BuildError, BuildSettings, build_children, parse_model, replicas_owner
-from ..builders.meta import ANNOTATION_SPEC_HASH
+from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, autoscaled, desired_replicas
 from . import status as st
+from .clock import Clock, RealClock, rfc3339
 from .diff import drifted_fields, spec_hash, why_apply
 from .kubeio import Kube, KubeError
 
@@ -41,7 +45,7 @@ APPLIED_GRACE = 30.0
 REJECTED = {400, 403, 422}
 
 
-class InvalidSpec(ValueError):
+class InvalidSpecError(ValueError):
     """The spec passed the schema but cannot be built; the message names the field."""
 
 
@@ -64,7 +68,7 @@ def to_plain(obj: Any) -> Any:
 
 def trim(body: Mapping[str, Any]) -> dict[str, Any]:
     """What the watch cache keeps of an object: everything but managedFields."""
-    out = to_plain(body)
+    out: dict[str, Any] = to_plain(body)
     out.get("metadata", {}).pop("managedFields", None)
     return out
 
@@ -81,22 +85,48 @@ def ref(obj: Mapping[str, Any]) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
+def replicas_managers(live: Mapping[str, Any]) -> set[str]:
+    """Field managers that own ``spec.replicas`` of a live object (from its managedFields)."""
+    out: set[str] = set()
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+        if "f:replicas" in spec:
+            out.add(str(entry.get("manager")))
+    return out
+
+
+def without_replicas(obj: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out.get("spec", {}).pop("replicas", None)
+    return out
+
+
+# Triggers that come from kopf's create/update/resume handlers (retried by kopf with backoff).
+HANDLER_TRIGGERS = ("create", "update", "resume")
+
+
 class Reconciler:
-    def __init__(self, kube: Kube, settings: BuildSettings | None = None, emit: EmitFn | None = None):
+    def __init__(self, kube: Kube, settings: BuildSettings | None = None, emit: EmitFn | None = None,
+                 clock: Clock | None = None) -> None:
         self.kube = kube
         self.settings = settings or BuildSettings()
-        self.emit: EmitFn = emit or (lambda obj, type_, reason, message: None)
+        self.emit: EmitFn = emit or (lambda *_: None)
+        self.clock: Clock = clock or RealClock()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        # (namespace, kind, name) → (spec hash, time) this process applied last. Lets a model-level reconcile
-        # skip children whose watch-cache copy has not caught up with our own write yet; drift is still caught
-        # by the child's own event (sync_child compares the fresh object). A child the cache does not show at
-        # all is trusted to the record only for APPLIED_GRACE seconds (its ADDED event is on the way).
+        # (namespace, kind, name) → (spec hash, time) this process applied last. Lets a reconcile skip children
+        # whose watch-cache copy has not caught up with our own write yet; drift is still caught by the child's
+        # own event (which carries the fresh object). A child the cache does not show at all is trusted to the
+        # record only for APPLIED_GRACE seconds (its ADDED event is on the way).
         self._applied: dict[tuple[str, str, str], tuple[str, float]] = {}
-        self.counters = {"reconciles": 0, "applies": 0, "deletes": 0, "status_patches": 0}
-        # (namespace, name) → (generation, message) of an apply the apiserver refused. Until a model-level
+        # (namespace, kind, name) → the object as our last apply returned it, for APPLIED_GRACE seconds: stands in
+        # for a child the watch cache does not show yet (status must not report a Deployment we just created as
+        # missing).
+        self._written: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
+        self.counters = {"reconciles": 0, "applies": 0, "deletes": 0, "status_patches": 0, "scale_handovers": 0}
+        # (namespace, name) → (generation, message) of an apply the apiserver refused. Until a handler-triggered
         # reconcile of that generation succeeds (kopf retries it), Ready stays False with this message, and
-        # status-driven reconciles do not hammer the apiserver with the same refused object.
+        # event-triggered reconciles do not hammer the apiserver with the same refused object.
         self._refused: dict[tuple[str, str], tuple[int | None, str]] = {}
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -107,69 +137,171 @@ class Reconciler:
 
     def forget(self, namespace: str, kind: str, name: str) -> None:
         self._applied.pop((namespace, kind, name), None)
+        self._written.pop((namespace, kind, name), None)
 
-    def desired(self, body: Mapping[str, Any]) -> tuple[DisaggregatedModel, list[dict[str, Any]]]:
+    def now(self) -> str:
+        return rfc3339(self.clock.now())
+
+    @staticmethod
+    def parse(body: Mapping[str, Any]) -> DisaggregatedModel:
         try:
-            dm = parse_model(body)
+            return parse_model(body)
         except ValidationError:
             errors = errors_of({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
-            raise InvalidSpec("; ".join(errors) or "invalid spec") from None
+            raise InvalidSpecError("; ".join(errors) or "invalid spec") from None
+
+    def desired(self, body: Mapping[str, Any], prefill_starting: bool | None = None,
+                ) -> tuple[DisaggregatedModel, list[dict[str, Any]]]:
+        """The model (with its status) and its children as built now.
+
+        The children are built from a copy of the body without the autoscaler's recorded replicas (so a scaling
+        decision does not change a manifest's hash: replicas are the autoscaler's, not the operator's) and, when
+        given, with the prefill pool's starting flag as this reconcile computed it (the router config follows
+        readiness without waiting for a second pass).
+        """
+        dm = self.parse(body)
+        build = copy.deepcopy(dict(body))
+        pools = (build.get("status") or {}).get("pools")
+        if isinstance(pools, dict):
+            for role in ("prefill", "decode"):
+                if isinstance(pools.get(role), dict):
+                    pools[role].pop("desiredReplicas", None)
+        if prefill_starting is not None:
+            status: dict[str, Any] = build["status"] if isinstance(build.get("status"), dict) else {}
+            build["status"] = status
+            pools = status.setdefault("pools", {})
+            pools["prefill"] = {**(pools.get("prefill") or {}), "starting": prefill_starting}
         try:
-            return dm, build_children(dm, self.settings)
+            return dm, build_children(parse_model(build), self.settings)
         except BuildError as exc:
-            raise InvalidSpec(str(exc)) from None
+            raise InvalidSpecError(str(exc)) from None
 
     def _apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
         out = self.kube.apply(obj)
         self.counters["applies"] += 1
-        self._applied[(meta["namespace"], obj["kind"], meta["name"])] = (spec_hash(obj) or "", time.monotonic())
+        key = (meta["namespace"], obj["kind"], meta["name"])
+        self._applied[key] = (spec_hash(obj) or "", self.clock.monotonic())
+        self._written[key] = (self.clock.monotonic(), trim(out))
         return out
 
-    # -------------------------------------------------------------------------------------- the model
-
-    def sync_model(self, body: Mapping[str, Any], children: Mapping[Key, Mapping[str, Any]],
-                   trigger: str = "") -> Result:
-        body = to_plain(body)
-        meta = body["metadata"]
-        ns, name = meta["namespace"], meta["name"]
-        with self.lock(ns, name):
+    def _hand_over_replicas(self, live: dict[str, Any]) -> dict[str, Any]:
+        """Before the operator's first apply without ``spec.replicas``: when it is the field's only owner, make the
+        autoscaler's field manager co-own it at its current value (guarded by resourceVersion, so a concurrent
+        scale is never overwritten); the operator's next apply then gives the field up instead of removing it."""
+        meta = live["metadata"]
+        for _ in range(4):
+            owners = replicas_managers(live)
+            if owners - {self.kube.field_manager} or not owners:
+                return live
+            replicas = int((live.get("spec") or {}).get("replicas") or 0)
             try:
-                return self._sync_model(body, dict(children), trigger)
+                self.kube.apply_scale(meta["namespace"], meta["name"], replicas, AUTOSCALER_FIELD_MANAGER,
+                                      resource_version=meta.get("resourceVersion"))
+                self.counters["scale_handovers"] += 1
+                log.info("replicas handed over", object=f"Deployment/{meta['name']}", replicas=replicas,
+                         to=AUTOSCALER_FIELD_MANAGER)
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+            fresh = self.kube.get("Deployment", meta["namespace"], meta["name"])
+            if fresh is None:
+                return live
+            live, meta = fresh, fresh["metadata"]
+        raise KubeError(409, f"Deployment/{meta['name']}: replicas hand-over kept conflicting")
+
+    # -------------------------------------------------------------------------------------- reconcile
+
+    def reconcile(self, namespace: str, name: str,
+                  children: Mapping[Key, Mapping[str, Any]] | Callable[[], Mapping[Key, Mapping[str, Any]]],
+                  trigger: str = "", event: tuple[str, str, Mapping[str, Any] | None] | None = None) -> Result:
+        """Bring the children and status of ``namespace/name`` in line with the model as the apiserver has it now.
+
+        ``children`` is the watch cache's view (or a function reading it, called once the model's lock is held, so
+        the view is as recent as possible); ``event`` = (kind, name, object or None when deleted) is the child
+        whose event triggered this reconcile: its copy is fresher than the cache's.
+        """
+        with self.lock(namespace, name):
+            try:
+                body = self.kube.get_model(namespace, name)
+                if body is None or body["metadata"].get("deletionTimestamp"):
+                    return Result()  # gone or going: owner references let the garbage collector do the rest
+                view = children() if callable(children) else children
+                kids = {k: to_plain(v) for k, v in view.items()}
+                if event is not None:
+                    kind, child, live = event
+                    if live is None:
+                        kids.pop((kind, child), None)
+                        self.forget(namespace, kind, child)
+                    else:
+                        kids[(kind, child)] = trim(live)
+                return self._reconcile(body, kids, trigger, event)
             finally:
                 self.counters["reconciles"] += 1
 
-    def _sync_model(self, body: dict[str, Any], children: dict[Key, Mapping[str, Any]], trigger: str) -> Result:
+    def _reconcile(self, body: dict[str, Any], children: dict[Key, Mapping[str, Any]], trigger: str,
+                   event: tuple[str, str, Mapping[str, Any] | None] | None) -> Result:
         meta = body["metadata"]
         ns, name, generation = meta["namespace"], meta["name"], meta.get("generation")
         result = Result()
         refused = self._refused.get((ns, name))
-        if refused is not None and refused[0] == generation and trigger == "status":
+        if refused is not None and refused[0] != generation:
+            self._refused.pop((ns, name), None)  # the spec moved on: the new generation gets its own chance
+        elif refused is not None and trigger not in HANDLER_TRIGGERS:
             return result  # kopf's retry of the create/update handler will try this generation again
+        now = self.clock.monotonic()
+        for (wns, kind, child), (written_at, obj) in list(self._written.items()):
+            if now - written_at >= APPLIED_GRACE:
+                del self._written[(wns, kind, child)]
+            elif (wns == ns and (kind, child) not in children and (event is None or event[:2] != (kind, child))
+                  and ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_MODEL) == name):
+                children[(kind, child)] = obj  # our own write, not in the watch cache yet
         try:
-            dm, objs = self.desired(body)
-        except InvalidSpec as exc:
+            dm = self.parse(body)
+            starting = st.pools_starting(dm, body.get("status") or {}, self._deployments(dm, children, {}))
+            dm, objs = self.desired(body, prefill_starting=starting.get("prefill", False))
+        except InvalidSpecError as exc:
             result.invalid = str(exc)
             self._report_invalid(body, str(exc), generation)
             return result
 
         fresh: dict[Key, Mapping[str, Any]] = {}
-        created, updated, restored = [], [], []
+        created: list[str] = []
+        updated: list[str] = []
+        restored: list[str] = []
+        recreated: list[str] = []
         for obj in objs:
             obj["metadata"]["namespace"] = ns
             key = (obj["kind"], obj["metadata"]["name"])
+            role = obj["metadata"].get("labels", {}).get(LABEL_ROLE, "")
+            scaled = obj["kind"] == "Deployment" and role in WORKER_ROLES and autoscaled(dm, role)
+            compare = without_replicas(obj) if scaled else obj
             live = children.get(key)
             record = self._applied.get((ns, *key))
-            if record is not None and record[0] == spec_hash(obj) and (
-                    live is not None or time.monotonic() - record[1] < APPLIED_GRACE):
+            evented = event is not None and (event[0], event[1]) == key  # its copy is the event's: fresh
+            if not evented and record is not None and record[0] == spec_hash(obj) and (
+                    live is not None or self.clock.monotonic() - record[1] < APPLIED_GRACE):
                 continue  # we applied exactly this; a newer watch event will tell if someone changed it
-            why = why_apply(obj, live)
+            why = why_apply(compare, live)
+            if why is not None and scaled:
+                # The replica count must never be written from a cache: read the Deployment as it is now.
+                current = self.kube.get("Deployment", ns, key[1])
+                live = None if current is None else trim(current)
+                why = why_apply(compare, live)
+                if why is not None and current is not None:
+                    self._hand_over_replicas(current)
             if why is None:
-                self._applied[(ns, *key)] = (spec_hash(obj) or "", time.monotonic())
+                self._applied[(ns, *key)] = (spec_hash(obj) or "", self.clock.monotonic())
                 continue
-            log.info("apply", model=f"{ns}/{name}", object=ref(obj), why=why, trigger=trigger)
+            to_apply = compare
+            if scaled and why == "missing":  # created: the only apply that carries the replica count
+                to_apply = {**obj, "spec": {**obj["spec"], "replicas": desired_replicas(dm, role)}}
+            fields = drifted_fields({k: v for k, v in compare.items() if k not in ("apiVersion", "kind")},
+                                    live) if why == "drifted" else []
+            log.info("restore" if why == "drifted" else "apply", model=f"{ns}/{name}", object=ref(obj), why=why,
+                     fields=fields, trigger=trigger)
             try:
-                fresh[key] = self._apply(obj)
+                fresh[key] = self._apply(to_apply)
             except KubeError as exc:
                 if exc.status in REJECTED:  # the apiserver refuses the object: report it, retry later
                     message = f"{ref(obj)} was refused by the apiserver: {exc.message}"
@@ -177,13 +309,19 @@ class Reconciler:
                     self._refused[(ns, name)] = (generation, message)
                     self._report_invalid(body, message, generation, reason="ApplyFailed")
                 raise
-            {"missing": created, "changed": updated, "drifted": restored}[why].append(ref(obj))
             result.applied.append(ref(obj))
+            if why == "missing":
+                (recreated if evented and event is not None and event[2] is None else created).append(ref(obj))
+            elif why == "changed":
+                updated.append(ref(obj))
+            else:
+                restored.append(ref(obj))
+                self._report_drift(body, dm, obj, live, fields)
 
         wanted = {(o["kind"], o["metadata"]["name"]) for o in objs}
         for key, live in children.items():
             if key not in wanted and owned_by(live, body):
-                log.info("prune", model=f"{ns}/{name}", object=f"{key[0]}/{key[1]}")
+                log.info("prune", model=f"{ns}/{name}", object=f"{key[0]}/{key[1]}", trigger=trigger)
                 self.kube.delete(key[0], ns, key[1])
                 self.counters["deletes"] += 1
                 self.forget(ns, *key)
@@ -191,83 +329,25 @@ class Reconciler:
 
         if created:
             self.emit(body, "Normal", "Created", f"Created {', '.join(created)}")
+        if recreated:
+            self.emit(body, "Normal", "Restored",
+                      f"Recreated {', '.join(recreated)}: deleted outside the operator")
         if updated:
             self.emit(body, "Normal", "Updated", f"Updated {', '.join(updated)} for generation {generation}")
-        if restored:
-            self.emit(body, "Normal", "DriftCorrected",
-                      f"Restored {', '.join(restored)}: changed outside the operator")
         if result.deleted:
             self.emit(body, "Normal", "Deleted", f"Deleted {', '.join(result.deleted)}: no longer in the spec")
 
-        self._refused.pop((ns, name), None)
+        if trigger in HANDLER_TRIGGERS:
+            self._refused.pop((ns, name), None)
         deployments = self._deployments(dm, children, fresh)
-        result.status_patched = self._write_status(body, dm, deployments, generation, set_generation=True)
-        return result
-
-    # -------------------------------------------------------------------------------------- a child
-
-    def sync_child(self, parent: Mapping[str, Any], kind: str, name: str, live: Mapping[str, Any] | None,
-                   children: Mapping[Key, Mapping[str, Any]]) -> Result:
-        parent = to_plain(parent)
-        meta = parent["metadata"]
-        ns = meta["namespace"]
-        with self.lock(ns, meta["name"]):
-            return self._sync_child(parent, kind, name, to_plain(live) if live else None, dict(children))
-
-    def _sync_child(self, parent: dict[str, Any], kind: str, name: str, live: dict[str, Any] | None,
-                    children: dict[Key, Mapping[str, Any]]) -> Result:
-        result = Result()
-        meta = parent["metadata"]
-        ns, model = meta["namespace"], meta["name"]
-        status = parent.get("status") or {}
-        if meta.get("deletionTimestamp") or status.get("observedGeneration") != meta.get("generation"):
-            return result  # being deleted, or a spec change is pending: the model-level reconcile handles it
-        try:
-            dm, objs = self.desired(parent)
-        except InvalidSpec:
-            return result
-        key = (kind, name)
-        if live is None:
-            children.pop(key, None)
-        else:
-            children[key] = live
-        desired = next((o for o in objs if (o["kind"], o["metadata"]["name"]) == key), None)
-        fresh: dict[Key, Mapping[str, Any]] = {}
-        if desired is None:
-            if live is not None and owned_by(live, parent):
-                self.kube.delete(kind, ns, name)
-                self.counters["deletes"] += 1
-                result.deleted.append(f"{kind}/{name}")
-                self.emit(parent, "Normal", "Deleted", f"Deleted {kind}/{name}: not part of the spec")
-        else:
-            desired["metadata"]["namespace"] = ns
-            why = why_apply(desired, live)
-            if why is not None:
-                fields = drifted_fields({k: v for k, v in desired.items() if k not in ("apiVersion", "kind")},
-                                        live) if live else []
-                log.info("restore", model=f"{ns}/{model}", object=f"{kind}/{name}", why=why, fields=fields)
-                fresh[key] = self._apply(desired)
-                result.applied.append(f"{kind}/{name}")
-                self._report_drift(parent, dm, desired, live, why, fields)
-        if kind == "Deployment":
-            deployments = self._deployments(dm, children, fresh)
-            result.status_patched = self._write_status(parent, dm, deployments, status.get("observedGeneration"),
-                                                       set_generation=False)
+        result.status_patched = self._write_status(body, dm, deployments, generation)
         return result
 
     def _report_drift(self, parent: dict[str, Any], dm: DisaggregatedModel, desired: dict[str, Any],
-                      live: dict[str, Any] | None, why: str, fields: list[str]) -> None:
+                      live: Mapping[str, Any] | None, fields: list[str]) -> None:
         what = ref(desired)
-        if why == "missing":
-            self.emit(parent, "Normal", "Restored", f"Recreated {what}: it was deleted outside the operator")
-            return
-        if why == "changed":
-            annotations = (live or {}).get("metadata", {}).get("annotations") or {}
-            if ANNOTATION_SPEC_HASH in annotations:
-                self.emit(parent, "Normal", "Updated", f"Updated {what}")
-                return
         if desired["kind"] == "Deployment" and fields == ["spec.replicas"]:
-            role = desired["metadata"]["labels"].get(LABEL_ROLE, "")
+            role: Role = desired["metadata"]["labels"].get(LABEL_ROLE, "")
             was = (live or {}).get("spec", {}).get("replicas")
             owner = replicas_owner(dm, role) if role in WORKER_ROLES else "the operator's settings"
             self.emit(parent, "Warning", "ReplicasReverted",
@@ -290,21 +370,20 @@ class Reconciler:
         return out
 
     def _write_status(self, body: dict[str, Any], dm: DisaggregatedModel,
-                      deployments: Mapping[str, Mapping[str, Any] | None], generation: int | None,
-                      set_generation: bool) -> bool:
+                      deployments: Mapping[str, Mapping[str, Any] | None], generation: int | None) -> bool:
+        """Merge-patch the operator's part of status, guarded by the resourceVersion of the body the reconcile
+        read: a status another writer changed meanwhile (409) is re-read, never overwritten from a stale copy."""
         meta = body["metadata"]
         ns, name = meta["namespace"], meta["name"]
         current = body.get("status") or {}
         resource_version = meta.get("resourceVersion")
         for _ in range(4):
-            wanted = st.desired_status(dm, current, deployments, generation)
+            now = self.now()
+            wanted = st.desired_status(dm, current, deployments, generation, now=now)
             refused = self._refused.get((ns, name))
             if refused is not None and refused[0] == meta.get("generation"):
                 wanted["conditions"] = st.merge_conditions(
-                    wanted["conditions"], [st.condition("Ready", False, "ApplyFailed", refused[1], generation)],
-                    st.now_rfc3339())
-            if not set_generation:
-                wanted.pop("observedGeneration", None)
+                    wanted["conditions"], [st.condition("Ready", False, "ApplyFailed", refused[1], generation)], now)
             patch = st.status_patch(current, wanted)
             if not patch:
                 return False
@@ -323,6 +402,7 @@ class Reconciler:
                 return False
             if latest["metadata"].get("generation") != meta.get("generation"):
                 return False  # the spec moved on; its own reconcile will write status
+            dm = self.parse(latest)  # e.g. the autoscaler recorded a decision meanwhile
             current = latest.get("status") or {}
             resource_version = latest["metadata"].get("resourceVersion")
         raise KubeError(409, f"status of {ns}/{name} kept conflicting")
@@ -335,10 +415,12 @@ class Reconciler:
             if old is not None and old.get("status") == cond["status"] and old.get("reason") == cond["reason"]:
                 continue
             if cond["type"] == "Ready":
-                type_ = "Normal" if cond["status"] == "True" else "Warning"
+                starting = cond["reason"].endswith("Starting")
+                type_ = "Normal" if cond["status"] == "True" or starting else "Warning"
                 if old is None and cond["status"] != "True":
                     type_ = "Normal"  # not ready yet right after creation is expected, not a warning
-                self.emit(body, type_, "Ready" if cond["status"] == "True" else "NotReady", cond["message"])
+                reason = "Ready" if cond["status"] == "True" else ("Starting" if starting else "NotReady")
+                self.emit(body, type_, reason, cond["message"])
             elif cond["type"] == "KVTransferHealthy" and cond["reason"] == "SlowTransportTCP":
                 self.emit(body, "Warning", "SlowKVTransport", cond["message"])
         if "activeMode" in wanted and wanted.get("activeMode") != current.get("activeMode"):
@@ -349,7 +431,7 @@ class Reconciler:
                         reason: str = "InvalidSpec") -> None:
         meta = body["metadata"]
         current = body.get("status") or {}
-        wanted = st.invalid_status(current, message, generation, reason=reason)
+        wanted = st.invalid_status(current, message, generation, reason=reason, now=self.now())
         patch = st.status_patch(current, wanted)
         if not patch:
             return

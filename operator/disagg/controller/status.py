@@ -1,10 +1,22 @@
 """Status of a DisaggregatedModel from its Deployments: pure functions, no I/O.
 
 The operator owns these parts of ``status``: observedGeneration, activeMode/modeReason/modeSince (only to pin
-them to spec.mode, or to set the initial mode), pools.<pool>.{replicas, readyReplicas, desiredReplicas, summary},
-and the conditions Ready, PrefillReady, DecodeReady, RouterReady, plus KVTransferHealthy while its reason is one
-of TRANSPORT_REASONS. Other writers (autoscaler, mode controller) own the rest; their conditions and fields are
-kept as they are.
+them to spec.mode, or to set the initial mode), pools.<pool>.{replicas, readyReplicas, desiredReplicas, summary,
+starting}, and the conditions Ready, PrefillReady, DecodeReady, RouterReady, Progressing, plus KVTransferHealthy
+while its reason is one of TRANSPORT_REASONS. Other writers (autoscaler, mode controller) own the rest; their
+conditions and fields are kept as they are.
+
+Starting is not failing (DESIGN.md §9). A pool with no ready replica is *starting* — not failed — when it has not
+been ready since it was created, scaled from zero or rolled to a new generation. The rule reads only the pool's
+Deployment and the pool's previous status (no timer: real vLLM takes minutes to load weights, and the
+Deployment's progress deadline — the startup probe's budget plus a margin — bounds it):
+
+    starting = desired > 0 and readyReplicas == 0 and not ProgressDeadlineExceeded and (
+        the Deployment does not exist yet, or this pool was starting at the last observation (or never observed),
+        or it was scaled from zero (previous desiredReplicas 0), or it rolls out a new generation
+        (observedGeneration < generation, or updatedReplicas < replicas))
+
+A pool that was ready and lost every ready replica is failing (NoReplicasReady), and the mode controller may act.
 """
 
 from __future__ import annotations
@@ -16,15 +28,16 @@ from typing import Any
 from ..api.contract import Role
 from ..api.models import ActiveMode, DisaggregatedModel, Mode
 from ..builders import active_mode, desired_replicas, transport_summary, worker_roles
+from .clock import rfc3339
 
-OWNED_CONDITIONS = ("Ready", "PrefillReady", "DecodeReady", "RouterReady", "KVTransferHealthy")
+OWNED_CONDITIONS = ("Ready", "PrefillReady", "DecodeReady", "RouterReady", "Progressing", "KVTransferHealthy")
 TRANSPORT_REASONS = ("TransportConfigured", "SlowTransportTCP")
 PINNED_REASON = "Pinned by spec.mode"
 INITIAL_REASON = "spec.mode Auto: disaggregated until the mode controller decides otherwise"
 
 
 def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(dt.datetime.now(dt.UTC))
 
 
 def condition(type_: str, ok: bool | None, reason: str, message: str, generation: int | None) -> dict[str, Any]:
@@ -43,16 +56,52 @@ def deployment_counts(live: Mapping[str, Any] | None) -> tuple[int, int]:
     return int(st.get("replicas") or 0), int(st.get("readyReplicas") or 0)
 
 
-def pool_status(live: Mapping[str, Any] | None, desired: int) -> dict[str, Any]:
+def _deadline_exceeded(live: Mapping[str, Any]) -> bool:
+    for cond in (live.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Progressing":
+            return bool(cond.get("status") == "False" or cond.get("reason") == "ProgressDeadlineExceeded")
+    return False
+
+
+def _new_generation(live: Mapping[str, Any]) -> bool:
+    st = live.get("status") or {}
+    generation = (live.get("metadata") or {}).get("generation")
+    observed = st.get("observedGeneration")
+    if generation is not None and (observed is None or int(observed) < int(generation)):
+        return True
+    wanted = int((live.get("spec") or {}).get("replicas") or 0)
+    return int(st.get("updatedReplicas") or 0) < wanted
+
+
+def pool_starting(live: Mapping[str, Any] | None, desired: int, previous: Mapping[str, Any] | None) -> bool:
+    """Is this pool starting rather than failing? (The rule is in the module docstring.)"""
+    if desired == 0:
+        return False
+    if live is None:
+        return True
+    if deployment_counts(live)[1] > 0 or _deadline_exceeded(live):
+        return False
+    if not previous:
+        return True  # never observed: it has not been ready yet
+    was_starting = previous.get("starting") if "starting" in previous else not previous.get("readyReplicas")
+    return bool(was_starting) or previous.get("desiredReplicas") == 0 or _new_generation(live)
+
+
+def pool_status(live: Mapping[str, Any] | None, desired: int, starting: bool = False) -> dict[str, Any]:
     replicas, ready = deployment_counts(live)
-    return {"replicas": replicas, "readyReplicas": ready, "desiredReplicas": desired, "summary": f"{ready}/{desired}"}
+    return {"replicas": replicas, "readyReplicas": ready, "desiredReplicas": desired, "summary": f"{ready}/{desired}",
+            "starting": starting}
 
 
 def pool_condition(type_: str, role: str, name: str, live: Mapping[str, Any] | None, desired: int,
-                   required: bool, generation: int | None) -> dict[str, Any]:
+                   required: bool, generation: int | None, starting: bool = False) -> dict[str, Any]:
     if live is None:
         return condition(type_, False, "DeploymentMissing", f"Deployment {name} does not exist yet.", generation)
     _, ready = deployment_counts(live)
+    if starting:
+        return condition(type_, False, "Starting",
+                         f"0/{desired} {role} replicas ready: the pool is starting (pods scheduled, pulling, or "
+                         "loading the model); not a failure.", generation)
     if desired == 0:
         if required:
             return condition(type_, False, "ScaledToZero",
@@ -103,6 +152,14 @@ def merge_conditions(existing: list[Mapping[str, Any]], new: list[dict[str, Any]
     return [by_type[t] for t in order]
 
 
+def pools_starting(dm: DisaggregatedModel, current: Mapping[str, Any],
+                   deployments: Mapping[str, Mapping[str, Any] | None]) -> dict[str, bool]:
+    """Which worker pools are starting (the router keeps requests local while the prefill pool is)."""
+    previous = current.get("pools") or {}
+    return {role: pool_starting(deployments.get(role), desired_replicas(dm, role), previous.get(role))
+            for role in worker_roles(dm)}
+
+
 def desired_status(dm: DisaggregatedModel, current: Mapping[str, Any],
                    deployments: Mapping[str, Mapping[str, Any] | None], generation: int | None,
                    now: str | None = None) -> dict[str, Any]:
@@ -119,28 +176,40 @@ def desired_status(dm: DisaggregatedModel, current: Mapping[str, Any],
 
     pools: dict[str, Any] = {}
     conds: list[dict[str, Any]] = []
+    starting = pools_starting(dm, current, deployments)
     for role in worker_roles(dm):
-        desired = desired_replicas(dm, role)
-        pools[role] = pool_status(deployments.get(role), desired)
+        pools[role] = pool_status(deployments.get(role), desired_replicas(dm, role), starting[role])
     if "aggregated" not in pools and (current.get("pools") or {}).get("aggregated") is not None:
         pools["aggregated"] = None  # the optional pool was removed: drop its status (merge-patch null)
     prefill_required = mode == ActiveMode.DISAGGREGATED
     conds.append(pool_condition("PrefillReady", "prefill", f"{model}-prefill", deployments.get("prefill"),
-                                desired_replicas(dm, "prefill"), prefill_required, generation))
+                                desired_replicas(dm, "prefill"), prefill_required, generation, starting["prefill"]))
     conds.append(pool_condition("DecodeReady", "decode", f"{model}-decode", deployments.get("decode"),
-                                desired_replicas(dm, "decode"), True, generation))
+                                desired_replicas(dm, "decode"), True, generation, starting["decode"]))
     router_live = deployments.get("router")
     router_desired = int(((router_live or {}).get("spec") or {}).get("replicas") or 1)
+    router_prev = next((c for c in current.get("conditions") or [] if c.get("type") == "RouterReady"), None)
+    router_starting = pool_starting(router_live, router_desired, None if router_prev is None else {
+        "starting": router_prev.get("reason") in ("Starting", "DeploymentMissing")})
     conds.append(pool_condition("RouterReady", "router", f"{model}-router", router_live, router_desired, True,
-                                generation))
+                                generation, router_starting))
 
     needed = ["DecodeReady", "RouterReady"] + (["PrefillReady"] if prefill_required else [])
     failing = [c for c in conds if c["type"] in needed and c["status"] != "True"]
     if failing:
         first = failing[0]["type"].removesuffix("Ready")
-        conds.append(condition("Ready", False, f"{first}NotReady", " ".join(c["message"] for c in failing), generation))
+        why = "Starting" if all(c["reason"] == "Starting" for c in failing) else "NotReady"
+        conds.append(condition("Ready", False, f"{first}{why}", " ".join(c["message"] for c in failing), generation))
     else:
         conds.append(condition("Ready", True, "Serving", f"Serving in {mode.value} mode.", generation))
+    started = [role for role, on in starting.items() if on]
+    if started:
+        conds.append(condition("Progressing", True, "PoolStarting",
+                               f"Starting: {', '.join(started)} pool(s) have no ready replica yet (pods scheduled, "
+                               "pulling or loading the model). Requests stay local while the prefill pool starts; "
+                               "the mode controller does not act on a starting pool.", generation))
+    else:
+        conds.append(condition("Progressing", False, "PoolsStarted", "No pool is starting.", generation))
 
     existing = list(current.get("conditions") or [])
     kv = [c for c in existing if c.get("type") == "KVTransferHealthy"]
