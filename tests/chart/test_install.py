@@ -73,8 +73,10 @@ def release(kube: client.ApiClient, chart_crds: None) -> Iterator[dict[str, Any]
                     raise
 
 
-def _can(kubectl: Kubectl, sa: str, verb: str, resource: str, namespace: str | None) -> bool:
+def _can(kubectl: Kubectl, sa: str, verb: str, resource: str, namespace: str | None,
+         subresource: str | None = None) -> bool:
     args = ["auth", "can-i", verb, resource, f"--as={sa}"]
+    args += [f"--subresource={subresource}"] if subresource else []
     args += [f"--namespace={namespace}"] if namespace else []
     res = kubectl(*args)
     return bool(res.stdout.strip() == "yes")
@@ -119,6 +121,7 @@ def test_cluster_install_applies_and_rbac_works(release: dict[str, Any], namespa
         ("watch", "customresourcedefinitions.apiextensions.k8s.io", None),
     ]:
         assert _can(kubectl, sa, verb, resource, ns), (verb, resource, ns)
+    assert _can(kubectl, sa, "patch", "deployments.apps", other, subresource="scale")  # the autoscaler's writes
     for verb, resource, ns in [
         ("create", "pods", other), ("delete", "pods", other), ("list", "secrets", other),
         ("create", "clusterroles.rbac.authorization.k8s.io", None), ("create", "nodes", None),

@@ -126,6 +126,10 @@ namespaceSelector:
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, update, patch, delete]
+# The autoscaler sets pool sizes through the scale subresource (field manager disagg-autoscaler), as HPA does.
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [get, patch]
 - apiGroups: [""]
   resources: [services, configmaps, serviceaccounts]
   verbs: [get, list, watch, create, update, patch, delete]
