@@ -75,6 +75,48 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("max-step-zero", spec(autoscaling={"maxStep": 0, "prometheus": PROM}), "spec.autoscaling.maxStep"),
     ("mode-policy-rate-over-1", spec(modePolicy={"kvTransferFailureRate": 1.5}),
      "spec.modePolicy.kvTransferFailureRate"),
+    # issue 13: what `disagg validate` used to accept (pydantic coerced, or populated by the Python name)
+    ("replicas-numeric-string", spec(prefill={"replicas": "2"}), "spec.prefill.replicas"),
+    ("replicas-boolean", spec(decode={"replicas": True}), "spec.decode.replicas"),
+    ("snake-case-pool-field", spec(prefill={"max_num_seqs": 64}), "spec.prefill.max_num_seqs"),
+    ("snake-case-engine-field", spec(engine={"max_num_seqs": 64}), "spec.engine.max_num_seqs"),
+    ("snake-case-section", spec(kv_transfer={"transport": "tcp"}), "spec.kv_transfer"),
+    ("extra-args-not-strings", spec(engine={"extraArgs": ["--max-num-seqs", 8]}), "spec.engine.extraArgs[1]"),
+    ("tenant-header-trailing-newline", spec(routing={"tenants": [{"name": "a", "match": {"header": "x-tenant\n",
+                                                                                       "values": ["x"]}}]}),
+     "spec.routing.tenants[0].match.header"),
+    ("node-selector-value-not-string", spec(prefill={"nodeSelector": {"gpu": 1}}), "spec.prefill.nodeSelector.gpu"),
+]
+
+# Whole documents the apiserver refuses (metadata, top level), with the field its error must name.
+INVALID_OBJECTS: list[tuple[str, dict[str, Any], str]] = [
+    ("name-not-dns-subdomain", {"metadata": {"name": "Bad_Name"}, "spec": BASE}, "metadata.name"),
+    ("name-with-space", {"metadata": {"name": "my model"}, "spec": BASE}, "metadata.name"),
+    ("unknown-metadata-field", {"metadata": {"name": "m", "lables": {"a": "b"}}, "spec": BASE}, "metadata.lables"),
+    ("unknown-top-level-field", {"metadata": {"name": "m"}, "spec": BASE, "specs": {}}, "specs"),
+]
+
+# Specs the apiserver accepts and the operator refuses (BuildError, semantics.semantic_errors): `disagg validate`
+# refuses them as the operator's, naming the field.
+OPERATOR_ONLY: list[tuple[str, dict[str, Any], str]] = [
+    ("extra-args-dotted-kv-role",
+     spec(prefill={"extraArgs": ["--enforce-eager", "--max-num-seqs=8", "--kv-transfer-config.kv_role=kv_consumer"]}),
+     "spec.prefill.extraArgs[2]"),
+    ("extra-args-underscore-tp", spec(decode={"extraArgs": ["--tensor_parallel_size", "4"]}),
+     "spec.decode.extraArgs[0]"),
+    ("extra-args-short-tp", spec(engine={"extraArgs": ["-tp=4"]}), "spec.engine.extraArgs[0]"),
+    ("extra-args-port", spec(aggregated={"extraArgs": ["--port=9000"]}), "spec.aggregated.extraArgs[0]"),
+    ("rdma-transport-without-rdma-block", spec(kvTransfer={"transport": "rdma"}), "spec.kvTransfer.rdma"),
+    ("side-channel-port-is-the-http-port", spec(kvTransfer={"sideChannelPort": 8000}),
+     "spec.kvTransfer.sideChannelPort"),
+]
+
+# Specs both accept, though they look odd: null is an absent field (pruned, then defaulted); `rdma: {}` takes the
+# RDMA defaults explicitly; a free-form object keeps its unknown fields.
+ACCEPTED: list[tuple[str, dict[str, Any]]] = [
+    ("null-is-absent", spec(prefill={"replicas": None, "gpu": None}, autoscaling=None)),
+    ("rdma-defaults-explicit", spec(kvTransfer={"transport": "rdma", "rdma": {}})),
+    ("free-form-resources", spec(prefill={"resources": {"limits": {"cpu": "4"}, "anything": {"x": 1}}})),
 ]
 
 # Every cross-field rule of disagg.api.rules.RULES, by name: a spec (valid for the schema) that breaks it, and the
