@@ -8,11 +8,13 @@ import urllib.request
 import pytest
 from simtest_util import MODEL, SimProc, metric, prompt_of, wait_for
 
+from disagg.sim.args import VLLM_VERSION
+
 REQUIRED_METRICS = [
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_requests_waiting_by_reason",
     "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
     "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
-    "vllm:inter_token_latency_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
+    "vllm:inter_token_latency_seconds_bucket", "vllm:prompt_tokens_cached_total",
     "vllm:request_time_per_output_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
     "vllm:request_queue_time_seconds_bucket", "vllm:request_prefill_time_seconds_bucket",
     "vllm:request_decode_time_seconds_bucket", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
@@ -39,7 +41,7 @@ def test_models_health_version(sim):
     assert status == 200 and [m["id"] for m in data["data"]] == ["llama", MODEL]
     assert data["data"][0]["max_model_len"] == 4096 and data["object"] == "list"
     assert sim.get("/health")[0] == 200
-    assert json.loads(sim.get("/version")[1])["version"] == "0.11.2"
+    assert json.loads(sim.get("/version")[1])["version"] == VLLM_VERSION == "0.33.0"
 
 
 def test_completion_shape_and_request_id(sim):
@@ -141,6 +143,8 @@ def test_metrics_present_labelled_and_moving(sim):
     before = sim.metrics()
     for name in REQUIRED_METRICS:
         assert name in before, name
+    # removed in vLLM 0.15.0 (disagg.vllm_versions.METRICS); the default emulated release is 0.33.0
+    assert "vllm:time_per_output_token_seconds_bucket" not in before
     text = sim.get("/metrics")[1].decode()
     assert 'vllm:num_requests_running{engine="0",model_name="llama"}' in text
     assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="llama"}' in text

@@ -52,13 +52,18 @@ def test_unknown_vllm_flags_are_accepted_and_reported():
     assert cfg.ignored_flags == ["--enforce-eager", "--swap-space", "--foo", "--trust-remote-code"]
 
 
-def test_lease_defaults_to_vllm_abort_timeout_env():
-    cfg = parse([MODEL, "--kv-transfer-config", NIXL], env={"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "12",
-                                                             "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601",
-                                                             "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7"})
-    assert cfg.kv_transfer.lease_s == 12
+def test_lease_follows_the_emulated_release():
+    env = {"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "12", "VLLM_NIXL_SIDE_CHANNEL_PORT": "5601",
+           "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7"}
+    # vLLM >= 0.22.0: kv_connector_extra_config.kv_lease_duration (default 30 s); the variable is not read
+    cfg = parse([MODEL, "--kv-transfer-config", NIXL], env=env)
+    assert cfg.kv_transfer.lease_s == 30
     assert (cfg.side_channel_host, cfg.side_channel_port) == ("10.0.0.7", 5601)
-    assert parse([MODEL, "--kv-transfer-config", NIXL], env={}).kv_transfer.lease_s == 480
+    # before 0.22.0: VLLM_NIXL_ABORT_REQUEST_TIMEOUT (default 480 s)
+    old = parse([MODEL, "--emulate-version", "0.21.0", "--kv-transfer-config", NIXL], env=env)
+    assert old.kv_transfer.lease_s == 12
+    assert parse([MODEL, "--emulate-version", "0.21.0", "--kv-transfer-config", NIXL],
+                 env={}).kv_transfer.lease_s == 480
 
 
 def test_sim_flags_from_env_and_cli_wins():

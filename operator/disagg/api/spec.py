@@ -16,9 +16,11 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic.config import JsonDict
 
+from ..vllm_versions import DEFAULT_VERSION, VERSION_PATTERN, fmt
 from .base import ApiModel
 
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.2"
+# The newest vLLM release checked with its own parser (disagg.vllm_versions.DEFAULT_VERSION: 0.33.0, 2026-11-30).
+DEFAULT_VLLM_IMAGE = f"vllm/vllm-openai:v{fmt(DEFAULT_VERSION)}"
 
 FREEFORM: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 """Schema extra of a free-form object (core/v1 types the API passes through without modelling)."""
@@ -95,6 +97,15 @@ class EngineSpec(ApiModel):
         max_length=512,
         description="vLLM image for both pools. Prefill and decode must run the same vLLM build "
         "(NIXL refuses mixed versions); the router pairs equal builds only.",
+    )
+    vllm_version: str | None = Field(
+        default=None,
+        max_length=16,
+        pattern=VERSION_PATTERN,
+        description="vLLM release the image runs (e.g. 0.33.0), for an image whose tag names none (latest, a "
+        "digest, a custom tag): the operator renders the flags that release accepts. Unset: the image tag's "
+        "release, else the default release (the VLLMVersionKnown condition then says so). Must agree with a tag "
+        "that names a release.",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Image pull policy of the worker containers."

@@ -1,40 +1,96 @@
-"""What the targeted vLLM build understands, read from the image tag.
+"""The version-dependent parts of ``vllm serve``'s command line, rendered from the version table.
 
-vLLM adds flags between releases, and ``vllm serve`` refuses flags it does not know, so the operator only
-renders a version-dependent flag when the image tag says the build has it:
-
-- ``--shutdown-timeout`` (drain in-flight requests on SIGTERM): vLLM 0.18.0 and later
-  (vllm-project/vllm#34730, re-landed as #36666). Without it vLLM aborts in-flight requests on SIGTERM.
-- ``kv_load_failure_policy`` in ``--kv-transfer-config``: added by vllm-project/vllm#26813 (after 0.11.2).
-  Older builds parse ``--kv-transfer-config`` into a pydantic dataclass that ignores unknown keys, so the key
-  is always rendered (harmless before, effective after).
-
-An image whose tag is not a version (``latest``, a digest, a custom build) is treated as unknown: no
-version-dependent flags; add them through ``spec.engine.extraArgs``.
+Which vLLM release a model runs comes from :func:`disagg.vllm_versions.resolve_vllm_version`: the image tag, else
+``spec.engine.vllmVersion`` (for ``latest``, a digest or a custom tag), else the default release. What that
+release accepts (``--shutdown-timeout``, the ``--kv-transfer-config`` keys, the connectors) comes from the table in
+:mod:`disagg.vllm_versions`, where each fact cites the vLLM source.
 """
 
 from __future__ import annotations
 
-import re
+import json
+from typing import Any
 
-SHUTDOWN_TIMEOUT_SINCE = (0, 18, 0)
+from ..api.contract import Role
+from ..api.models import DisaggregatedModelSpec, EngineSpec
+from ..vllm_versions import (
+    Version,
+    VersionError,
+    VersionResolution,
+    fmt,
+    resolve_vllm_version,
+    tag_version,
+)
+from .meta import BuildError
+from .transport import kv_transfer_config
 
-_TAG = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+# Status condition the controller can set from :func:`vllm_version_condition`.
+VERSION_CONDITION = "VLLMVersionKnown"
 
 
-def image_version(image: str) -> tuple[int, int, int] | None:
+def engine_version(engine: EngineSpec) -> VersionResolution:
+    """The vLLM release the pools are rendered for; BuildError naming spec.engine.vllmVersion when it is bad."""
+    try:
+        return resolve_vllm_version(engine.image, engine.vllm_version)
+    except VersionError as e:
+        raise BuildError(str(e)) from None
+
+
+def vllm_version_condition(engine: EngineSpec) -> dict[str, str]:
+    """A status condition (type, status, reason, message) saying which vLLM release the operator renders for.
+
+    Pure. ``status`` is "False" with reason ``DefaultVersionAssumed`` when neither the image tag nor
+    spec.engine.vllmVersion tells (the operator renders for the default release), ``InvalidVersion`` when
+    spec.engine.vllmVersion is not usable; "True" with ``FromImageTag`` or ``FromSpec`` otherwise.
+    """
+    try:
+        r = resolve_vllm_version(engine.image, engine.vllm_version)
+    except VersionError as e:
+        return {"type": VERSION_CONDITION, "status": "False", "reason": "InvalidVersion", "message": str(e)}
+    if r.assumed:
+        return {"type": VERSION_CONDITION, "status": "False", "reason": "DefaultVersionAssumed",
+                "message": r.message}
+    reason = "FromImageTag" if r.source == "image" else "FromSpec"
+    return {"type": VERSION_CONDITION, "status": "True", "reason": reason, "message": r.message}
+
+
+def shutdown_timeout_args(spec: DisaggregatedModelSpec) -> list[str]:
+    """``--shutdown-timeout N`` (drain on SIGTERM) for releases that have the flag; nothing for older ones,
+    which refuse it (they abort in-flight requests on SIGTERM)."""
+    if not engine_version(spec.engine).profile.shutdown_timeout:
+        return []
+    return ["--shutdown-timeout", str(spec.engine.shutdown_timeout_seconds)]
+
+
+def kv_transfer_config_for(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
+    """The ``--kv-transfer-config`` object of a pool, with only the keys its vLLM release reads.
+
+    ``kv_load_failure_policy`` is left out for releases without it: from 0.16.0 vLLM refuses unknown keys, and
+    before that it silently ignored them (the request is then recomputed on a failed load, as the spec's
+    ``recompute`` asks; a ``fail`` policy cannot be honoured there and is refused).
+    """
+    r = engine_version(spec.engine)
+    p = r.profile
+    kv = spec.kv_transfer
+    if kv.connector not in p.connectors:
+        raise BuildError(f"spec.kvTransfer.connector: {kv.connector} is not in vLLM {fmt(r.version)} ({r.message})")
+    full = kv_transfer_config(kv, role)
+    if "kv_load_failure_policy" in full and not p.kv_load_failure_policy and kv.load_failure_policy == "fail":
+        raise BuildError(f"spec.kvTransfer.loadFailurePolicy: fail needs vLLM 0.13.0 or later (kv_load_failure_"
+                         f"policy); {r.message}, which always recomputes a failed KV load; use recompute")
+    return {k: full[k] for k in p.kv_transfer_keys(list(full))}
+
+
+def kv_transfer_config_arg(spec: DisaggregatedModelSpec, role: Role) -> str:
+    return json.dumps(kv_transfer_config_for(spec, role), separators=(",", ":"), sort_keys=False)
+
+
+# Kept for callers of the first version of this module.
+def image_version(image: str) -> Version | None:
     """``vllm/vllm-openai:v0.11.2`` → (0, 11, 2); None when the tag is not a version."""
-    ref = image.split("@", 1)[0]
-    last = ref.rsplit("/", 1)[-1]
-    if ":" not in last:
-        return None
-    tag = last.split(":", 1)[1]
-    m = _TAG.match(tag)
-    if not m:
-        return None
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+    return tag_version(image)
 
 
-def supports_shutdown_timeout(image: str) -> bool:
-    v = image_version(image)
-    return v is not None and v >= SHUTDOWN_TIMEOUT_SINCE
+def supports_shutdown_timeout(image: str, vllm_version: str | None = None) -> bool:
+    """Whether the release an image runs (resolved as the builders do) has ``--shutdown-timeout``."""
+    return resolve_vllm_version(image, vllm_version).profile.shutdown_timeout

@@ -20,8 +20,8 @@ from .meta import (
 )
 from .replicas import desired_replicas
 from .security import Level, container_security_context, level_for, pod_security_context
-from .transport import KV_ROLES, UCX_TLS, kv_transfer_config_json, transport_parts
-from .vllm import supports_shutdown_timeout
+from .transport import KV_ROLES, UCX_TLS, transport_parts
+from .vllm import kv_transfer_config_arg, shutdown_timeout_args
 
 CONTAINER_NAME = "vllm"
 MODEL_MOUNT = "/models"
@@ -41,17 +41,33 @@ GRACE_MARGIN_SECONDS = 30
 STARTUP_PROBE_PERIOD_SECONDS = 10
 STARTUP_PROBE_FAILURES = 180
 
-# Flags the operator renders from the spec; refused in extraArgs so that the spec stays the one source.
-RESERVED_FLAGS = {
-    "--port": "spec.engine.port",
+# Flags the operator renders or depends on; refused in extraArgs (engine-level and per pool) so that the spec stays
+# the one source, in every spelling `vllm serve` accepts. Keys are canonical long flags; values say where the
+# operator takes the setting from ("spec.…"; <pool> is the pool whose extraArgs carry the flag), or why it owns it.
+RESERVED_FLAGS: dict[str, str] = {
+    "--model": "spec.model (the positional model argument)",
     "--served-model-name": "spec.model.servedName",
+    "--port": "spec.engine.port",
+    "--host": "vLLM must listen on every interface of the pod for the Service, the router and the probes",
+    "--uds": "the router and the probes reach vLLM over TCP on spec.engine.port",
+    "--grpc": "the router and the probes speak HTTP to spec.engine.port",
+    "--headless": "a headless vLLM serves no HTTP API, so the pool would never become ready",
+    "--config": "a config file can set the flags the operator owns (write its other flags in extraArgs)",
     "--kv-transfer-config": "spec.kvTransfer",
     "--tensor-parallel-size": "spec.<pool>.parallelism.tensor",
-    "-tp": "spec.<pool>.parallelism.tensor",
     "--pipeline-parallel-size": "spec.<pool>.parallelism.pipeline",
-    "-pp": "spec.<pool>.parallelism.pipeline",
     "--data-parallel-size": "spec.<pool>.parallelism.data",
-    "-dp": "spec.<pool>.parallelism.data",
+    "--data-parallel-size-local": "spec.<pool>.parallelism.data",
+    "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds",
+}
+# vLLM's short aliases of reserved flags (vllm 0.33.0, vllm/engine/arg_utils.py, EngineArgs.add_cli_args:
+# `"--tensor-parallel-size", "-tp"`, `"--pipeline-parallel-size", "-pp"`, `"--data-parallel-size", "-dp"`,
+# `"--data-parallel-size-local", "-dpl"`).
+RESERVED_SHORT_FLAGS: dict[str, str] = {
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-dp": "--data-parallel-size",
+    "-dpl": "--data-parallel-size-local",
 }
 
 # `vllm serve` flags that change the KV-cache layout or the NIXL handshake (vLLM's own
@@ -89,13 +105,90 @@ def gpu_count(pool: PoolSpec) -> int:
     return pool.gpu.count if pool.gpu.count is not None else p.tensor * p.pipeline * p.data
 
 
-def check_extra_args(field: str, args: list[str]) -> None:
+def _option_name(token: str) -> tuple[str, str] | None:
+    """``(as written, as vLLM reads it)`` for an option token of ``vllm serve``, None for a value or positional.
+
+    Mirrors ``FlexibleArgumentParser.parse_args`` in vllm/utils/argparse_utils.py (read in the 0.33.0 and 0.11.2
+    wheels, which agree on all of this), applied before argparse sees the arguments: ``--flag=value`` is split at
+    the first ``=``; in a ``--`` option, underscores
+    between ``--`` and the first ``.`` become dashes (``--tensor_parallel_size``); ``--flag.key.sub[+] value`` and
+    ``-x.key=value`` (dotted sub-keys, ``+`` appends to a list) are merged into ``--flag '{"key": …}'``, appended
+    *after* every other argument, so a sub-key overrides the JSON the operator rendered. The name vLLM reads is
+    the part before the first dot. Tokens that argparse takes for values: not starting with ``-``, ``-`` alone,
+    ``--`` alone, negative numbers.
+    """
+    if not token.startswith("-") or token in ("-", "--") or _negative_number(token):
+        return None
+    written = token.split("=", 1)[0]
+    name = written.split(".", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-")
+    return written, name
+
+
+def _negative_number(token: str) -> bool:
+    """argparse's ``^-\\d+$|^-\\d*\\.\\d+$`` (a value, not an option, in a parser without numeric options)."""
+    whole, dot, frac = token[1:].partition(".")
+    return (whole.isdigit() and not dot) or (frac.isdigit() and (whole == "" or whole.isdigit()))
+
+
+def _reserved(name: str) -> tuple[str, bool] | None:
+    """``(reserved long flag, abbreviated)`` when vLLM would read option ``name`` as a flag the operator owns.
+
+    argparse (``allow_abbrev``, which vLLM leaves on) also takes an unambiguous prefix of an option for the option:
+    ``--tensor-parallel 4`` is ``--tensor-parallel-size 4``, ``-t 4`` is ``-tp 4``. A prefix of a reserved flag is
+    refused whether or not it is ambiguous (an ambiguous one would only fail at startup). No option of vLLM 0.33.0
+    that the operator does not own is a strict prefix of a reserved flag (checked against the option strings of
+    vllm/engine/arg_utils.py and vllm/entrypoints/common/cli_args.py), so no such option is refused.
+    """
+    if name in RESERVED_FLAGS:
+        return name, False
+    if name in RESERVED_SHORT_FLAGS:
+        return RESERVED_SHORT_FLAGS[name], False
+    if name.startswith("--") and len(name) > 2:
+        longs = sorted(f for f in RESERVED_FLAGS if f.startswith(name))
+        if longs:
+            return longs[0], True
+    elif len(name) > 1 and name[1] != "-":
+        shorts = sorted(f for f in RESERVED_SHORT_FLAGS if f.startswith(name))
+        if shorts:
+            return RESERVED_SHORT_FLAGS[shorts[0]], True
+    return None
+
+
+def extra_args_errors(field: str, args: list[str]) -> list[str]:
+    """Every item of an extraArgs list (``field``: ``spec.engine.extraArgs`` or ``spec.<pool>.extraArgs``) that sets
+    a flag the operator owns, in any spelling vLLM accepts, or that vLLM could not read as one option."""
+    pool = field.split(".")[1] if field.count(".") == 2 and not field.startswith("spec.engine.") else "<pool>"
+    out: list[str] = []
     for i, arg in enumerate(args):
-        flag = arg.split("=", 1)[0]
-        if flag in RESERVED_FLAGS:
-            raise BuildError(
-                f"{field}[{i}]: {flag} is set by the operator from {RESERVED_FLAGS[flag]}; remove it from extraArgs"
+        option = _option_name(arg)
+        if option is None:
+            continue
+        written, name = option
+        if any(ch.isspace() for ch in written):
+            out.append(
+                f"{field}[{i}]: {arg!r} is one argument to vLLM, which cannot read it as an option; write the flag "
+                "and its value as two items, or as --flag=value"
             )
+            continue
+        reserved = _reserved(name)
+        if reserved is None:
+            continue
+        flag, abbreviated = reserved
+        reads = f" (an abbreviation of {flag})" if abbreviated else ""
+        source = RESERVED_FLAGS[flag].replace("<pool>", pool)
+        owner = f"is set by the operator from {source}" if source.startswith("spec.") else (
+            f"is owned by the operator: {source}")
+        out.append(f"{field}[{i}]: {written}{reads} {owner}; remove it")
+    return out
+
+
+def check_extra_args(field: str, args: list[str]) -> None:
+    """Raise BuildError naming every refused item of ``args`` (see ``extra_args_errors``)."""
+    errors = extra_args_errors(field, args)
+    if errors:
+        raise BuildError("; ".join(errors))
 
 
 def kv_layout_args(args: list[str]) -> list[str]:
@@ -163,9 +256,8 @@ def worker_args(dm: DisaggregatedModel, role: Role) -> list[str]:
     if pool.max_num_batched_tokens:
         args += ["--max-num-batched-tokens", str(pool.max_num_batched_tokens)]
     if role in KV_ROLES:
-        args += ["--kv-transfer-config", kv_transfer_config_json(spec.kv_transfer, role)]
-    if supports_shutdown_timeout(spec.engine.image):
-        args += ["--shutdown-timeout", str(spec.engine.shutdown_timeout_seconds)]
+        args += ["--kv-transfer-config", kv_transfer_config_arg(spec, role)]
+    args += shutdown_timeout_args(spec)  # drain on SIGTERM, where the release has the flag
     return args + list(spec.engine.extra_args) + list(pool.extra_args)
 
 

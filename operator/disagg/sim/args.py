@@ -17,11 +17,14 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from ..vllm_versions import DEFAULT_VERSION, OLDEST_CHECKED, fmt, parse_version
 from . import presets
 from .faults import FAULTS, FaultSpec
 
 ENV_PREFIX = "DISAGG_SIM_"
-VLLM_VERSION = "0.11.2"  # the vLLM release the twin mimics (wire fields, metric names, defaults)
+# The vLLM release the twin mimics by default (CLI, metric names, KV-transfer behaviour, error shapes): the operator's
+# default release, from the version table (disagg.vllm_versions). --emulate-version picks another one.
+VLLM_VERSION = fmt(DEFAULT_VERSION)
 
 # vLLM flags that take no value (so an unknown-flag skipper does not eat the next token).
 _VLLM_BOOL_FLAGS = {
@@ -68,6 +71,15 @@ def _non_negative_float(value: str) -> float:
     return v
 
 
+def _vllm_release(value: str) -> str:
+    v = parse_version(value)
+    if v is None:
+        raise argparse.ArgumentTypeError(f"not a vLLM release number (MAJOR.MINOR.PATCH, e.g. {VLLM_VERSION})")
+    if v < OLDEST_CHECKED or v > DEFAULT_VERSION:
+        raise argparse.ArgumentTypeError(f"the version table covers vLLM {fmt(OLDEST_CHECKED)} to {VLLM_VERSION}")
+    return fmt(v)
+
+
 def _json_obj(value: str) -> dict[str, Any]:
     try:
         obj = json.loads(value)
@@ -91,8 +103,12 @@ SIM_FLAGS: list[tuple[str, dict[str, Any]]] = [
                                 help="fraction of the modelled KV bytes really sent over the side channel")),
     ("--sim-output-tokens", dict(type=int, default=128,
                                  help="output length when a request sets no max_tokens (models EOS, reason stop)")),
-    ("--sim-vllm-version", dict(default=VLLM_VERSION,
-                                help="engine version advertised in the NIXL handshake (mismatch → refused)")),
+    ("--emulate-version", dict(type=_vllm_release, default=VLLM_VERSION,
+                               help="vLLM release to emulate (flags, kv-transfer-config keys, KV-load-failure "
+                                    "and lease behaviour, metric names), from the operator's version table")),
+    ("--sim-vllm-version", dict(default=None,
+                                help="engine version advertised in /version and the NIXL handshake (mismatch → "
+                                     "refused); default: the emulated release")),
     ("--sim-load-seconds", dict(type=_non_negative_float, default=0.0,
                                 help="simulated model-loading time before the HTTP port opens")),
 ]

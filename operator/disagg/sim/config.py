@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..vllm_versions import VllmProfile, fmt, parse_version, profile
 from . import presets
 from .args import (
     ENV_PREFIX,
@@ -98,6 +99,7 @@ class SimConfig:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
     max_model_len_explicit: bool = False
+    release: VllmProfile = field(default_factory=lambda: profile(parse_version(VLLM_VERSION) or (0, 0, 0)))
 
     @property
     def served_model_name(self) -> str:
@@ -223,10 +225,22 @@ def _batch_limits(ns: argparse.Namespace, gpu: presets.GPUPreset, mp: presets.Mo
 
 
 def _kv_transfer(cfg: dict[str, Any] | None, env: Mapping[str, str], ignored: list[str],
-                 parser: argparse.ArgumentParser) -> KVTransfer | None:
-    """vLLM's KVTransferConfig checks; only NixlConnector is simulated (others are reported as ignored)."""
+                 parser: argparse.ArgumentParser, release: VllmProfile) -> KVTransfer | None:
+    """vLLM's KVTransferConfig checks, as the emulated release makes them (disagg.vllm_versions: which keys exist,
+    whether unknown ones are refused, the kv_load_failure_policy default, where the lease comes from); only
+    NixlConnector is simulated (others are reported as ignored)."""
     if not cfg:
         return None
+    unknown = sorted(k for k in cfg if k not in release.kv_transfer_fields)
+    if unknown and release.kv_config_forbids_unknown_keys:
+        # vLLM >= 0.16.0: pydantic's extra="forbid" (vllm/config/utils.py); vLLM 0.33.0's parser says
+        # "argument --kv-transfer-config: 1 validation error for KVTransferConfig\n<key>\n  Unexpected keyword
+        # argument [type=unexpected_keyword_argument, …]" and exits 2.
+        fail(parser, f"argument --kv-transfer-config: 1 validation error for KVTransferConfig\n{unknown[0]}\n"
+                     "  Unexpected keyword argument [type=unexpected_keyword_argument]")
+    for k in unknown:  # vLLM < 0.16.0 drops them silently (pydantic's default extra="ignore")
+        ignored.append(f"--kv-transfer-config {k} (not a KVTransferConfig field in vLLM {fmt(release.version)})")
+        cfg = {key: v for key, v in cfg.items() if key != k}
     connector = cfg.get("kv_connector")
     role = cfg.get("kv_role")
     if connector is not None and role is None:
@@ -234,7 +248,8 @@ def _kv_transfer(cfg: dict[str, Any] | None, env: Mapping[str, str], ignored: li
                      "(kv_producer, kv_consumer, kv_both)")
     if role is not None and role not in KV_ROLES:
         fail(parser, f"argument --kv-transfer-config: Unsupported kv_role: {role}. Supported roles are {KV_ROLES}")
-    policy = cfg.get("kv_load_failure_policy", "fail")
+    # Before 0.13.0 there is no policy: a failed KV load is always recomputed.
+    policy = cfg.get("kv_load_failure_policy", release.default_kv_load_failure_policy)
     if policy not in KV_LOAD_FAILURE_POLICIES:
         fail(parser, f"argument --kv-transfer-config: kv_load_failure_policy must be 'recompute' or 'fail', "
                      f"got {policy!r}")
@@ -246,10 +261,30 @@ def _kv_transfer(cfg: dict[str, Any] | None, env: Mapping[str, str], ignored: li
     if connector != "NixlConnector":
         ignored.append(f"--kv-transfer-config kv_connector={connector} (only NixlConnector is simulated)")
         return None
-    lease = extra.get("kv_lease_duration")
-    if lease is None:
-        lease = float(env.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "480"))
-    return KVTransfer(connector, str(role), str(cfg.get("engine_id") or uuid.uuid4()), policy, float(lease), extra)
+    # Unclaimed prefill blocks: kv_connector_extra_config.kv_lease_duration from 0.22.0 (default 30 s), the
+    # environment variable VLLM_NIXL_ABORT_REQUEST_TIMEOUT before (default 480 s); each release reads only its own.
+    if release.kv_lease_duration:
+        lease = extra.get("kv_lease_duration", release.default_unclaimed_kv_timeout_s)
+    else:
+        lease = env.get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT", str(release.default_unclaimed_kv_timeout_s))
+    try:
+        lease = float(lease)
+    except (TypeError, ValueError):
+        fail(parser, f"kv_lease_duration / VLLM_NIXL_ABORT_REQUEST_TIMEOUT: not a number: {lease!r}")
+    return KVTransfer(connector, str(role), str(cfg.get("engine_id") or uuid.uuid4()), policy, lease, extra)
+
+
+def _release(ns: argparse.Namespace, argv: list[str], parser: argparse.ArgumentParser) -> VllmProfile:
+    """The emulated vLLM release; its CLI refuses the flags it does not have (as `vllm serve` does)."""
+    version = parse_version(ns.emulate_version)
+    if version is None:  # checked by the flag's type, also when it comes from the environment
+        fail(parser, f"argument --emulate-version: invalid value {ns.emulate_version!r}")
+    release = profile(version)
+    if not release.shutdown_timeout and any(a.split("=", 1)[0] == "--shutdown-timeout" for a in argv):
+        # vllm/engine/arg_utils.py has --shutdown-timeout from 0.18.0; before, argparse refuses it.
+        fail(parser, f"unrecognized arguments: --shutdown-timeout (vLLM {fmt(version)} has no such flag; it "
+                     "aborts in-flight requests on SIGTERM)")
+    return release
 
 
 def _side_channel_port(env: Mapping[str, str], parser: argparse.ArgumentParser) -> int:
@@ -274,7 +309,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> SimConfig:
     pre = _presets(ns, model, env, parser)
     _check_engine_flags(ns, pre.model, parser)
     batch = _batch_limits(ns, pre.gpu, pre.model, parser)
-    kvt = _kv_transfer(ns.kv_transfer_config, env, ignored, parser)
+    release = _release(ns, norm, parser)
+    kvt = _kv_transfer(ns.kv_transfer_config, env, ignored, parser, release)
     sc_port = _side_channel_port(env, parser)
     return SimConfig(
         model=model,
@@ -307,7 +343,8 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> SimConfig:
         transport=pre.transport,
         kv_payload_scale=ns.kv_payload_scale,
         output_tokens=ns.sim_output_tokens,
-        vllm_version=ns.sim_vllm_version,
+        vllm_version=ns.sim_vllm_version or ns.emulate_version,
+        release=release,
         load_seconds=ns.sim_load_seconds,
         faults=_faults(ns),
         ignored_flags=ignored,

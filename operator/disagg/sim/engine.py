@@ -115,7 +115,7 @@ class Engine:
             self.engine_id = self.kvt.engine_id if cfg.dp == 1 else f"{self.kvt.engine_id}_dp{dp_rank}"
         self.side_port = cfg.side_channel_port + dp_rank
         self.metrics = metrics or Metrics(cfg.served_model_name, cfg.max_model_len, engine=str(dp_rank),
-                                          nixl=self.kvt is not None, shared=shared)
+                                          nixl=self.kvt is not None, shared=shared, release=cfg.release)
         self.metrics.cache_config.labels(block_size=str(cfg.block_size), num_gpu_blocks=str(self.num_blocks),
                                          gpu_memory_utilization=str(cfg.gpu_memory_utilization),
                                          enable_prefix_caching=str(cfg.prefix_caching),
@@ -351,6 +351,11 @@ class Engine:
 
     def _serve_release(self, request_id: str) -> bool:
         freed = self.sched.release_held(request_id) is not None
+        if not freed and self.metrics.nixl:
+            # A completion notification for a request no longer held (its lease expired): vLLM >= 0.32.0 counts
+            # it (record_notification_after_expiry, vllm/distributed/kv_transfer/kv_connector/v1/nixl/
+            # pull_worker.py, 0.33.0); older releases only log it (the family is not exported for them).
+            self.metrics.nixl_after_expiry.inc()
         self.update_gauges()
         self.wake()
         return freed

@@ -1,6 +1,10 @@
-"""vLLM's Prometheus metrics, same names, types, labels and buckets (vLLM v0.11.2 vllm/v1/metrics/loggers.py
-and NixlPromMetrics; ``num_requests_waiting_by_reason``, ``prompt_tokens_by_source``,
-``prompt_tokens_cached`` and ``nixl_num_kv_expired_reqs`` from later releases, which the router may read).
+"""vLLM's Prometheus metrics, same names, types, labels and buckets as the emulated release (vLLM 0.33.0 by
+default: vllm/v1/metrics/loggers.py and vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py).
+
+Families that came or went between 0.11.2 and 0.33.0 follow the version table (disagg.vllm_versions.METRICS): an
+emulated release without a family does not export it (e.g. 0.11.2 has ``vllm:time_per_output_token_seconds``
+and none of ``vllm:prompt_tokens_by_source``, ``vllm:num_requests_waiting_by_reason``,
+``vllm:nixl_num_kv_expired_reqs``).
 
 All durations are *simulated* seconds (see docs/simulator.md, "Time").
 """
@@ -11,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..vllm_versions import DEFAULT, VllmProfile
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -50,10 +56,13 @@ class Registry:
         self.registry = CollectorRegistry(auto_describe=True)
         self._families: dict[str, Any] = {}
 
-    def family(self, cls: type[M], name: str, doc: str, labelnames: list[str], **kw: Any) -> M:
+    def family(self, cls: type[M], name: str, doc: str, labelnames: list[str], exported: bool = True,
+               **kw: Any) -> M:
+        """The family ``name``; one the emulated release lacks (``exported`` False) is kept off /metrics."""
         f = self._families.get(name)
         if f is None:
-            f = self._families[name] = cls(name, doc, labelnames, registry=self.registry, **kw)
+            registry = self.registry if exported else CollectorRegistry(auto_describe=True)
+            f = self._families[name] = cls(name, doc, labelnames, registry=registry, **kw)
         if not isinstance(f, cls):
             raise TypeError(f"metric family {name} is a {type(f).__name__}, not a {cls.__name__}")
         return f
@@ -66,10 +75,12 @@ class Metrics:
     """The series of one engine (label ``engine`` = its data-parallel rank)."""
 
     def __init__(self, model_name: str, max_model_len: int, engine: str = "0", nixl: bool = False,
-                 shared: Registry | None = None) -> None:
+                 shared: Registry | None = None, release: VllmProfile = DEFAULT) -> None:
         self.shared = shared or Registry()
         self.registry = self.shared.registry
-        fam = self.shared.family
+
+        def fam(cls: type[M], name: str, doc: str, labelnames: list[str], **kw: Any) -> M:
+            return self.shared.family(cls, name, doc, labelnames, exported=release.has_metric(name), **kw)
         ln = ["model_name", "engine"]
         lv = {"model_name": model_name, "engine": engine}
 
@@ -150,6 +161,11 @@ class Metrics:
             self.nixl_expired = c("vllm:nixl_num_kv_expired_reqs",
                                   "Number of requests that had their KV expire. "
                                   "NOTE: This metric is tracked on the P instance.")
+            self.nixl_after_expiry = c("vllm:nixl_num_notifications_after_expiry",
+                                       "Number of completion notifications for requests that were no longer "
+                                       "tracked, usually because their KV lease expired. The KV blocks may have "
+                                       "been reused before the transfer finished. Counted per notification (one "
+                                       "per remote rank), not per request.")
 
     def render(self) -> bytes:
         return self.shared.render()
