@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
-	@echo "make test   - the whole test suite (builds what it needs the first time)"
+	@echo "make test   - lint and types, then the whole test suite (builds what it needs the first time)"
+	@echo "make lint   - ruff and mypy over operator/, tests/ and e2e/"
 	@echo "make setup  - .venv with disagg installed (editable) and pinned dependencies"
 	@echo "make control-plane - build kube-apiserver, kube-controller-manager and etcd (cached)"
 	@echo "make crds   - regenerate crds/ from the API models"
@@ -33,7 +34,15 @@ nginx:
 crds: setup
 	$(BIN)/disagg crds
 
-test: setup control-plane prometheus nginx
+# lint and types are part of the tests: ruff (rules in pyproject.toml) and mypy (strict on api/, builders/,
+# autoscaling/) over the package, the tests and the e2e tests
+LINT_PATHS := operator tests e2e
+
+lint: setup
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy --explicit-package-bases operator/disagg tests e2e
+
+test: lint control-plane prometheus nginx
 	$(BIN)/pytest
 
 # opt-in: vLLM's own argument parser checks the rendered worker args (installs vLLM, CPU only, --no-deps; GBs)

@@ -4,54 +4,58 @@ prefill and decode independently (issue 6 integration, issue 8 e2e)."""
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Iterator
 
-from disagg.demo import Demo, run_loop
+import pytest
+from kubernetes import client
+
+from disagg.demo.acts import DEMO_OVERRIDES, run_loop
+from disagg.local.harness import ModelHarness
 from disagg.local.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelHarness]:
     logs = tmp_path_factory.mktemp("e2e-logs")
     stack = LocalStack(namespace="e2e", log_dir=logs, sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
     try:
         stack.start()
-        from kubernetes import client
-
-        client.CoreV1Api(stack.api).create_namespace({"metadata": {"name": "e2e"}})
-        d = Demo(stack)
-        d.deploy()
+        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="e2e")))
+        d = ModelHarness(stack)
+        d.deploy(DEMO_OVERRIDES)
         yield d
         d.stop()
     finally:
         stack.stop()
 
 
-def test_the_loop(demo: Demo) -> None:
+def test_the_loop(demo: ModelHarness) -> None:
     out = run_loop(demo, quick=True)
 
-    mixed = out["mixed"]
+    mixed = out.mixed
     assert mixed.summary.errors == 0
     decisions = {r.decision for r in mixed.results}
     assert {"remote", "local"} <= decisions, decisions  # conditional: both paths taken on a mixed workload
     reasons = {r.reason for r in mixed.results if r.decision == "local"}
     assert "short_prompt" in reasons
+    # the first act started once both pools served: no request saw a starting pool or a start-up flip
+    assert not reasons & {"prefill_pool_starting", "mode_aggregated"}, reasons
 
     # KV transfers stalled: requests fell back, none failed, and the operator flipped the mode and back
-    faulty = out["faulty"]
+    faulty = out.faulty
     assert faulty.summary.errors == 0
     assert any(r.path == "fallback" for r in faulty.results), [(r.decision, r.path) for r in faulty.results]
     modes = demo.timeline.modes()
     assert modes[:3] == ["Disaggregated", "Aggregated", "Disaggregated"], modes
-    assert out["healed"].summary.errors == 0
+    assert out.healed.summary.errors == 0
 
     # load steps: on long prompts prefill scales before decode (decode may follow: it must hold their KV);
     # on long outputs decode scales before prefill
-    step = out["long_prompts"]
-    assert step.first_growth_s["prefill"] is not None, step
-    assert step.first_growth_s["decode"] is None or step.first_growth_s["prefill"] < step.first_growth_s["decode"], step
-    step = out["long_outputs"]
-    assert step.first_growth_s["decode"] is not None, step
-    assert step.first_growth_s["prefill"] is None or step.first_growth_s["decode"] < step.first_growth_s["prefill"], step
+    grew = out.long_prompts.first_growth_s
+    assert grew["prefill"] is not None, out.long_prompts
+    assert grew["decode"] is None or grew["prefill"] < grew["decode"], out.long_prompts
+    grew = out.long_outputs.first_growth_s
+    assert grew["decode"] is not None, out.long_outputs
+    assert grew["prefill"] is None or grew["decode"] < grew["prefill"], out.long_outputs

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from kubernetes import client
@@ -50,10 +50,10 @@ def namespace(kube: client.ApiClient) -> Iterator[str]:
 
 
 @pytest.fixture
-def kubectl(control_plane: ControlPlane):
+def kubectl(control_plane: ControlPlane) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run kubectl against the fixture's apiserver; returns CompletedProcess (text)."""
 
-    def run(*args: str, input: str | None = None, check: bool = False) -> subprocess.CompletedProcess:
+    def run(*args: str, input: str | None = None, check: bool = False) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)}
         return subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True, env=env, check=check,
                               timeout=60)

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
+from pathlib import Path
 
-from disagg.local.controlplane import BUILD_SCRIPT, find_binaries, free_ports
+import pytest
+
+from disagg.local.controlplane import BUILD_SCRIPT, find_binaries
+from disagg.poll import wait_for
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def test_build_script_uses_cache() -> None:
@@ -22,7 +29,7 @@ def test_build_script_uses_cache() -> None:
     assert version.stdout.startswith("Kubernetes v1.3")
 
 
-def test_kubebuilder_assets_are_honoured(tmp_path, monkeypatch) -> None:
+def test_kubebuilder_assets_are_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = find_binaries()
     for name, path in real.items():
         (tmp_path / name).symlink_to(path)
@@ -33,28 +40,21 @@ def test_kubebuilder_assets_are_honoured(tmp_path, monkeypatch) -> None:
     assert find_binaries(build=False)["etcd"] == real["etcd"]
 
 
-def test_free_ports_are_distinct() -> None:
-    ports = free_ports(20)
-    assert len(set(ports)) == 20
-
-
-def test_kubectl_explain_shows_descriptions(kubectl) -> None:
-    import time
-
-    deadline = time.monotonic() + 60
-    while True:  # the apiserver publishes the CRD's OpenAPI a moment after it is Established
+def test_kubectl_explain_shows_descriptions(kubectl: Kubectl) -> None:
+    # the apiserver publishes the CRD's OpenAPI a moment after it is Established
+    def explained() -> subprocess.CompletedProcess[str] | None:
         r = kubectl("explain", "dm.spec.prefill")
-        if r.returncode == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert r.returncode == 0, r.stderr
+        return r if r.returncode == 0 else None
+
+    r = wait_for(explained, 60, "kubectl explain dm.spec.prefill", interval=0.5)
+    assert r is not None
     assert "The prefill pool (kv_producer workers)." in r.stdout
     assert "minReplicas" in r.stdout and "Lower bound for the autoscaler." in r.stdout
     r = kubectl("explain", "dm.spec.kvTransfer.transport")
     assert "rdma" in r.stdout and "nvlink" in r.stdout
 
 
-def test_kubectl_get_shows_printer_columns(kubectl, namespace) -> None:
+def test_kubectl_get_shows_printer_columns(kubectl: Kubectl, namespace: str) -> None:
     from tests.paths import EXAMPLES
 
     kubectl("apply", "--server-side", "-n", namespace, "-f", str(EXAMPLES[0]), check=True)

@@ -4,19 +4,37 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 from pathlib import Path
 
 # Each part of the project that owns a subcommand exposes ``add_parser(subparsers)`` in its own
-# ``cli`` module (argument definitions only; heavy imports happen inside the handler).
+# ``cli`` module (argument definitions only; heavy imports happen inside the handler). Every module listed here
+# must exist: a missing one is an error (SubcommandError), never a subcommand silently left out.
 SUBCOMMAND_MODULES = (
     "disagg.controller.cli",  # operator, render
     "disagg.router.cli",  # router
     "disagg.sim.cli",  # sim
-    "disagg.autoscaling.cli",
     "disagg.bench.cli",  # bench
 )
+
+
+class SubcommandError(RuntimeError):
+    """A registered subcommand module is missing or does not define ``add_parser``."""
+
+
+def _register(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str) -> None:
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        # the module itself (or a package above it) is missing — not a module it imports
+        if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+            raise SubcommandError(f"subcommand module {name} is registered in disagg.cli but does not exist") from e
+        raise
+    add_parser = getattr(module, "add_parser", None)
+    if not callable(add_parser):
+        raise SubcommandError(f"subcommand module {name} defines no add_parser(subparsers)")
+    add_parser(sub)
+
 
 DEFAULT_CRD_PATH = Path("crds/disaggregatedmodels.yaml")
 CHART_CRD_PATH = Path("charts/disagg-operator/crds/disaggregatedmodels.yaml")
@@ -61,7 +79,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from .demo.run import run_demo
 
     return run_demo(keep=args.keep, results_dir=args.results, quick=args.quick)
 
@@ -86,18 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     for name in SUBCOMMAND_MODULES:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ModuleNotFoundError:
-            found = False
-        if found:
-            importlib.import_module(name).add_parser(sub)
+        _register(sub, name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ import logging
 import sys
 
 import structlog
+from structlog.typing import Processor
 
 
 def configure(level: str = "INFO", json: bool = True) -> None:
     """One JSON object per line on stderr; stdlib logging (kopf, aiohttp) routed through the same renderer."""
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
-    shared = [
+    shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -33,4 +34,5 @@ def configure(level: str = "INFO", json: bool = True) -> None:
 
 
 def get(name: str) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)
+    logger: structlog.stdlib.BoundLogger = structlog.get_logger(name)
+    return logger

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import argparse
 
-from disagg.bench import autoscale as A
-from disagg.bench import cli
+from disagg.bench import autoscale, cli
 
 
 def test_step_trace_triples_the_rate_after_the_step() -> None:
-    reqs = A.step_trace(A.AUTOSCALE_MIX, 1.0, 3.0, 200.0, 200.0, "m", seed=1)
+    reqs = autoscale.step_trace(autoscale.AUTOSCALE_MIX, 1.0, 3.0, 200.0, 200.0, "m", seed=1)
     before = sum(r.at < 200 for r in reqs)
     after = sum(r.at >= 200 for r in reqs)
     assert 2.4 < after / before < 3.6
@@ -21,44 +20,46 @@ def test_step_trace_triples_the_rate_after_the_step() -> None:
 
 def test_diurnal_trace_peaks_in_the_middle_of_the_day() -> None:
     day = 400.0
-    reqs = A.diurnal_trace(A.AUTOSCALE_MIX, 0.2, 2.0, day, "m", seed=3)
+    reqs = autoscale.diurnal_trace(autoscale.AUTOSCALE_MIX, 0.2, 2.0, day, "m", seed=3)
     edges = sum(r.at < day / 8 or r.at >= 7 * day / 8 for r in reqs)
     middle = sum(3 * day / 8 <= r.at < 5 * day / 8 for r in reqs)
     assert middle > 3 * edges
-    assert A.diurnal_rate(0, day, 0.2, 2.0) == 0.2 and abs(A.diurnal_rate(day / 2, day, 0.2, 2.0) - 2.0) < 1e-9
+    assert autoscale.diurnal_rate(0, day, 0.2, 2.0) == 0.2
+    assert abs(autoscale.diurnal_rate(day / 2, day, 0.2, 2.0) - 2.0) < 1e-9
     # deterministic for a seed
-    assert [r.id for r in reqs] == [r.id for r in A.diurnal_trace(A.AUTOSCALE_MIX, 0.2, 2.0, day, "m", seed=3)]
+    again = autoscale.diurnal_trace(autoscale.AUTOSCALE_MIX, 0.2, 2.0, day, "m", seed=3)
+    assert [r.id for r in reqs] == [r.id for r in again]
 
 
 def test_attainment_buckets_and_recovery() -> None:
     arrivals = [0.5, 1.5, 5.5, 6.0, 10.1, 12.0, 15.2, 16.0, 20.5, 25.1]
     met = [True, True, False, True, True, True, True, True, True, True]
-    b = A.attainment_buckets(arrivals, met, 5.0, until=30.0)
+    b = autoscale.attainment_buckets(arrivals, met, 5.0, until=30.0)
     assert [x["n"] for x in b] == [2, 2, 2, 2, 1, 1]
     assert [x["attainment"] for x in b] == [1.0, 0.5, 1.0, 1.0, 1.0, 1.0]
-    assert A.recovery_time(b, 5.0, 5.0, sustain=3) == 5.0  # the step bucket misses, the next three meet
-    assert A.recovery_time(b, 10.0, 5.0, sustain=3) == 0.0  # never dropped after t = 10
-    bad = A.attainment_buckets([1.0, 6.0, 11.0], [True, False, False], 5.0, until=15.0)
-    assert A.recovery_time(bad, 5.0, 5.0) is None
+    assert autoscale.recovery_time(b, 5.0, sustain=3) == 5.0  # the step bucket misses, the next three meet
+    assert autoscale.recovery_time(b, 10.0, sustain=3) == 0.0  # never dropped after t = 10
+    bad = autoscale.attainment_buckets([1.0, 6.0, 11.0], [True, False, False], 5.0, until=15.0)
+    assert autoscale.recovery_time(bad, 5.0) is None
     # the run may be cut by the end of the measurement
-    tail = A.attainment_buckets([1.0, 6.0, 11.0], [True, False, True], 5.0, until=15.0)
-    assert A.recovery_time(tail, 5.0, 5.0, sustain=3) == 5.0
+    tail = autoscale.attainment_buckets([1.0, 6.0, 11.0], [True, False, True], 5.0, until=15.0)
+    assert autoscale.recovery_time(tail, 5.0, sustain=3) == 5.0
 
 
 def test_gpu_seconds_integrates_replicas_over_the_window() -> None:
     samples = [{"t": 0.0, "prefill_ready": 1, "decode_ready": 1},
                {"t": 10.0, "prefill_ready": 3, "decode_ready": 1},
                {"t": 20.0, "prefill_ready": 1, "decode_ready": 2}]
-    assert A.gpu_seconds(samples, 0.0, 30.0, {"prefill": 1, "decode": 1}) == 2 * 10 + 4 * 10 + 3 * 10
-    assert A.gpu_seconds(samples, 5.0, 15.0, {"prefill": 2, "decode": 1}) == 3 * 5 + 7 * 5
-    assert A.gpu_seconds([], 0.0, 10.0, {"prefill": 1, "decode": 1}) == 0.0
+    assert autoscale.gpu_seconds(samples, 0.0, 30.0, {"prefill": 1, "decode": 1}) == 2 * 10 + 4 * 10 + 3 * 10
+    assert autoscale.gpu_seconds(samples, 5.0, 15.0, {"prefill": 2, "decode": 1}) == 3 * 5 + 7 * 5
+    assert autoscale.gpu_seconds([], 0.0, 10.0, {"prefill": 1, "decode": 1}) == 0.0
 
 
 def test_pod_start_from_the_timeline() -> None:
     samples = [{"t": 0, "prefill_desired": 1, "prefill_ready": 1}, {"t": 1, "prefill_desired": 2, "prefill_ready": 1},
                {"t": 2, "prefill_desired": 2, "prefill_ready": 1}, {"t": 4, "prefill_desired": 2, "prefill_ready": 2}]
-    assert A.pod_start_s(samples, "prefill") == 3
-    assert A.pod_start_s(samples, "decode") is None
+    assert autoscale.pod_start_s(samples, "prefill") == 3
+    assert autoscale.pod_start_s(samples, "decode") is None
 
 
 def test_cli_registers_bench_autoscale() -> None:
@@ -79,5 +80,5 @@ def test_table_renders_a_result() -> None:
                      "vs_oracle": 0.75, "met_target": True},
          "oracle": {"rate": 1.5, "probes": [{"prefill": 2, "decode": 2, "attainment": 0.95, "misses": {}}],
                     "split": {"prefill": 2, "decode": 2, "gpus": 4}, "gpu_seconds": 400}}
-    text = A.table(r)
+    text = autoscale.table(r)
     assert "recovery to ≥ 90 %: 10 s" in text and "0.750" in text and "2P + 2D = 4 GPUs" in text

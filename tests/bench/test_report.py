@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from disagg.bench.loadgen import Result, summarise
-from disagg.bench.report import phase_means, write_report
-from disagg.demo import LoadStep, PhaseResult, Timeline
+from disagg.demo.acts import LoadStep
+from disagg.demo.report import phase_means, write_report
+from disagg.load.loadgen import Result, summarise
+from disagg.local.harness import PhaseResult, Timeline
 from disagg.router.metrics import RouterMetrics
 
 
@@ -23,7 +24,7 @@ def test_phase_means_from_router_metrics() -> None:
     assert "prefill_compute" not in means["remote"]  # never observed: no made-up zero
 
 
-def test_write_report(tmp_path) -> None:
+def test_write_report(tmp_path: Path) -> None:
     results = [Result("a", "rag", "rag", 8000, status=200, ttft_s=0.9, tpot_s=0.03, decision="remote",
                       reason="policy", path="remote"),
                Result("b", "chat", "chat", 100, status=200, ttft_s=0.05, tpot_s=0.02, decision="local",
@@ -32,13 +33,16 @@ def test_write_report(tmp_path) -> None:
                                   "prefill_ready": 1, "prefill_desired": 1 + (i > 4), "decode_ready": 1,
                                   "decode_desired": 1, "ttft_p95_ms": None, "goodput": None} for i in range(10)],
                         marks=[(3.0, "flipped"), (6.0, "back")])
-    demo = SimpleNamespace(stack=SimpleNamespace(router_url=lambda name: None), name="demo", slo=(3000, 60),
-                           timeline=timeline, phases=[PhaseResult("mixed", results, summarise(results, 3000, 60))])
+    phases = [PhaseResult("mixed", results, summarise(results, 3000, 60))]
     step = LoadStep({"prefill": 1, "decode": 1}, {"prefill": 2, "decode": 1}, {"prefill": 4.0, "decode": None}, {})
-    report = write_report(tmp_path, demo, {"long_prompts": step})
+    m = RouterMetrics()
+    m.phase["kv_cache_transfer"].labels("remote", "rag").observe(0.25)
+    report = write_report(tmp_path, phases, timeline, (3000, 60), {"long_prompts": step},
+                          router_metrics=generate_latest(m.registry).decode())
     assert "mixed" in report.terminal and "remote/policy 1" in report.terminal
     assert "Disaggregated → Aggregated → Disaggregated" in report.terminal
     assert "prefill 1 → 2 (first growth 4 s)" in report.terminal
     names = {p.name for p in report.files}
-    assert {"results.json", "latency_by_path.png", "timeline.png", "report.html"} <= names
+    assert {"results.json", "latency_by_path.png", "timeline.png", "phase_breakdown.png", "report.html"} <= names
+    assert "kv_cache_transfer 250.0" in report.terminal  # the router's phase means, in ms
     assert all(p.stat().st_size > 0 for p in report.files)

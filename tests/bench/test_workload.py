@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from disagg.bench.loadgen import Result, percentile, summarise
-from disagg.bench.workload import MIXES, generate
+from disagg.load.loadgen import Result, percentile, summarise
+from disagg.load.workload import MIXES, generate
 from disagg.sim import tokenizer
 
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import urllib.request
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client
 
+from disagg.local.controlplane import ControlPlane
 from disagg.local.runtime import LocalRuntime
+from disagg.local.stack import pod_ip, pod_ready
+from disagg.poll import wait_for
 
 
-def _deployment(name: str, replicas: int) -> dict:
+def _deployment(name: str, replicas: int) -> Any:  # a JSON body: the client takes dicts as well as models
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
@@ -35,58 +39,50 @@ def _deployment(name: str, replicas: int) -> dict:
             }]}}}}
 
 
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
-def runtime(control_plane, kube, namespace):
+def runtime(control_plane: ControlPlane, kube: client.ApiClient, namespace: str) -> Iterator[LocalRuntime]:
     rt = LocalRuntime(kube, control_plane.kubeconfig, namespaces=[namespace], poll_seconds=0.3)
     rt.start()
     yield rt
     rt.stop()
 
 
-def test_deployment_pods_run_with_their_own_ips(kube, namespace, runtime) -> None:
+def test_deployment_pods_run_with_their_own_ips(kube: client.ApiClient, namespace: str, runtime: LocalRuntime) -> None:
     apps, core = client.AppsV1Api(kube), client.CoreV1Api(kube)
     apps.create_namespaced_deployment(namespace, _deployment("w", 2))
 
-    def ready_pods():
+    def ready_pods() -> list[client.V1Pod]:
         pods = core.list_namespaced_pod(namespace, label_selector="app=w").items
-        ok = [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
-        return ok if len(ok) == 2 else None
+        ok = [p for p in pods if pod_ready(p)]
+        return ok if len(ok) == 2 else []
 
-    pods = _wait(ready_pods, 60, "2 ready pods")
-    ips = {p.status.pod_ip for p in pods}
+    pods = wait_for(ready_pods, 60, "2 ready pods", interval=0.3)
+    ips = {ip for p in pods if (ip := pod_ip(p))}
     assert len(ips) == 2 and all(ip.startswith(f"127.{runtime.ip_block}.") for ip in ips)
     for ip in ips:  # each pod's process serves vLLM's API on its own IP, same port
         with urllib.request.urlopen(f"http://{ip}:8000/v1/models", timeout=5) as r:
             assert b'"llama"' in r.read()
 
     # a crashed container is restarted
-    victim = pods[0]
-    local = next(lp for lp in runtime.pods.values() if lp.name == victim.metadata.name)
+    assert pods[0].metadata and pods[0].metadata.name
+    victim = pods[0].metadata.name
+    local = next(lp for lp in runtime.pods.values() if lp.name == victim)
+    assert local.proc is not None
     os.killpg(local.proc.pid, signal.SIGKILL)
 
-    def restarted():
-        p = core.read_namespaced_pod(victim.metadata.name, namespace)
-        cs = p.status.container_statuses or []
-        return cs and cs[0].restart_count >= 1 and cs[0].ready
+    def restarted() -> bool:
+        p = core.read_namespaced_pod(victim, namespace)
+        cs = (p.status.container_statuses if p.status else None) or []
+        return bool(cs and cs[0].restart_count >= 1 and cs[0].ready)
 
-    _wait(restarted, 60, "restart of the killed container")
+    wait_for(restarted, 60, "restart of the killed container")
 
     # scale down: the process of the removed pod stops
-    procs = {lp.name: lp.proc for lp in runtime.pods.values()}
+    procs = {lp.name: lp.proc for lp in runtime.pods.values() if lp.proc is not None}
     apps.patch_namespaced_deployment_scale("w", namespace, {"spec": {"replicas": 1}})
 
-    def one_left():
+    def one_left() -> bool:
         pods = core.list_namespaced_pod(namespace, label_selector="app=w").items
         return len(pods) == 1 and sum(p.poll() is None for p in procs.values()) == 1
 
-    _wait(one_left, 60, "scale-down to 1 pod and 1 process")
+    wait_for(one_left, 60, "scale-down to 1 pod and 1 process")

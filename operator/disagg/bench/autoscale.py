@@ -24,7 +24,6 @@ also on Ctrl-C / SIGTERM.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -38,8 +37,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import loadgen
-from .workload import Mix, Request, RequestClass, generate
+from ..load import loadgen
+from ..load.workload import Mix, Request, RequestClass, generate
+from ..local.harness import ModelHarness, router_workers_at
+from ..local.stack import LocalStack
 
 ATTAINMENT_TARGET = 0.90
 
@@ -95,8 +96,9 @@ def attainment_buckets(arrivals: list[float], met: list[bool], bucket_s: float,
     """Attainment per bucket of arrival time: [{t0, n, met, attainment}] (empty buckets: attainment None)."""
     end = until if until is not None else (max(arrivals) if arrivals else 0.0)
     nb = max(1, math.ceil(end / bucket_s - 1e-9))
-    rows = [{"t0": round(i * bucket_s, 3), "n": 0, "met": 0, "attainment": None} for i in range(nb)]
-    for at, ok in zip(arrivals, met):
+    rows: list[dict[str, Any]] = [{"t0": round(i * bucket_s, 3), "n": 0, "met": 0, "attainment": None}
+                                  for i in range(nb)]
+    for at, ok in zip(arrivals, met, strict=True):
         i = min(nb - 1, int(at // bucket_s))
         rows[i]["n"] += 1
         rows[i]["met"] += int(ok)
@@ -106,7 +108,7 @@ def attainment_buckets(arrivals: list[float], met: list[bool], bucket_s: float,
     return rows
 
 
-def recovery_time(buckets: list[dict[str, Any]], step_at: float, bucket_s: float, target: float = ATTAINMENT_TARGET,
+def recovery_time(buckets: list[dict[str, Any]], step_at: float, target: float = ATTAINMENT_TARGET,
                   sustain: int = 3) -> float | None:
     """Seconds from ``step_at`` to the start of the first run of ``sustain`` buckets (or all remaining ones) with
     attainment ≥ target among the buckets starting at/after the step; None when it never recovers."""
@@ -115,7 +117,7 @@ def recovery_time(buckets: list[dict[str, Any]], step_at: float, bucket_s: float
     for i in range(len(post)):
         run = good[i:i + sustain]
         if run and all(run) and (len(run) == sustain or i + len(run) == len(post)):
-            return round(post[i]["t0"] - step_at, 3)
+            return round(float(post[i]["t0"]) - step_at, 3)
     return None
 
 
@@ -145,7 +147,7 @@ def pod_start_s(samples: list[dict[str, Any]], pool: str) -> float | None:
         if prev is not None and d > prev:
             for s2 in samples[i:]:
                 if s2.get(f"{pool}_ready", 0) >= d:
-                    return round(s2["t"] - s["t"], 2)
+                    return round(float(s2["t"]) - float(s["t"]), 2)
             return None
         prev = d
     return None
@@ -170,12 +172,10 @@ def _say(msg: str) -> None:
 
 
 class _Bench:
-    def __init__(self, s: Settings, log_dir: Path | None):
-        from ..local.stack import LocalStack
-
+    def __init__(self, s: Settings, log_dir: Path | None) -> None:
         self.s = s
         self.stack = LocalStack(log_dir=log_dir, sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
-        self.demos: list[Any] = []
+        self.models: list[ModelHarness] = []
         self.ttft_s = self.tpot_s = 0.0
         self.model = ""
 
@@ -183,39 +183,32 @@ class _Bench:
         self.stack.start(say=_say)
 
     def stop(self) -> None:
-        for d in self.demos:
+        for d in self.models:
             d.stop()
         self.stack.stop()
 
-    def deploy(self, name: str, overrides: dict[str, Any]) -> Any:
-        import yaml
-
-        from ..demo import DEMO_MODEL, Demo
-
-        d = Demo(self.stack, name=name)
-        self.demos.append(d)
+    def deploy(self, name: str, overrides: dict[str, Any]) -> ModelHarness:
+        d = ModelHarness(self.stack, name=name)
+        self.models.append(d)
         d.deploy(overrides, timeout=120)
         self.ttft_s, self.tpot_s = d.slo[0] / 1000, d.slo[1] / 1000
-        self.model = yaml.safe_load(DEMO_MODEL.read_text())["spec"]["model"]["servedName"]
+        self.model = d.served_name
         return d
 
-    def delete(self, demo: Any) -> None:
+    def delete(self, model: ModelHarness) -> None:
         from kubernetes import client
 
         from ..api import GROUP, PLURAL, VERSION
 
-        demo.stop()
+        model.stop()
         client.CustomObjectsApi(self.stack.api).delete_namespaced_custom_object(
-            GROUP, VERSION, self.stack.namespace, PLURAL, demo.name)
-        self.stack.wait_for(f"the pods of {demo.name} to be gone", lambda: not any(
-            self.stack.pods(demo.name, r) for r in ("prefill", "decode", "router")), 60)
+            GROUP, VERSION, self.stack.namespace, PLURAL, model.name)
+        self.stack.wait_for(lambda: not any(self.stack.pods(model.name, r) for r in ("prefill", "decode", "router")),
+                            60, f"the pods of {model.name} to be gone")
 
-    def drive(self, demo: Any, requests: list[Request]) -> tuple[float, list[loadgen.Result]]:
-        """Runs the requests open-loop through the model's router; returns (start on the demo's clock, results)."""
-        url = self.stack.router_url(demo.name)
-        if url is None:
-            raise RuntimeError("no ready router")
-        start = time.monotonic() - demo.t0
+    def drive(self, model: ModelHarness, requests: list[Request]) -> tuple[float, list[loadgen.Result]]:
+        """Runs the requests open-loop through the model's router; returns (start on its clock, results)."""
+        start = time.monotonic() - model.t0
         n = [0]
 
         def on_done(_: loadgen.Result) -> None:
@@ -223,8 +216,7 @@ class _Bench:
             if n[0] % max(1, len(requests) // 4) == 0:
                 print(f"    {n[0]}/{len(requests)} requests done", flush=True)
 
-        results = asyncio.run(loadgen.run(url, requests, on_done=on_done, timeout_s=120))
-        return start, results
+        return start, model.send(requests, on_done, timeout_s=120)
 
     def met(self, results: list[loadgen.Result]) -> list[bool]:
         return [r.meets(self.ttft_s, self.tpot_s) for r in results]
@@ -236,8 +228,8 @@ def _autoscaled(s: Settings) -> dict[str, Any]:
             "decode": {"replicas": 1, "minReplicas": 1, "maxReplicas": s.max_replicas}}
 
 
-def _gpus(demo: Any, stack: Any) -> dict[str, int]:
-    spec = stack.model(demo.name)["spec"]
+def _gpus(model: ModelHarness, stack: LocalStack) -> dict[str, int]:
+    spec = stack.model(model.name)["spec"]
     return {p: int(((spec.get(p) or {}).get("gpu") or {}).get("count", 1)) for p in ("prefill", "decode")}
 
 
@@ -258,13 +250,13 @@ def run_step(b: _Bench) -> dict[str, Any]:
     arrivals = [at[r.id] for r in results]
     met = b.met(results)
     buckets = attainment_buckets(arrivals, met, s.bucket_s, until=s.step_pre_s + s.step_post_s)
-    rec = recovery_time(buckets, s.step_pre_s, s.bucket_s, sustain=s.sustain)
+    rec = recovery_time(buckets, s.step_pre_s, sustain=s.sustain)
     samples = _window(d.timeline.samples, start, end)
     starts = [x for x in (pod_start_s(samples, p) for p in ("prefill", "decode")) if x is not None]
     pod_start = max(starts) if starts else None
     target = 2 * interval + (pod_start or 0.0)
-    pre = [m for a, m in zip(arrivals, met) if a < s.step_pre_s]
-    post = [m for a, m in zip(arrivals, met) if a >= s.step_pre_s]
+    pre = [m for a, m in zip(arrivals, met, strict=True) if a < s.step_pre_s]
+    post = [m for a, m in zip(arrivals, met, strict=True) if a >= s.step_pre_s]
     out = {
         "base_rate": s.base_rate, "step_rate": s.base_rate * s.step_factor, "step_at_s": s.step_pre_s,
         "interval_s": interval, "requests": len(results), "errors": sum(not r.ok for r in results),
@@ -324,10 +316,17 @@ def run_oracle(b: _Bench) -> dict[str, Any]:
     best: dict[str, Any] | None = None
     for i in range(s.max_probes):
         b.stack.patch_spec(d.name, {"prefill": {"replicas": p}, "decode": {"replicas": dd}})
-        b.stack.wait_for(f"{p} prefill + {dd} decode ready", lambda: (
-            len(b.stack.ready_pod_ips(d.name, "prefill")) == p and len(b.stack.ready_pod_ips(d.name, "decode")) == dd
-            and len(b.stack.pods(d.name, "prefill")) == p and len(b.stack.pods(d.name, "decode")) == dd), 90)
-        time.sleep(2)  # the router's endpoint refresh
+        want = {"prefill": p, "decode": dd}
+
+        def split_serving(want: dict[str, int] = want) -> bool:
+            """Exactly the wanted pods exist and are ready, and the router knows them (its endpoint refresh)."""
+            pods = all(len(b.stack.pods(d.name, pool)) == n and len(b.stack.ready_pod_ips(d.name, pool)) == n
+                       for pool, n in want.items())
+            url = b.stack.router_url(d.name) if pods else None
+            known = router_workers_at(url) if url else {}
+            return pods and all(known.get(pool, 0) == n for pool, n in want.items())
+
+        b.stack.wait_for(split_serving, 90, f"{p} prefill + {dd} decode ready and known to the router")
         reqs = generate(AUTOSCALE_MIX, s.peak_rate, s.probe_s, b.model, seed=s.seed + 100 + i)
         _, results = b.drive(d, reqs)
         met = b.met(results)
@@ -392,7 +391,7 @@ def run(s: Settings, out: Path | None = None, log_dir: Path | None = None) -> di
 
 def _cpu_model() -> str:
     try:
-        for line in open("/proc/cpuinfo"):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
@@ -407,9 +406,9 @@ def table(r: dict[str, Any]) -> str:
     if st:
         rec = "never" if st["recovery_s"] is None else f"{st['recovery_s']:g} s"
         lines += [
-            f"load step {st['base_rate']:g} → {st['step_rate']:g} req/s: attainment before {st['attainment_before']:.1%}, "
-            f"after {st['attainment_after']:.1%} (worst bucket {st['min_bucket_attainment_after']}), "
-            f"errors {st['errors']}",
+            f"load step {st['base_rate']:g} → {st['step_rate']:g} req/s: "
+            f"attainment before {st['attainment_before']:.1%}, after {st['attainment_after']:.1%} "
+            f"(worst bucket {st['min_bucket_attainment_after']}), errors {st['errors']}",
             f"  recovery to ≥ 90 %: {rec}  (target ≤ 2 × {st['interval_s']} s + pod start {st['pod_start_s']} s = "
             f"{st['target_s']:g} s) → {'met' if st['met_target'] else 'MISSED'}; max ready {st['max_replicas']}",
         ]
@@ -417,7 +416,8 @@ def table(r: dict[str, Any]) -> str:
     if day:
         lines.append(f"diurnal day {day['day_s']:g} s, {day['trough_rate']:g}–{day['peak_rate']:g} req/s: "
                      f"attainment {day['attainment']:.1%}, GPU-s (ready) {day['gpu_seconds_ready']:g}, "
-                     f"(desired) {day['gpu_seconds_desired']:g}, errors {day['errors']}, max ready {day['max_replicas']}")
+                     f"(desired) {day['gpu_seconds_desired']:g}, errors {day['errors']}, "
+                     f"max ready {day['max_replicas']}")
     o = r.get("oracle")
     if o:
         for pr in o["probes"]:

@@ -1,4 +1,5 @@
-"""``disagg bench goodput|router|sim|autoscale`` (argument definitions only; heavy imports happen inside the handlers)."""
+"""``disagg bench goodput|router|sim|autoscale|operator`` (argument definitions only; heavy imports happen inside the
+handlers)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks: goodput (policies × mixes), router (relay overhead), "
                                   "sim (roofline vs references); see docs/benchmarks.md")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
@@ -57,7 +58,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_cmd_sim)
 
     o = sub.add_parser("operator", help="operator convergence for N models on the real control plane")
-    o.add_argument("--models", type=int, nargs="+", default=[10, 50, 200], help="model counts to run (default 10 50 200)")
+    o.add_argument("--models", type=int, nargs="+", default=[10, 50, 200],
+                   help="model counts to run (default 10 50 200)")
     o.add_argument("--steady-window", type=float, default=30.0, help="seconds of no change to count writes in")
     o.add_argument("--out", type=Path, default=None, help="JSON results file")
     o.set_defaults(func=_cmd_operator)
@@ -108,14 +110,14 @@ def _run_and_report(run: Callable[[], Any], table: Callable[[Any], str], out: Pa
 def _cmd_goodput(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from . import goodput as G
-    from .workload import MIXES
+    from ..load.workload import MIXES
+    from . import goodput
 
     unknown = [m for m in args.mixes if m not in MIXES]
     if unknown:
         print(f"disagg bench goodput: unknown mix {unknown}; known: {sorted(MIXES)}")
         return 2
-    plans = dict(G.PLANS)
+    plans = dict(goodput.PLANS)
     for m, v in _kv(args.rate, "--rate").items():
         plans[m] = dataclasses.replace(plans[m], rate=float(v))
     for m, v in _kv(args.split, "--split").items():
@@ -123,30 +125,32 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
         plans[m] = dataclasses.replace(plans[m], prefill=ps[0], prefill_conditional=ps[-1])
     if args.duration:
         plans = {m: dataclasses.replace(p, duration_s=args.duration) for m, p in plans.items()}
-    s = G.Settings(gpus=args.gpus, time_scale=args.time_scale, gpu=args.gpu, model_preset=args.model_preset,
-                   ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, seed=args.seed)
+    s = goodput.Settings(gpus=args.gpus, time_scale=args.time_scale, gpu=args.gpu, model_preset=args.model_preset,
+                         ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, seed=args.seed)
     header = (f"goodput benchmark: {s.gpus} simulated {s.gpu} GPUs × {s.model_preset}, time-scale {s.time_scale}, "
               f"SLO TTFT ≤ {s.ttft_slo_ms:g} ms and TPOT ≤ {s.tpot_slo_ms:g} ms per request\n")
-    return _run_and_report(lambda: G.run(args.mixes, args.deployments, s, plans, out=args.out, log_dir=args.log_dir),
-                           lambda r: header + G.table(r["rows"], r["ratios"]), args.out)
+    return _run_and_report(
+        lambda: goodput.run(args.mixes, args.deployments, s, plans, out=args.out, log_dir=args.log_dir),
+        lambda r: header + goodput.table(r["rows"], r["ratios"]), args.out)
 
 
 def _cmd_router(args: argparse.Namespace) -> int:
-    from . import router_bench as R
+    from . import router_bench
 
-    return _run_and_report(lambda: R.run(streams=args.streams, rounds=args.rounds, tokens=args.tokens,
-                                         time_scale=args.time_scale, targets=args.targets, nginx=args.nginx,
-                                         out=args.out), R.table, args.out)
+    return _run_and_report(lambda: router_bench.run(streams=args.streams, rounds=args.rounds, tokens=args.tokens,
+                                                    time_scale=args.time_scale, targets=args.targets,
+                                                    nginx=args.nginx, out=args.out), router_bench.table, args.out)
 
 
 def _cmd_autoscale(args: argparse.Namespace) -> int:
-    from . import autoscale as A
+    from . import autoscale
 
-    s = A.Settings(base_rate=args.base_rate, step_factor=args.step_factor, step_pre_s=args.step_pre,
-                   step_post_s=args.step_post, trough_rate=args.trough_rate, peak_rate=args.peak_rate,
-                   day_s=args.day, probe_s=args.probe, scale_down_stabilization_s=args.scale_down_stabilization,
-                   seed=args.seed, parts=tuple(args.parts))
-    return _run_and_report(lambda: A.run(s, out=args.out, log_dir=args.log_dir), A.table, args.out)
+    s = autoscale.Settings(base_rate=args.base_rate, step_factor=args.step_factor, step_pre_s=args.step_pre,
+                           step_post_s=args.step_post, trough_rate=args.trough_rate, peak_rate=args.peak_rate,
+                           day_s=args.day, probe_s=args.probe,
+                           scale_down_stabilization_s=args.scale_down_stabilization, seed=args.seed,
+                           parts=tuple(args.parts))
+    return _run_and_report(lambda: autoscale.run(s, out=args.out, log_dir=args.log_dir), autoscale.table, args.out)
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,9 +32,11 @@ from typing import Any
 
 import yaml
 
-from . import loadgen
-from .procs import SIM_MODEL, Processes, cpu_seconds
-from .workload import MIXES, generate
+from ..load import loadgen
+from ..load.workload import MIXES, generate
+from ..local.harness import router_workers_at
+from ..local.procs import SIM_MODEL, Proc, Processes, cpu_seconds
+from ..poll import wait_for
 
 DEPLOYMENTS = ("aggregated", "disaggregated", "conditional")
 LABEL = {"aggregated": "a", "disaggregated": "b", "conditional": "c"}
@@ -135,13 +138,15 @@ def run_one(deployment: str, plan: Plan, s: Settings, log_dir: Path | None = Non
     d = s.gpus - p
     if deployment != "aggregated" and not (1 <= p < s.gpus):
         raise ValueError(f"{plan.mix}: prefill workers must be in 1..{s.gpus - 1}, got {p}")
-    sim_kw = dict(time_scale=s.time_scale, gpu=s.gpu, model_preset=s.model_preset)
     with Processes(log_dir / f"{plan.mix}-{deployment}" if log_dir else None) as procs:
+
+        def sim(role: str) -> Proc:
+            return procs.sim(role, time_scale=s.time_scale, gpu=s.gpu, model_preset=s.model_preset)
+
         if deployment == "aggregated":
-            workers = {"aggregated": [procs.sim("aggregated", **sim_kw) for _ in range(d)]}
+            workers = {"aggregated": [sim("aggregated") for _ in range(d)]}
         else:
-            workers = {"prefill": [procs.sim("prefill", **sim_kw) for _ in range(p)],
-                       "decode": [procs.sim("decode", **sim_kw) for _ in range(d)]}
+            workers = {"prefill": [sim("prefill") for _ in range(p)], "decode": [sim("decode") for _ in range(d)]}
         for pool in workers.values():
             for w in pool:
                 procs.wait_ready(w)
@@ -149,9 +154,13 @@ def run_one(deployment: str, plan: Plan, s: Settings, log_dir: Path | None = Non
         cfg = router_config(deployment, plan, s)
         conf.write_text(yaml.safe_dump(cfg, sort_keys=False))
         urls = {k: [w.url for w in v] for k, v in workers.items()}
-        router = procs.router(conf, extra=["--scrape-interval", str(max(0.25, min(1.0, s.time_scale)))], **urls)
+        router = procs.router(conf, extra=["--scrape-interval", str(max(0.25, min(1.0, s.time_scale)))],
+                              prefill=urls.get("prefill", ()), decode=urls.get("decode", ()),
+                              aggregated=urls.get("aggregated", ()))
         procs.wait_ready(router)
-        time.sleep(0.5)  # a first scrape of the workers' metrics
+        want = {k: len(v) for k, v in workers.items()}  # the router's first scrape of the workers' metrics
+        wait_for(lambda: all(router_workers_at(router.url).get(k) == n for k, n in want.items()), 30,
+                 f"the router to know {want} ready workers", interval=0.05)
 
         requests = generate(mix, plan.rate, s.warmup_s + plan.duration_s, SIM_MODEL, seed=s.seed)
         pids = [x.proc.pid for x in procs.procs]
@@ -163,7 +172,7 @@ def run_one(deployment: str, plan: Plan, s: Settings, log_dir: Path | None = Non
         metrics = asyncio.run(_get(router.url + "/metrics"))
         crashed = [x.name for x in procs.procs if not x.alive()]
 
-    measured = [r for r, q in zip(results, requests) if q.at >= s.warmup_s]
+    measured = [r for r, q in zip(results, requests, strict=True) if q.at >= s.warmup_s]
     summ = loadgen.summarise(measured, s.ttft_slo_ms, s.tpot_slo_ms)
     met = sum(r.meets(s.ttft_slo_ms / 1000, s.tpot_slo_ms / 1000) for r in measured)
     decisions: dict[str, float] = {}
@@ -271,7 +280,8 @@ def machine() -> dict[str, Any]:
 
 
 def run(mixes: list[str], deployments: list[str], s: Settings, plans: dict[str, Plan] | None = None,
-        out: Path | None = None, log_dir: Path | None = None, progress=print) -> dict[str, Any]:
+        out: Path | None = None, log_dir: Path | None = None,
+        progress: Callable[[str], None] = print) -> dict[str, Any]:
     plans = plans or PLANS
     rows = []
     started = datetime.now(UTC)

@@ -16,6 +16,7 @@ import yaml
 
 from ..api import GROUP, PLURAL, VERSION
 from ..local.controlplane import REPO_ROOT
+from ..poll import wait_for
 
 EXAMPLE = REPO_ROOT / "docs" / "examples" / "llama-8b-nvlink.yaml"
 
@@ -31,14 +32,6 @@ class OperatorBench:
     steady_state_writes: int
 
 
-def _poll(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.5)
-
-
 def run(models: int, steady_window_s: float = 30.0, timeout: float = 600.0) -> OperatorBench:
     import kopf
     from kopf.testing import KopfRunner
@@ -52,7 +45,7 @@ def run(models: int, steady_window_s: float = 30.0, timeout: float = 600.0) -> O
     with ControlPlane(with_controller_manager=True) as cp:
         api = api_client(cp.kubeconfig)
         install_crd(api, build_crd())
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": "bench"}})
+        client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="bench")))
         base = yaml.safe_load(EXAMPLE.read_text())
         registry = kopf.OperatorRegistry()
         rec = register(registry, ControllerConfig(kubeconfig=str(cp.kubeconfig)))
@@ -67,17 +60,21 @@ def run(models: int, steady_window_s: float = 30.0, timeout: float = 600.0) -> O
             created = time.monotonic() - t0
 
             def all_status() -> bool:
-                items = co.list_namespaced_custom_object(GROUP, VERSION, "bench", PLURAL)["items"]
-                return sum((m.get("status") or {}).get("observedGeneration") == 1 for m in items) == models
+                got = co.list_namespaced_custom_object(GROUP, VERSION, "bench", PLURAL)
+                assert isinstance(got, dict)
+                written = sum((m.get("status") or {}).get("observedGeneration") == 1 for m in got["items"])
+                return bool(written == models)
 
-            _poll(all_status, timeout, "every model's status")
+            wait_for(all_status, timeout, "every model's status", interval=0.5)
             status_written = time.monotonic() - t0
 
             def settled() -> bool:
                 deps = apps.list_namespaced_deployment("bench").items
-                return len(deps) == 3 * models and all((d.status.replicas or 0) == d.spec.replicas for d in deps)
+                return len(deps) == 3 * models and all(
+                    ((d.status.replicas if d.status else None) or 0) == (d.spec.replicas if d.spec else None)
+                    for d in deps)
 
-            _poll(settled, timeout, "every Deployment to report its replicas")
+            wait_for(settled, timeout, "every Deployment to report its replicas", interval=0.5)
             deployments = time.monotonic() - t0
             time.sleep(5)  # let the last status events drain before the quiet window starts
             w0 = rec.kube.writes
@@ -90,7 +87,8 @@ def run(models: int, steady_window_s: float = 30.0, timeout: float = 600.0) -> O
 
 def main(models: list[int], out: Path | None, steady_window_s: float) -> int:
     results = []
-    print(f"{'models':>7} {'created':>9} {'status':>9} {'settled':>9} {'applies':>8} {'writes/' + str(int(steady_window_s)) + 's':>10}")
+    window = f"writes/{int(steady_window_s)}s"
+    print(f"{'models':>7} {'created':>9} {'status':>9} {'settled':>9} {'applies':>8} {window:>10}")
     for n in models:
         r = run(n, steady_window_s)
         results.append(asdict(r))

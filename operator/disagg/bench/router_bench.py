@@ -25,15 +25,17 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 
+from ..load.loadgen import percentile
+from ..local.procs import HOST, SIM_MODEL, Proc, Processes, cpu_seconds, free_port
 from .goodput import machine
-from .loadgen import percentile
-from .procs import HOST, SIM_MODEL, Processes, cpu_seconds, free_port
 
 NGINX_CONF = """\
 worker_processes 1;
@@ -70,7 +72,7 @@ def find_nginx(explicit: str | None = None) -> str | None:
     return None
 
 
-def start_nginx(procs: Processes, binary: str, upstream: str) -> Any:
+def start_nginx(procs: Processes, binary: str, upstream: str) -> Proc:
     d = procs.log_dir / "nginx"
     d.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -81,7 +83,8 @@ def start_nginx(procs: Processes, binary: str, upstream: str) -> Any:
     return p
 
 
-async def _stream(session, url: str, body: bytes, headers: dict[str, str]) -> tuple[float, list[float], str]:
+async def _stream(session: aiohttp.ClientSession, url: str, body: bytes,
+                  headers: dict[str, str]) -> tuple[float, list[float], str]:
     """Send at once; return (send time, arrival time of each content chunk, error)."""
     t0 = time.perf_counter()
     times: list[float] = []
@@ -103,9 +106,9 @@ async def _stream(session, url: str, body: bytes, headers: dict[str, str]) -> tu
 
 
 async def _phase(direct: str, proxy: str, streams: int, rounds: int, tokens: int) -> dict[str, Any]:
-    import aiohttp
+    def connector() -> aiohttp.TCPConnector:
+        return aiohttp.TCPConnector(limit=0, force_close=False)
 
-    conn = dict(limit=0, force_close=False)
     ttft_d: list[float] = []
     ttft_p: list[float] = []
     added_ttft: list[float] = []
@@ -114,8 +117,8 @@ async def _phase(direct: str, proxy: str, streams: int, rounds: int, tokens: int
     chunks_p = 0
     body_tpl = {"model": SIM_MODEL, "max_tokens": tokens, "stream": True, "ignore_eos": True}
     timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(**conn), timeout=timeout) as sd, \
-            aiohttp.ClientSession(connector=aiohttp.TCPConnector(**conn), timeout=timeout) as sp:
+    async with aiohttp.ClientSession(connector=connector(), timeout=timeout) as sd, \
+            aiohttp.ClientSession(connector=connector(), timeout=timeout) as sp:
 
         async def worker(i: int) -> None:
             nonlocal chunks_p
@@ -134,7 +137,7 @@ async def _phase(direct: str, proxy: str, streams: int, rounds: int, tokens: int
                 ttft_d.append(cd[0] - t0d)
                 ttft_p.append(cp[0] - t0p)
                 added_ttft.append((cp[0] - t0p) - (cd[0] - t0d))
-                added_chunk.extend(b - a for a, b in zip(cd[1:], cp[1:]))
+                added_chunk.extend(b - a for a, b in zip(cd[1:], cp[1:], strict=False))  # pairs only
 
         t_start = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(streams)))
@@ -167,7 +170,7 @@ def _summ(ph: dict[str, Any], step_wall_s: float) -> dict[str, Any]:
 
 def run(streams: int = 500, rounds: int = 3, tokens: int = 64, time_scale: float = 8.0,
         targets: list[str] | tuple[str, ...] = ("direct", "router", "nginx"), nginx: str | None = None,
-        out: Path | None = None, progress=print) -> dict[str, Any]:
+        out: Path | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
     started = datetime.now(UTC)
     rows: dict[str, Any] = {}
     nginx_bin = find_nginx(nginx) if "nginx" in targets else None
@@ -178,12 +181,12 @@ def run(streams: int = 500, rounds: int = 3, tokens: int = 64, time_scale: float
         procs.wait_ready(sim)
         conf = procs.log_dir / "router.yaml"
         conf.write_text(yaml.safe_dump({"model": SIM_MODEL}))
-        proxies: dict[str, Any] = {}
+        proxies: dict[str, Proc] = {}
         if "router" in targets:
             proxies["router"] = procs.router(conf, decode=[sim.url])
         if nginx_bin:
             proxies["nginx"] = start_nginx(procs, nginx_bin, sim.url.removeprefix("http://"))
-        for name, p in proxies.items():
+        for p in proxies.values():
             procs.wait_ready(p, "/health")
         # one decode step of this batch, in wall seconds (to recognise step-shifted pairs)
         from ..sim.perf import PerfModel

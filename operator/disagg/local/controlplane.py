@@ -11,21 +11,21 @@ is stopped (process group killed, temp dir removed) by :meth:`ControlPlane.stop`
 from __future__ import annotations
 
 import atexit
+import http.client
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import yaml
 
-from .procs import stop_group
+from ..poll import WaitTimeoutError, wait_for
+from .procs import free_ports, stop_group
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-control-plane.sh"
@@ -39,20 +39,6 @@ _ENV_ASSETS = {
 
 class ControlPlaneError(RuntimeError):
     pass
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """n distinct free ports (all sockets held open together, so no port is handed out twice)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def find_binaries(build: bool = True, needed: tuple[str, ...] = tuple(_ENV_ASSETS)) -> dict[str, Path]:
@@ -118,13 +104,18 @@ class ControlPlane:
     log_to: Path | None = None
     server: str = ""
     kubeconfig: Path = field(default_factory=Path)
-    _procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
-    _logs: list[IO] = field(default_factory=list)
+    _procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    _logs: list[IO[bytes]] = field(default_factory=list)
     _tmp: Path | None = None
 
     def __enter__(self) -> ControlPlane:
         self.start()
         return self
+
+    @property
+    def tmp_dir(self) -> Path | None:
+        """The started control plane's temp dir (PKI, etcd data, kubeconfig; logs unless ``log_to``)."""
+        return self._tmp
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -174,7 +165,7 @@ class ControlPlane:
             ])
 
     def stop(self) -> None:
-        for name, proc in reversed(self._procs):  # controller-manager, apiserver, then etcd
+        for _name, proc in reversed(self._procs):  # controller-manager, apiserver, then etcd
             stop_group(proc, grace=10)
         self._procs.clear()
         for f in self._logs:
@@ -186,9 +177,10 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ helpers
     def _spawn(self, name: str, argv: list[str]) -> None:
+        assert self._tmp is not None, "start() first"
         logdir = self.log_to or (self._tmp / "logs")
         logdir.mkdir(parents=True, exist_ok=True)
-        log = open(logdir / f"{name}.log", "wb")
+        log = open(logdir / f"{name}.log", "wb")  # noqa: SIM115 - closed by stop(), after the process
         self._logs.append(log)
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._procs.append((name, proc))
@@ -208,23 +200,25 @@ class ControlPlane:
         return ctx
 
     def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
         ctx = self._ssl_context()
-        last = "no answer"
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             for name, proc in self._procs:
                 if proc.poll() is not None:
                     raise ControlPlaneError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
             try:
                 with urllib.request.urlopen(f"{self.server}/readyz", context=ctx, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except Exception as e:  # noqa: BLE001 - not ready yet, keep polling
-                last = str(e)
-            time.sleep(0.2)
-        raise ControlPlaneError(f"kube-apiserver not ready after {timeout}s ({last}):\n{self.log_tail('kube-apiserver')}")
+                    return bool(r.status == 200)
+            except (OSError, http.client.HTTPException):  # not ready yet (refused, 500 while starting, …)
+                return False
 
-    def kubeconfig_dict(self) -> dict:
+        try:
+            wait_for(ready, timeout, "kube-apiserver /readyz", interval=0.2)
+        except WaitTimeoutError as e:
+            raise ControlPlaneError(f"kube-apiserver not ready after {timeout}s ({e}):\n"
+                                    f"{self.log_tail('kube-apiserver')}") from e
+
+    def kubeconfig_dict(self) -> dict[str, Any]:
         assert self._tmp is not None
         pki = self._tmp / "pki"
         return {

@@ -12,15 +12,14 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from .controlplane import REPO_ROOT, free_ports
-from .procs import stop_group
+from ..poll import WaitTimeoutError
+from .controlplane import REPO_ROOT
+from .procs import free_ports, stop_group, wait_http
 
 ENSURE_SCRIPT = REPO_ROOT / "hack" / "ensure-prometheus.sh"
 
@@ -47,7 +46,7 @@ class LocalPrometheus:
     evaluation_interval: str = "1s"
     rule_files: list[Path] = field(default_factory=list)
     url: str = ""
-    _proc: subprocess.Popen | None = None
+    _proc: subprocess.Popen[bytes] | None = None
     _tmp: Path | None = None
 
     def __enter__(self) -> LocalPrometheus:
@@ -79,25 +78,18 @@ class LocalPrometheus:
         (self._tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         (port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{port}"
-        log = open(self._tmp / "prometheus.log", "wb")
-        self._proc = subprocess.Popen(
-            [binary, f"--config.file={self._tmp / 'prometheus.yml'}", f"--storage.tsdb.path={self._tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn",
-             "--storage.tsdb.retention.time=2h"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited {self._proc.returncode}: {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"prometheus not ready after {timeout}s: {self.log_tail()}")
+        with open(self._tmp / "prometheus.log", "wb") as log:
+            self._proc = subprocess.Popen(
+                [binary, f"--config.file={self._tmp / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={self._tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                 "--web.enable-lifecycle", "--log.level=warn", "--storage.tsdb.retention.time=2h"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_http(f"{self.url}/-/ready", timeout, self._proc, interval=0.2)
+        except RuntimeError as e:
+            raise RuntimeError(f"prometheus exited {self._proc.returncode}: {self.log_tail()}") from e
+        except WaitTimeoutError as e:
+            raise RuntimeError(f"prometheus not ready after {timeout}s: {self.log_tail()}") from e
 
     def set_targets(self, targets: list[Target]) -> None:
         groups = [{"targets": [t.address], "labels": t.labels} for t in targets]

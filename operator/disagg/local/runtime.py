@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 
 from .. import logs
 from .procs import stop_group
@@ -53,6 +53,39 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# A Pod read from the apiserver always has metadata (name, namespace, uid) and a spec with a container: typed
+# accessors instead of Optional checks at every use.
+def _meta(pod: client.V1Pod) -> client.V1ObjectMeta:
+    assert pod.metadata is not None
+    return pod.metadata
+
+
+def _spec(pod: client.V1Pod) -> client.V1PodSpec:
+    assert pod.spec is not None
+    return pod.spec
+
+
+def _container(pod: client.V1Pod) -> client.V1Container:
+    return _spec(pod).containers[0]
+
+
+def _name(pod: client.V1Pod) -> str:
+    return str(_meta(pod).name)
+
+
+def _ns(pod: client.V1Pod) -> str:
+    return str(_meta(pod).namespace)
+
+
+def _uid(pod: client.V1Pod) -> str:
+    return str(_meta(pod).uid)
+
+
+def _start_time(pod: client.V1Pod) -> str | None:
+    started = pod.status.start_time if pod.status else None
+    return started.strftime("%Y-%m-%dT%H:%M:%SZ") if started else None
+
+
 @dataclass
 class LocalPod:
     uid: str
@@ -60,13 +93,13 @@ class LocalPod:
     name: str
     ip: str
     root: Path
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     ready: bool = False
     restarts: int = 0
     started_at: str = ""
     deleting_since: float | None = None
     grace: float = 30.0
-    last_status: tuple = ()
+    last_status: tuple[object, ...] = ()
     next_restart: float = 0.0
     spec: dict[str, Any] = field(default_factory=dict)
 
@@ -74,7 +107,7 @@ class LocalPod:
 class LocalRuntime:
     def __init__(self, api: client.ApiClient, kubeconfig: Path, *, namespaces: list[str] | None = None,
                  extra_env: dict[str, str] | None = None, workdir: Path | None = None,
-                 python: str = sys.executable, poll_seconds: float = 0.5, ip_block: int | None = None):
+                 python: str = sys.executable, poll_seconds: float = 0.5, ip_block: int | None = None) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.kubeconfig = kubeconfig
@@ -154,16 +187,16 @@ class LocalRuntime:
     def reconcile_once(self) -> None:
         seen: set[str] = set()
         for pod in self._list_pods():
-            uid = pod.metadata.uid
+            uid = _uid(pod)
             seen.add(uid)
-            if pod.spec.node_name is None and pod.metadata.deletion_timestamp is None:
+            if _spec(pod).node_name is None and _meta(pod).deletion_timestamp is None:
                 self._bind(pod)
                 continue
-            if pod.spec.node_name != NODE_NAME:
+            if _spec(pod).node_name != NODE_NAME:
                 continue
             with self._lock:
                 local = self.pods.get(uid)
-                if pod.metadata.deletion_timestamp is not None:
+                if _meta(pod).deletion_timestamp is not None:
                     self._terminate(pod, local)
                     continue
                 if local is None:
@@ -179,10 +212,10 @@ class LocalRuntime:
 
     # ------------------------------------------------------------------ scheduling
     def _bind(self, pod: client.V1Pod) -> None:
-        body = client.V1Binding(metadata=client.V1ObjectMeta(name=pod.metadata.name),
+        body = client.V1Binding(metadata=client.V1ObjectMeta(name=_name(pod)),
                                 target=client.V1ObjectReference(kind="Node", name=NODE_NAME, api_version="v1"))
         try:
-            self.core.create_namespaced_pod_binding(pod.metadata.name, pod.metadata.namespace, body,
+            self.core.create_namespaced_pod_binding(_name(pod), _ns(pod), body,
                                                     _preload_content=False)
         except ApiException as e:
             if e.status not in (404, 409):
@@ -194,10 +227,10 @@ class LocalRuntime:
         return f"127.{self.ip_block}.{1 + n // 250}.{1 + n % 250}"
 
     def _admit(self, pod: client.V1Pod) -> LocalPod:
-        root = self.root / f"{pod.metadata.namespace}_{pod.metadata.name}"
+        root = self.root / f"{_ns(pod)}_{_name(pod)}"
         root.mkdir(parents=True, exist_ok=True)
-        local = LocalPod(uid=pod.metadata.uid, namespace=pod.metadata.namespace, name=pod.metadata.name,
-                         ip=self._allocate_ip(), root=root, grace=float(pod.spec.termination_grace_period_seconds or 30))
+        local = LocalPod(uid=_uid(pod), namespace=_ns(pod), name=_name(pod), ip=self._allocate_ip(), root=root,
+                         grace=float(_spec(pod).termination_grace_period_seconds or 30))
         self.pods[local.uid] = local
         log.info("pod admitted", pod=f"{local.namespace}/{local.name}", ip=local.ip)
         return local
@@ -205,8 +238,8 @@ class LocalRuntime:
     # ------------------------------------------------------------------ processes
     def _mounts(self, pod: client.V1Pod, local: LocalPod) -> dict[str, Path]:
         """mountPath → local dir; ConfigMap contents (re)written on every pass."""
-        container = pod.spec.containers[0]
-        volumes = {v.name: v for v in (pod.spec.volumes or [])}
+        container = _container(pod)
+        volumes = {v.name: v for v in (_spec(pod).volumes or [])}
         out: dict[str, Path] = {}
         for m in container.volume_mounts or []:
             if m.mount_path == "/dev/shm":
@@ -214,9 +247,9 @@ class LocalRuntime:
             d = local.root / "volumes" / m.name
             d.mkdir(parents=True, exist_ok=True)
             v = volumes.get(m.name)
-            if v is not None and v.config_map is not None:
+            if v is not None and v.config_map is not None and v.config_map.name:
                 try:
-                    cm = self.core.read_namespaced_config_map(v.config_map.name, pod.metadata.namespace)
+                    cm = self.core.read_namespaced_config_map(v.config_map.name, _ns(pod))
                     for key, value in (cm.data or {}).items():
                         path = d / key
                         if not path.exists() or path.read_text() != value:
@@ -233,14 +266,14 @@ class LocalRuntime:
         env: dict[str, str] = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
         env.update(self.extra_env)
         env["KUBECONFIG"] = str(self.kubeconfig)
-        fields = {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
-                  "metadata.uid": pod.metadata.uid, "status.podIP": local.ip, "status.hostIP": "127.0.0.1",
-                  "spec.nodeName": NODE_NAME, "spec.serviceAccountName": pod.spec.service_account_name or "default"}
+        fields = {"metadata.name": _name(pod), "metadata.namespace": _ns(pod),
+                  "metadata.uid": _uid(pod), "status.podIP": local.ip, "status.hostIP": "127.0.0.1",
+                  "spec.nodeName": NODE_NAME, "spec.serviceAccountName": _spec(pod).service_account_name or "default"}
         # the simulated GPU follows the pod's GPU-product node selector (heterogeneous pools stay heterogeneous)
-        for key, value in (pod.spec.node_selector or {}).items():
+        for key, value in (_spec(pod).node_selector or {}).items():
             if key.endswith("gpu.product") and "DISAGG_SIM_GPU" not in env:
                 env["DISAGG_SIM_GPU"] = value
-        for e in pod.spec.containers[0].env or []:
+        for e in _container(pod).env or []:
             if e.value is not None:
                 env[e.name] = _VAR.sub(lambda m: env.get(m.group(1), m.group(0)), e.value)
             elif e.value_from is not None and e.value_from.field_ref is not None:
@@ -250,7 +283,7 @@ class LocalRuntime:
                 try:
                     import base64
 
-                    sec = self.core.read_namespaced_secret(ref.name, pod.metadata.namespace)
+                    sec = self.core.read_namespaced_secret(ref.name or "", _ns(pod))
                     env[e.name] = base64.b64decode((sec.data or {}).get(ref.key, "")).decode()
                 except ApiException:
                     if not ref.optional:
@@ -258,7 +291,7 @@ class LocalRuntime:
         return env
 
     def _argv(self, pod: client.V1Pod, local: LocalPod, env: dict[str, str], mounts: dict[str, Path]) -> list[str]:
-        c = pod.spec.containers[0]
+        c = _container(pod)
         argv = [_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in (c.command or []) + (c.args or [])]
         for mount, d in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
             argv = [str(d) + a[len(mount):] if a.startswith(mount + "/") or a == mount else a for a in argv]
@@ -285,16 +318,15 @@ class LocalRuntime:
                 return
         env = self._env(pod, local)
         argv = self._argv(pod, local, env, mounts)
-        logf = open(local.root / "container.log", "ab")
-        local.proc = subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=local.root,
-                                      start_new_session=True)
-        logf.close()
+        with open(local.root / "container.log", "ab") as logf:
+            local.proc = subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=local.root,
+                                          start_new_session=True)
         local.started_at = _now()
         local.next_restart = 0.0
         log.info("container started", pod=f"{local.namespace}/{local.name}", argv=" ".join(argv[3:8]) + " …")
 
     def _probe(self, pod: client.V1Pod, local: LocalPod) -> None:
-        c = pod.spec.containers[0]
+        c = _container(pod)
         if local.proc is None or local.proc.poll() is not None:
             local.ready = False
             return
@@ -318,14 +350,13 @@ class LocalRuntime:
             return
         ready = "True" if local.ready else "False"
         now = _now()
-        c = pod.spec.containers[0]
+        c = _container(pod)
         state = {"running": {"startedAt": local.started_at}} if running else {
             "waiting": {"reason": "CrashLoopBackOff" if local.restarts else "ContainerCreating"}}
         status = {
             "phase": "Running" if running else "Pending",
             "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": local.ip, "podIPs": [{"ip": local.ip}], "startTime": (pod.status.start_time and
-            pod.status.start_time.strftime("%Y-%m-%dT%H:%M:%SZ")) or now,
+            "podIP": local.ip, "podIPs": [{"ip": local.ip}], "startTime": _start_time(pod) or now,
             "conditions": [
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
                 {"type": "Initialized", "status": "True", "lastTransitionTime": now},
@@ -336,7 +367,7 @@ class LocalRuntime:
                                    "restartCount": local.restarts, "started": running, "state": state}],
         }
         try:
-            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": status})
+            self.core.patch_namespaced_pod_status(_name(pod), _ns(pod), {"status": status})
             local.last_status = key
         except ApiException as e:
             if e.status != 404:
@@ -347,7 +378,7 @@ class LocalRuntime:
         """Graceful stop off the main loop (SIGTERM, grace period, SIGKILL), then remove the Pod."""
         if local is not None and local.deleting_since is not None:
             return
-        grace = pod.metadata.deletion_grace_period_seconds
+        grace = _meta(pod).deletion_grace_period_seconds
         if local is not None:
             local.deleting_since = time.monotonic()
 
@@ -357,13 +388,13 @@ class LocalRuntime:
                 with self._lock:
                     self.pods.pop(local.uid, None)
             try:
-                self.core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0)
+                self.core.delete_namespaced_pod(_name(pod), _ns(pod), grace_period_seconds=0)
             except ApiException as e:
                 if e.status != 404:
-                    log.warning("pod removal failed", pod=f"{pod.metadata.namespace}/{pod.metadata.name}",
+                    log.warning("pod removal failed", pod=f"{_ns(pod)}/{_name(pod)}",
                                 status=e.status)
 
-        threading.Thread(target=finish, name=f"terminate-{pod.metadata.name}", daemon=True).start()
+        threading.Thread(target=finish, name=f"terminate-{_name(pod)}", daemon=True).start()
 
     def _kill(self, local: LocalPod, grace: float) -> None:
         if local.proc is None or local.proc.poll() is not None:

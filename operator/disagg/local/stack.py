@@ -11,10 +11,9 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes import client
 
@@ -22,18 +21,21 @@ from ..api import GROUP, PLURAL, VERSION
 from ..api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, ROUTER_PORT
 from ..api.crd import build_crd
 from ..kube import api_client, install_crd, server_side_apply
-from .controlplane import ControlPlane, free_ports
-from .procs import stop_group
+from ..poll import wait_for
+from .controlplane import ControlPlane
+from .procs import free_ports, stop_group
 from .prometheus import LocalPrometheus, Target
 from .runtime import LocalRuntime
 
 WORKER_PORT = 8000
 
+T = TypeVar("T")
+
 
 class LocalStack:
     def __init__(self, namespace: str = "default", workdir: Path | None = None,
                  sim_env: dict[str, str] | None = None, log_dir: Path | None = None,
-                 operator_args: tuple[str, ...] = ()):
+                 operator_args: tuple[str, ...] = ()) -> None:
         self.namespace = namespace
         self.workdir = workdir
         self.log_dir = log_dir
@@ -42,13 +44,13 @@ class LocalStack:
         self.cp = ControlPlane(with_controller_manager=True, workdir=workdir, log_to=log_dir)
         self.prometheus = LocalPrometheus()
         self.runtime: LocalRuntime | None = None
-        self.operator: subprocess.Popen | None = None
+        self.operator: subprocess.Popen[bytes] | None = None
         self.api: client.ApiClient | None = None
         self._stop = threading.Event()
         self._targets_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, say: Callable[[str], None] = lambda m: None) -> None:
+    def start(self, say: Callable[[str], None] = lambda _: None) -> None:
         atexit.register(self.stop)
         say("starting etcd + kube-apiserver + kube-controller-manager on 127.0.0.1")
         self.cp.start()
@@ -67,16 +69,15 @@ class LocalStack:
 
     def _start_operator(self) -> None:
         (liveness_port,) = free_ports(1)
-        logdir = self.log_dir or Path(self.cp._tmp or ".")  # noqa: SLF001 - the control plane's temp dir
+        logdir = self.log_dir or self.cp.tmp_dir or Path(".")
         logdir.mkdir(parents=True, exist_ok=True)
-        log = open(logdir / "operator.log", "ab")
-        self.operator = subprocess.Popen(
-            [sys.executable, "-m", "disagg.cli", "operator", "--namespace", self.namespace,
-             "--kubeconfig", str(self.cp.kubeconfig), "--liveness", f"http://127.0.0.1:{liveness_port}/healthz",
-             *self.operator_args],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "KUBECONFIG": str(self.cp.kubeconfig)})
-        log.close()
+        with open(logdir / "operator.log", "ab") as log:
+            self.operator = subprocess.Popen(
+                [sys.executable, "-m", "disagg.cli", "operator", "--namespace", self.namespace,
+                 "--kubeconfig", str(self.cp.kubeconfig), "--liveness", f"http://127.0.0.1:{liveness_port}/healthz",
+                 *self.operator_args],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "KUBECONFIG": str(self.cp.kubeconfig)})
 
     def stop(self) -> None:
         self._stop.set()
@@ -99,20 +100,21 @@ class LocalStack:
     def _sync_targets(self) -> None:
         """Scrape every running pod of every model, labelled as the chart's PodMonitors label them."""
         core = client.CoreV1Api(self.api)
-        last: list[tuple[str, tuple]] = []
+        last: list[tuple[str, tuple[tuple[str, str], ...]]] = []
         while not self._stop.is_set():
             try:
                 pods = core.list_namespaced_pod(self.namespace, label_selector=LABEL_MODEL).items
                 targets = []
                 for p in pods:
-                    if not p.status.pod_ip or p.metadata.deletion_timestamp:
+                    ip = pod_ip(p)
+                    if not ip or p.metadata is None or p.metadata.deletion_timestamp:
                         continue
                     labels = p.metadata.labels or {}
                     role = labels.get(LABEL_ROLE, "")
                     port = ROUTER_PORT if role == "router" else WORKER_PORT
-                    targets.append(Target(f"{p.status.pod_ip}:{port}", {
+                    targets.append(Target(f"{ip}:{port}", {
                         "namespace": self.namespace, "model": labels.get(LABEL_MODEL, ""), "role": role,
-                        "pod": p.metadata.name, "compat_hash": labels.get(LABEL_COMPAT, "")}))
+                        "pod": p.metadata.name or "", "compat_hash": labels.get(LABEL_COMPAT, "")}))
                 key = sorted((t.address, tuple(sorted(t.labels.items()))) for t in targets)
                 if key != last:
                     self.prometheus.set_targets(targets)
@@ -123,22 +125,19 @@ class LocalStack:
 
     # ------------------------------------------------------------------ helpers
     def apply(self, doc: dict[str, Any]) -> None:
+        assert self.api is not None, "start() first"
         doc = {**doc, "metadata": {**doc.get("metadata", {}), "namespace": self.namespace}}
         server_side_apply(self.api, doc, field_manager="disagg-demo")
 
     def model(self, name: str) -> dict[str, Any]:
-        return client.CustomObjectsApi(self.api).get_namespaced_custom_object(GROUP, VERSION, self.namespace,
-                                                                              PLURAL, name)
+        got = client.CustomObjectsApi(self.api).get_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                                             PLURAL, name)
+        assert isinstance(got, dict)
+        return got
 
     def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
         client.CustomObjectsApi(self.api).patch_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL, name, {"spec": spec})
-
-    def condition(self, name: str, type_: str) -> str | None:
-        for c in (self.model(name).get("status") or {}).get("conditions") or []:
-            if c.get("type") == type_:
-                return c.get("status")
-        return None
 
     def pods(self, model: str, role: str) -> list[client.V1Pod]:
         core = client.CoreV1Api(self.api)
@@ -146,24 +145,30 @@ class LocalStack:
                                         label_selector=f"{LABEL_MODEL}={model},{LABEL_ROLE}={role}").items
 
     def ready_pod_ips(self, model: str, role: str) -> list[str]:
-        return [p.status.pod_ip for p in self.pods(model, role)
-                if p.status.pod_ip and not p.metadata.deletion_timestamp
-                and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+        return [ip for p in self.pods(model, role)
+                if (ip := pod_ip(p)) and not (p.metadata and p.metadata.deletion_timestamp) and pod_ready(p)]
 
     def router_url(self, model: str) -> str | None:
         ips = self.ready_pod_ips(model, "router")
         return f"http://{ips[0]}:{ROUTER_PORT}" if ips else None
 
-    def wait_for(self, what: str, pred: Callable[[], Any], timeout: float, poll: float = 0.5) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_for(self, pred: Callable[[], T], timeout: float, what: str) -> T:
+        """:func:`disagg.poll.wait_for` that also fails at once when the operator exits, and treats an
+        apiserver error as "not yet"."""
+
+        def check() -> T:
             if self.operator is not None and self.operator.poll() is not None:
                 raise RuntimeError(f"the operator exited ({self.operator.returncode}) while waiting for {what}")
-            try:
-                got = pred()
-            except client.ApiException:
-                got = None
-            if got:
-                return got
-            time.sleep(poll)
-        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            return pred()
+
+        return wait_for(check, timeout, what, interval=0.5, retry_on=(client.ApiException,))
+
+
+def pod_ip(pod: client.V1Pod) -> str | None:
+    return pod.status.pod_ip if pod.status else None
+
+
+def pod_ready(pod: client.V1Pod) -> bool:
+    """The pod's Ready condition is True."""
+    conds = (pod.status.conditions if pod.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conds)

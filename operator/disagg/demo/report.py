@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import html
 import json
-import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,7 +11,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..local.harness import PhaseResult, Timeline
 from ..router.metrics import PHASES
+from .acts import LoadStep
 
 
 @dataclass
@@ -42,36 +43,30 @@ def phase_means(metrics_text: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def _fetch(url: str) -> str:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.read().decode()
-    except OSError:
-        return ""
-
-
 def _fmt(v: Any, unit: str = "") -> str:
     return "—" if v is None else f"{v:,.0f}{unit}" if isinstance(v, float) and v >= 100 else f"{v}{unit}"
 
 
-def write_report(results_dir: Path, demo: Any, outcome: dict[str, Any]) -> Report:
+def write_report(results_dir: Path, runs: list[PhaseResult], timeline: Timeline, slo: tuple[int, int],
+                 load_steps: dict[str, LoadStep], router_metrics: str = "") -> Report:
+    """The report of a demo run: its traffic phases, its status timeline, the SLO (TTFT, TPOT p95 ms), its load
+    steps (by key: long_outputs, long_prompts), and the router's /metrics text at the end (phase breakdown)."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    router = demo.stack.router_url(demo.name)
-    phases = phase_means(_fetch(router + "/metrics")) if router else {}
+    phases = phase_means(router_metrics)
     lines: list[str] = ["", "=" * 100, "disagg demo — results (latencies in ms; SLO: TTFT p95 "
-                        f"{demo.slo[0]} ms, TPOT p95 {demo.slo[1]} ms)", "=" * 100]
+                        f"{slo[0]} ms, TPOT p95 {slo[1]} ms)", "=" * 100]
     header = f"{'phase':<24}{'reqs':>6}{'err':>5}{'remote':>8}{'local':>7}{'TTFT p50':>10}{'TTFT p95':>10}" \
              f"{'TPOT p50':>10}{'TPOT p95':>10}{'goodput':>9}"
     lines += [header, "-" * len(header)]
     rows = []
-    for ph in demo.phases:
+    for ph in runs:
         s = ph.summary
         remote = sum(r.decision == "remote" for r in ph.results)
         lines.append(f"{ph.name:<24}{s.requests:>6}{s.errors:>5}{remote:>8}{s.requests - remote:>7}"
                      f"{_fmt(s.ttft_p50_ms):>10}{_fmt(s.ttft_p95_ms):>10}{_fmt(s.tpot_p50_ms):>10}"
                      f"{_fmt(s.tpot_p95_ms):>10}{s.goodput:>9.0%}")
         rows.append({"phase": ph.name, **asdict(s)})
-    reasons = Counter(f"{r.decision}/{r.reason}" for ph in demo.phases for r in ph.results if r.decision)
+    reasons = Counter(f"{r.decision}/{r.reason}" for ph in runs for r in ph.results if r.decision)
     lines += ["", "decisions (decision/reason): " + ", ".join(f"{k} {v}" for k, v in reasons.most_common())]
     if phases:
         lines.append("")
@@ -79,18 +74,18 @@ def write_report(results_dir: Path, demo: Any, outcome: dict[str, Any]) -> Repor
         for path, values in sorted(phases.items()):
             lines.append(f"  {path:<9}" + "  ".join(f"{k} {v * 1000:,.1f}" for k, v in values.items()))
     lines.append("")
-    lines.append("mode: " + " → ".join(demo.timeline.modes()))
+    lines.append("mode: " + " → ".join(timeline.modes()))
     for key, label in (("long_outputs", "long-output step"), ("long_prompts", "long-prompt step")):
-        if key in outcome:
-            lines.append(f"{label}: desired replicas {outcome[key].line()}")
+        if key in load_steps:
+            lines.append(f"{label}: desired replicas {load_steps[key].line()}")
     terminal = "\n".join(lines)
 
     files = [results_dir / "results.json"]
     files[0].write_text(json.dumps({"phases": rows, "decisions": dict(reasons), "phase_means_s": phases,
-                                    "timeline": demo.timeline.samples, "marks": demo.timeline.marks,
-                                    "load_steps": {k: asdict(v) for k, v in outcome.items() if k.startswith("long_")}},
+                                    "timeline": timeline.samples, "marks": timeline.marks,
+                                    "load_steps": {k: asdict(v) for k, v in load_steps.items()}},
                                    indent=1, default=str))
-    files += _plots(results_dir, demo, phases)
+    files += _plots(results_dir, runs, timeline, slo, phases)
     html_path = results_dir / "report.html"
     imgs = "".join(f'<h2>{html.escape(p.stem)}</h2><img src="{p.name}" style="max-width:100%">'
                    for p in files if p.suffix == ".png")
@@ -100,7 +95,8 @@ def write_report(results_dir: Path, demo: Any, outcome: dict[str, Any]) -> Repor
     return Report(terminal, files)
 
 
-def _plots(results_dir: Path, demo: Any, phases: dict[str, dict[str, float]]) -> list[Path]:
+def _plots(results_dir: Path, runs: list[PhaseResult], timeline: Timeline, slo: tuple[int, int],
+           phases: dict[str, dict[str, float]]) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,15 +105,15 @@ def _plots(results_dir: Path, demo: Any, phases: dict[str, dict[str, float]]) ->
     out: list[Path] = []
     # 1. TTFT and TPOT distributions by path
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    results = [r for ph in demo.phases for r in ph.results if r.ok]
+    results = [r for ph in runs for r in ph.results if r.ok]
     for path in sorted({r.decision for r in results}):
         sub = [r for r in results if r.decision == path]
-        for ax, attr in zip(axes, ("ttft_s", "tpot_s")):
+        for ax, attr in zip(axes, ("ttft_s", "tpot_s"), strict=True):
             vals = sorted(getattr(r, attr) * 1000 for r in sub if getattr(r, attr) is not None)
             if vals:
                 ax.plot(vals, [i / len(vals) for i in range(1, len(vals) + 1)], label=f"{path} ({len(vals)})")
-    for ax, name, slo in zip(axes, ("TTFT (ms)", "TPOT (ms)"), demo.slo):
-        ax.axvline(slo, color="red", linestyle="--", label="SLO p95")
+    for ax, name, limit in zip(axes, ("TTFT (ms)", "TPOT (ms)"), slo, strict=True):
+        ax.axvline(limit, color="red", linestyle="--", label="SLO p95")
         ax.set_xlabel(name)
         ax.set_ylabel("share of requests")
         ax.set_xscale("log")
@@ -141,7 +137,7 @@ def _plots(results_dir: Path, demo: Any, phases: dict[str, dict[str, float]]) ->
         ax.legend()
         out.append(_save(fig, results_dir / "phase_breakdown.png"))
     # 3. timeline: mode and replicas
-    samples = demo.timeline.samples
+    samples = timeline.samples
     if samples:
         fig, ax = plt.subplots(figsize=(12, 4))
         t = [s["t"] for s in samples]
@@ -152,7 +148,7 @@ def _plots(results_dir: Path, demo: Any, phases: dict[str, dict[str, float]]) ->
         ax.fill_between(t, 0, [a * max(3, max(s["decode_desired"] for s in samples)) for a in agg], step="post",
                         alpha=0.15, color="red", label="mode Aggregated")
         top = ax.get_ylim()[1]
-        for i, (when, label) in enumerate(demo.timeline.marks):  # staggered: marks can fall close together
+        for i, (when, label) in enumerate(timeline.marks):  # staggered: marks can fall close together
             ax.axvline(when, color="grey", linewidth=0.6)
             ax.text(when, top * (0.95 - 0.3 * (i % 2)), label, rotation=90, fontsize=7, va="top")
         ax.set_xlabel("seconds")

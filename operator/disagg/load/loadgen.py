@@ -9,14 +9,17 @@ simulated (GPU) time and compares directly with the SLOs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import orjson
 
+from ..poll import WaitTimeoutError, until
 from .workload import Request
 
 
@@ -102,7 +105,7 @@ async def _one(session: aiohttp.ClientSession, base_url: str, req: Request, time
     return res
 
 
-def _delta_tokens(data: dict) -> int:
+def _delta_tokens(data: dict[str, Any]) -> int:
     n = 0
     for choice in data.get("choices") or ():
         delta = choice.get("delta")
@@ -113,24 +116,48 @@ def _delta_tokens(data: dict) -> int:
 
 
 async def run(base_url: str, requests: list[Request], *, time_scale: float = 1.0, timeout_s: float = 300.0,
-              concurrency_limit: int = 512, on_done: Callable[[Result], None] | None = None) -> list[Result]:
+              concurrency_limit: int = 512, on_done: Callable[[Result], None] | None = None,
+              stop: Callable[[], bool] | None = None) -> list[Result]:
+    """Send each request at its scheduled time; the results in the order of ``requests``. With ``stop``: once it
+    returns True (it is polled), requests not yet sent are dropped from the run and from the results; those in
+    flight complete."""
     connector = aiohttp.TCPConnector(limit=concurrency_limit)
+    stopped = asyncio.Event()
     async with aiohttp.ClientSession(connector=connector) as session:
         t0 = time.perf_counter()
 
-        async def scheduled(req: Request) -> Result:
+        async def scheduled(req: Request) -> Result | None:
             delay = req.at * time_scale - (time.perf_counter() - t0)
-            if delay > 0:
+            if delay > 0 and stop is None:
                 await asyncio.sleep(delay)
+            elif delay > 0:
+                with contextlib.suppress(TimeoutError):  # its time came before the stop (the usual case)
+                    await asyncio.wait_for(stopped.wait(), delay)
+            if stopped.is_set():
+                return None
             r = await _one(session, base_url, req, time_scale, timeout_s)
             if on_done:
                 on_done(r)
             return r
 
-        return list(await asyncio.gather(*(scheduled(r) for r in requests)))
+        async def watch(pred: Callable[[], bool]) -> None:
+            last = max((r.at * time_scale for r in requests), default=0.0)
+            with contextlib.suppress(WaitTimeoutError):  # every request was sent before stop said so
+                await until(pred, last + 1.0, "the load's stop condition", interval=0.1)
+                stopped.set()
+
+        watcher = asyncio.create_task(watch(stop)) if stop is not None else None
+        try:
+            results = await asyncio.gather(*(scheduled(r) for r in requests))
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+        return [r for r in results if r is not None]
 
 
-def percentile(values: list[float], q: float) -> float | None:
+def percentile(values: Sequence[float | None], q: float) -> float | None:
     vals = sorted(v for v in values if v is not None)
     if not vals:
         return None
@@ -149,21 +176,22 @@ class Summary:
     goodput: float  # share of all requests meeting both SLOs
     decisions: dict[str, int] = field(default_factory=dict)
 
-    def row(self) -> dict:
-        return self.__dict__
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
 
 
 def summarise(results: list[Result], ttft_slo_ms: float, tpot_slo_ms: float) -> Summary:
     ok = [r for r in results if r.ok]
-    ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
     decisions: dict[str, int] = {}
     for r in results:
         decisions[r.decision or "n/a"] = decisions.get(r.decision or "n/a", 0) + 1
     met = sum(r.meets(ttft_slo_ms / 1000, tpot_slo_ms / 1000) for r in results)
     return Summary(
         requests=len(results), errors=len(results) - len(ok),
-        ttft_p50_ms=ms(percentile([r.ttft_s for r in ok], 0.5)), ttft_p95_ms=ms(percentile([r.ttft_s for r in ok], 0.95)),
-        tpot_p50_ms=ms(percentile([r.tpot_s for r in ok if r.tpot_s is not None], 0.5)),
-        tpot_p95_ms=ms(percentile([r.tpot_s for r in ok if r.tpot_s is not None], 0.95)),
+        ttft_p50_ms=_ms(percentile([r.ttft_s for r in ok], 0.5)),
+        ttft_p95_ms=_ms(percentile([r.ttft_s for r in ok], 0.95)),
+        tpot_p50_ms=_ms(percentile([r.tpot_s for r in ok], 0.5)),
+        tpot_p95_ms=_ms(percentile([r.tpot_s for r in ok], 0.95)),
         goodput=round(met / len(results), 4) if results else 0.0, decisions=decisions,
     )

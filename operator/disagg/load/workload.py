@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 _WORDS = ("cache", "token", "model", "batch", "query", "prompt", "vector", "decode", "stream", "policy", "router",
           "tensor", "layer", "score", "index", "corpus", "answer", "cloud", "node", "pool", "queue", "shard")
@@ -60,7 +61,7 @@ class Request:
     input_tokens: int
     max_tokens: int
     stream: bool
-    body: dict = field(repr=False, default_factory=dict)
+    body: dict[str, Any] = field(repr=False, default_factory=dict)
     path: str = "/v1/chat/completions"
 
 
@@ -86,7 +87,7 @@ def generate(mix: Mix, rate_per_s: float, duration_s: float, model: str, seed: i
         prefix = rng.choice(prefixes[c.name]) if c.name in prefixes else ""
         text = prefix + _words(rng, max(1, n_in - c.shared_prefix_tokens))
         rid = f"{mix.name}-{seed}-{i:05d}"
-        body: dict = {"model": model, "max_tokens": n_out, "stream": c.stream, "ignore_eos": True}
+        body: dict[str, Any] = {"model": model, "max_tokens": n_out, "stream": c.stream, "ignore_eos": True}
         if c.stream:
             body["stream_options"] = {"include_usage": True}
         if c.chat:
