@@ -5,41 +5,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from disagg.local.procs import free_port, free_port_block, wait_http
+from disagg.poll import wait_for
+
+__all__ = ["MODEL", "SimFactory", "SimProc", "free_port", "kv_config", "metric", "prompt_of", "wait_for"]
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_ports(n: int) -> int:
-    """The first of ``n`` consecutive free loopback ports (a DP sim listens on side-channel port + rank)."""
-    for _ in range(200):
-        base = free_port()
-        socks = []
-        try:
-            for port in range(base, base + n):
-                sock = socket.socket()
-                socks.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in socks:
-                sock.close()
-    raise AssertionError(f"no {n} consecutive free ports on 127.0.0.1")
 
 
 def _dp_size(args: tuple[str, ...]) -> int:
@@ -128,18 +106,6 @@ def metric(ms: dict[str, float], name: str, **labels: str) -> float:
     return total
 
 
-def wait_for(cond, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
-    """Poll ``cond`` until truthy or the deadline passes (polling, not sleeping as synchronisation)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
 class SimFactory:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -149,9 +115,9 @@ class SimFactory:
               expect_ready: bool = True) -> SimProc:
         dp = _dp_size(args)
         port = free_port()
-        side = free_ports(dp)
+        side = free_port_block(dp)
         while side <= port < side + dp:
-            side = free_ports(dp)
+            side = free_port_block(dp)
         argv = [sys.executable, "-m", "disagg.sim", model, "--host", "127.0.0.1", "--port", str(port),
                 "--time-scale", str(time_scale), *args]
         full_env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
@@ -166,18 +132,10 @@ class SimFactory:
         return sp
 
     def wait_ready(self, sp: SimProc, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if sp.proc.poll() is not None:
-                raise AssertionError(f"disagg sim exited with {sp.proc.returncode}:\n{sp.log()}")
-            try:
-                with urllib.request.urlopen(sp.url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"disagg sim not healthy after {timeout}s:\n{sp.log()}")
+        try:
+            wait_http(sp.url + "/health", timeout, sp.proc)
+        except (RuntimeError, TimeoutError) as e:
+            raise AssertionError(f"disagg sim not healthy ({e}):\n{sp.log()}") from None
 
     def stop_all(self) -> None:
         for sp in self.procs:
@@ -192,7 +150,7 @@ class SimFactory:
 
 
 def kv_config(role: str, policy: str = "recompute", **extra) -> str:
-    cfg = {"kv_connector": "NixlConnector", "kv_role": role, "kv_load_failure_policy": policy}
+    cfg: dict[str, object] = {"kv_connector": "NixlConnector", "kv_role": role, "kv_load_failure_policy": policy}
     if extra:
         cfg["kv_connector_extra_config"] = extra
     return json.dumps(cfg)

@@ -36,6 +36,7 @@ def test_vllm_spellings_and_defaults():
                  "--kv-transfer-config.kv_connector_extra_config.kv_lease_duration", "7",
                  "--kv-transfer-config.kv_load_failure_policy", "recompute"], env={})
     assert cfg.max_model_len == 8192
+    assert cfg.kv_transfer is not None
     assert cfg.kv_transfer.lease_s == 7 and cfg.kv_transfer.load_failure_policy == "recompute"
     # H100 defaults of vLLM 0.11 for the OpenAI server: 8192 batched tokens, 1024 sequences, chunked on
     assert cfg.max_num_batched_tokens == 8192 and cfg.max_num_seqs == 1024 and cfg.chunked_prefill
@@ -57,13 +58,13 @@ def test_lease_follows_the_emulated_release():
            "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.7"}
     # vLLM >= 0.22.0: kv_connector_extra_config.kv_lease_duration (default 30 s); the variable is not read
     cfg = parse([MODEL, "--kv-transfer-config", NIXL], env=env)
-    assert cfg.kv_transfer.lease_s == 30
+    assert cfg.kv_transfer is not None and cfg.kv_transfer.lease_s == 30
     assert (cfg.side_channel_host, cfg.side_channel_port) == ("10.0.0.7", 5601)
     # before 0.22.0: VLLM_NIXL_ABORT_REQUEST_TIMEOUT (default 480 s)
     old = parse([MODEL, "--emulate-version", "0.21.0", "--kv-transfer-config", NIXL], env=env)
-    assert old.kv_transfer.lease_s == 12
-    assert parse([MODEL, "--emulate-version", "0.21.0", "--kv-transfer-config", NIXL],
-                 env={}).kv_transfer.lease_s == 480
+    assert old.kv_transfer is not None and old.kv_transfer.lease_s == 12
+    bare = parse([MODEL, "--emulate-version", "0.21.0", "--kv-transfer-config", NIXL], env={}).kv_transfer
+    assert bare is not None and bare.lease_s == 480
 
 
 def test_sim_flags_from_env_and_cli_wins():

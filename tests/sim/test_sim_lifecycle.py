@@ -61,7 +61,7 @@ def test_client_disconnect_aborts_a_non_streaming_request(sims):
 
 def test_sigterm_drains_in_flight_requests_within_shutdown_timeout(sims):
     s = sims.start("--max-model-len", "4096", "--shutdown-timeout", "20", time_scale=0.5)
-    result = {}
+    result: dict[str, object] = {}
     t = threading.Thread(target=lambda: result.update(r=s.post("/v1/completions", {"prompt": "hi",
                                                                                    "max_tokens": 100})))
     t.start()

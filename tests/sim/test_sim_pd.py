@@ -199,7 +199,7 @@ def test_request_waiting_for_remote_kv_counts_as_deferred(pd):
     kv = prefill(prod, body, uuid.uuid4().hex)["kv_transfer_params"]
     dec.post("/sim/faults", {"kv_transfer_delay_ms": 4000})
     try:
-        result = {}
+        result: dict[str, object] = {}
         t = threading.Thread(target=lambda: result.update(r=dec.post("/v1/completions", {**body,
                                                                                       "kv_transfer_params": kv})))
         t.start()

@@ -114,7 +114,7 @@ def test_metric_families_follow_the_release() -> None:
     assert "vllm:nixl_num_notifications_after_expiry" not in _families((0, 31, 0))
 
 
-def test_0_11_2_twin_recomputes_a_failed_pull_that_0_33_fails(sims) -> None:  # type: ignore[no-untyped-def]
+def test_0_11_2_twin_recomputes_a_failed_pull_that_0_33_fails(sims) -> None:
     """End to end: the same decode worker config ('fail') answers normally when emulating 0.11.2."""
     p = sims.start("--kv-transfer-config", kv_config("kv_producer"))
     old = sims.start("--emulate-version", "0.11.2", "--kv-transfer-config", kv_config("kv_consumer", "fail"),
@@ -150,7 +150,7 @@ def _rendered_drain_flags(image: str) -> list[str]:
     ("vllm/vllm-openai:v0.33.0", "0.33.0", True),
     ("vllm/vllm-openai:v0.11.2", "0.11.2", False),
 ])
-def test_operator_rendered_drain_on_the_twin_of_that_release(  # type: ignore[no-untyped-def]
+def test_operator_rendered_drain_on_the_twin_of_that_release(
         sims, image: str, emulate: str, drains: bool) -> None:
     """SIGTERM during a request: the default release drains it (the operator renders --shutdown-timeout); 0.11.2
     has no such flag (the operator renders none) and aborts it."""
