@@ -8,6 +8,7 @@ import signal
 import socket
 import threading
 import time
+from typing import Any
 
 from simtest_util import metric, prompt_of, wait_for
 
@@ -61,7 +62,7 @@ def test_client_disconnect_aborts_a_non_streaming_request(sims):
 
 def test_sigterm_drains_in_flight_requests_within_shutdown_timeout(sims):
     s = sims.start("--max-model-len", "4096", "--shutdown-timeout", "20", time_scale=0.5)
-    result: dict[str, object] = {}
+    result: dict[str, Any] = {}
     t = threading.Thread(target=lambda: result.update(r=s.post("/v1/completions", {"prompt": "hi",
                                                                                    "max_tokens": 100})))
     t.start()

@@ -10,6 +10,7 @@ import math
 import threading
 import urllib.request
 import uuid
+from typing import Any
 
 import pytest
 from simtest_util import SimProc, kv_config, metric, prompt_of, wait_for
@@ -199,7 +200,7 @@ def test_request_waiting_for_remote_kv_counts_as_deferred(pd):
     kv = prefill(prod, body, uuid.uuid4().hex)["kv_transfer_params"]
     dec.post("/sim/faults", {"kv_transfer_delay_ms": 4000})
     try:
-        result: dict[str, object] = {}
+        result: dict[str, Any] = {}
         t = threading.Thread(target=lambda: result.update(r=dec.post("/v1/completions", {**body,
                                                                                       "kv_transfer_params": kv})))
         t.start()
