@@ -11,6 +11,8 @@ Claims (docs/kv-transport.md, "Pod Security"; disagg.builders.security):
 | aggregated pool (no KV transfer)       | restricted   |
 | workers, transport rdma (IPC_LOCK)     | privileged   |
 | rdma with the documented override      | restricted   |
+| any pool, spec.model.cache.hostPath    | privileged   |
+| any pool, spec.model.cache.pvc         | restricted   |
 
 Each pod is created with a server-side dry run from its Deployment's pod template: admitted at its level and, where
 that is not already the strictest, refused one level stricter. One test also lets the controller-manager create
@@ -106,7 +108,7 @@ def watch_until(list_fn: Callable[..., Any], namespace: str, done: Callable[[dic
     """Watch a namespaced list until ``done`` holds for the latest state of each object (by name); returns that state.
     The apiserver ends the watch after ``timeout`` seconds: then the wait fails."""
     seen: dict[str, Any] = {}
-    w: Any = watch.Watch()  # type: ignore[no-untyped-call]
+    w: Any = watch.Watch()
     for event in w.stream(list_fn, namespace, timeout_seconds=timeout):
         obj = event["object"]
         seen[obj.metadata.name] = obj
@@ -174,7 +176,8 @@ def test_namespaces_enforce_their_level(kube: client.ApiClient, psa: dict[Level,
 
 @pytest.mark.parametrize("transport", ["rdma", "nvlink", "tcp", "auto"])
 def test_worker_and_router_pods_per_transport(kube: client.ApiClient, psa: dict[Level, str], transport: str) -> None:
-    body = model_body("llama-8b-nvlink", "x", kvTransfer={"transport": transport}, aggregated=AGGREGATED)
+    kv: dict[str, Any] = {"transport": transport, **({"rdma": {}} if transport == "rdma" else {})}
+    body = model_body("llama-8b-nvlink", "x", kvTransfer=kv, aggregated=AGGREGATED)
     dm = parse_model(body)
     deps = deployments(body)
     claims: dict[str, Level] = {
@@ -226,6 +229,27 @@ def test_pod_template_overrides_still_merge_and_keep_the_level(kube: client.ApiC
     body = model_body("llama-8b-nvlink", "x")
     body["spec"]["decode"]["podTemplate"] = {"spec": {"securityContext": {"runAsNonRoot": False, "runAsUser": 0}}}
     assert_level(kube, psa, deployments(body)["llama-8b-decode"], "baseline")
+
+
+@pytest.mark.parametrize("cache,level", [
+    ({"hostPath": "/var/cache/disagg-models"}, "privileged"),
+    ({"pvc": {"claimName": "hf-cache"}}, "restricted"),
+])
+def test_model_cache_levels(kube: client.ApiClient, psa: dict[Level, str], cache: dict[str, Any],
+                            level: Level) -> None:
+    """spec.model.cache (docs/install.md, "Model cache"): a hostPath cache needs a privileged namespace (baseline
+    refuses hostPath volumes, and the init container that hands the directory to the worker's uid runs as root);
+    a PVC cache keeps every pool restricted."""
+    body = model_body("llama-8b-nvlink", "x", model={"name": "meta-llama/Llama-3.1-8B-Instruct", "cache": cache},
+                      kvTransfer={"transport": "tcp"}, aggregated=AGGREGATED)
+    dm = parse_model(body)
+    deps = deployments(body)
+    for role in ("prefill", "decode", "aggregated"):
+        assert pool_security_level(dm, role) == level
+        refused = assert_level(kube, psa, deps[f"llama-8b-{role}"], level)
+        if level == "privileged":
+            assert "hostPath volumes" in (refused or ""), refused
+    assert_level(kube, psa, deps["llama-8b-router"], "restricted")  # the router mounts no cache
 
 
 # ------------------------------------------------------------------------------------------------ the chart

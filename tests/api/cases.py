@@ -86,6 +86,33 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
                                                                                        "values": ["x"]}}]}),
      "spec.routing.tenants[0].match.header"),
     ("node-selector-value-not-string", spec(prefill={"nodeSelector": {"gpu": 1}}), "spec.prefill.nodeSelector.gpu"),
+    # transport rdma needs its block: the device plugin's resource name is the user's to say
+    ("rdma-transport-without-rdma-block", spec(kvTransfer={"transport": "rdma"}), "spec.kvTransfer.rdma"),
+    # issue 14: flags the operator owns, in the spellings CEL reads (the abbreviations are OPERATOR_ONLY)
+    ("extra-args-dotted-kv-role",
+     spec(prefill={"extraArgs": ["--enforce-eager", "--max-num-seqs=8", "--kv-transfer-config.kv_role=kv_consumer"]}),
+     "spec.prefill.extraArgs"),
+    ("extra-args-underscore-tp", spec(decode={"extraArgs": ["--tensor_parallel_size", "4"]}), "spec.decode.extraArgs"),
+    ("extra-args-short-tp", spec(engine={"extraArgs": ["-tp=4"]}), "spec.engine.extraArgs"),
+    ("extra-args-port", spec(aggregated={"extraArgs": ["--port=9000"]}), "spec.aggregated.extraArgs"),
+    ("extra-args-shutdown-timeout", spec(engine={"extraArgs": ["--shutdown_timeout", "5"]}), "spec.engine.extraArgs"),
+    ("extra-arg-too-long", spec(engine={"extraArgs": ["--chat-template=" + "x" * 2048]}), "spec.engine.extraArgs[0]"),
+    # issue 13: rollouts that fit the cluster
+    ("rolling-update-both-zero", spec(prefill={"rollingUpdate": {"maxSurge": 0, "maxUnavailable": "0%"}}),
+     "spec.prefill.rollingUpdate.maxUnavailable"),
+    ("rolling-update-surge-not-percent", spec(decode={"rollingUpdate": {"maxSurge": "2"}}),
+     "spec.decode.rollingUpdate.maxSurge"),
+    ("rolling-update-unavailable-over-100", spec(decode={"rollingUpdate": {"maxUnavailable": "150%"}}),
+     "spec.decode.rollingUpdate.maxUnavailable"),
+    ("rolling-update-negative", spec(decode={"rollingUpdate": {"maxSurge": -1}}), "spec.decode.rollingUpdate.maxSurge"),
+    ("rolling-update-wrong-type", spec(decode={"rollingUpdate": {"maxSurge": True}}),
+     "spec.decode.rollingUpdate.maxSurge"),
+    # issue 13: the model cache
+    ("model-cache-empty", spec(model={"name": "m", "cache": {}}), "spec.model.cache"),
+    ("model-cache-both", spec(model={"name": "m", "cache": {"hostPath": "/var/cache/m", "pvc": {"claimName": "c"}}}),
+     "spec.model.cache"),
+    ("model-cache-relative-host-path", spec(model={"name": "m", "cache": {"hostPath": "cache"}}),
+     "spec.model.cache.hostPath"),
 ]
 
 # Whole documents the apiserver refuses (metadata, top level), with the field its error must name.
@@ -99,14 +126,19 @@ INVALID_OBJECTS: list[tuple[str, dict[str, Any], str]] = [
 # Specs the apiserver accepts and the operator refuses (BuildError, semantics.semantic_errors): `disagg validate`
 # refuses them as the operator's, naming the field.
 OPERATOR_ONLY: list[tuple[str, dict[str, Any], str]] = [
-    ("extra-args-dotted-kv-role",
-     spec(prefill={"extraArgs": ["--enforce-eager", "--max-num-seqs=8", "--kv-transfer-config.kv_role=kv_consumer"]}),
-     "spec.prefill.extraArgs[2]"),
-    ("extra-args-underscore-tp", spec(decode={"extraArgs": ["--tensor_parallel_size", "4"]}),
-     "spec.decode.extraArgs[0]"),
-    ("extra-args-short-tp", spec(engine={"extraArgs": ["-tp=4"]}), "spec.engine.extraArgs[0]"),
-    ("extra-args-port", spec(aggregated={"extraArgs": ["--port=9000"]}), "spec.aggregated.extraArgs[0]"),
-    ("rdma-transport-without-rdma-block", spec(kvTransfer={"transport": "rdma"}), "spec.kvTransfer.rdma"),
+    # argparse's abbreviations of owned flags: beyond the CEL rule's pattern, refused by the operator
+    ("extra-args-abbreviated-tp", spec(decode={"extraArgs": ["--enforce-eager", "--tensor-parallel", "4"]}),
+     "spec.decode.extraArgs[1]"),
+    ("extra-args-abbreviated-short-tp", spec(engine={"extraArgs": ["-t=4"]}), "spec.engine.extraArgs[0]"),
+    ("extra-args-abbreviated-kv-config", spec(prefill={"extraArgs": ["--kv-transfer.kv_role=kv_consumer"]}),
+     "spec.prefill.extraArgs[0]"),
+    # a free-form podTemplate, which CEL cannot read, overriding what carries the owned flags
+    ("pod-template-vllm-args", spec(prefill={"podTemplate": {"spec": {"containers": [
+        {"name": "vllm", "args": ["m", "--tensor-parallel-size", "4"]}]}}}),
+     "spec.prefill.podTemplate.spec.containers[0].args"),
+    ("pod-template-vllm-command", spec(decode={"podTemplate": {"spec": {"containers": [
+        {"name": "sidecar", "image": "busybox"}, {"name": "vllm", "command": ["sh", "-c", "vllm serve m"]}]}}}),
+     "spec.decode.podTemplate.spec.containers[1].command"),
     ("side-channel-port-is-the-http-port", spec(kvTransfer={"sideChannelPort": 8000}),
      "spec.kvTransfer.sideChannelPort"),
 ]
@@ -116,6 +148,14 @@ OPERATOR_ONLY: list[tuple[str, dict[str, Any], str]] = [
 ACCEPTED: list[tuple[str, dict[str, Any]]] = [
     ("null-is-absent", spec(prefill={"replicas": None, "gpu": None}, autoscaling=None)),
     ("rdma-defaults-explicit", spec(kvTransfer={"transport": "rdma", "rdma": {}})),
+    ("extra-args-that-only-look-owned", spec(engine={"extraArgs": ["--portx", "--config-format", "hf", "--model-impl",
+                                                                   "vllm", "-tpx"]})),
+    ("rolling-update-percentages", spec(prefill={"rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "100%"}},
+                                        decode={"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}})),
+    ("pod-template-sidecar-args", spec(prefill={"podTemplate": {"spec": {"containers": [
+        {"name": "vllm", "env": [{"name": "X", "value": "1"}]},
+        {"name": "log", "image": "busybox", "args": ["-v"]}]}}})),
+    ("model-cache-pvc", spec(model={"name": "m", "cache": {"pvc": {"claimName": "hf-cache"}}})),
     ("free-form-resources", spec(prefill={"resources": {"limits": {"cpu": "4"}, "anything": {"x": 1}}})),
 ]
 
@@ -130,6 +170,18 @@ RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "source-hub-or-pvc": (spec(model={"name": "m", "source": {"hub": {}, "pvc": {"claimName": "w"}}}),
                           "spec.model.source"),
     "rdma-needs-rdma-transport": (spec(kvTransfer={"transport": "nvlink", "rdma": {}}), "spec.kvTransfer"),
+    "rdma-transport-needs-rdma": (spec(kvTransfer={"transport": "rdma"}), "spec.kvTransfer"),
+    "engine-extra-args-not-reserved": (spec(engine={"extraArgs": ["--enforce-eager", "--served_model_name=x"]}),
+                                       "spec.engine"),
+    "pool-extra-args-not-reserved": (spec(aggregated={"extraArgs": ["--kv-transfer-config.kv_role", "kv_both"]}),
+                                     "spec.aggregated"),
+    "rolling-update-max-surge-format": (spec(prefill={"rollingUpdate": {"maxSurge": "1000%"}}),
+                                        "spec.prefill.rollingUpdate"),
+    "rolling-update-max-unavailable-format": (spec(decode={"rollingUpdate": {"maxUnavailable": 1001}}),
+                                              "spec.decode.rollingUpdate"),
+    "rolling-update-not-both-zero": (spec(decode={"rollingUpdate": {"maxSurge": "00%", "maxUnavailable": 0}}),
+                                     "spec.decode.rollingUpdate"),
+    "model-cache-one-kind": (spec(model={"name": "m", "cache": {}}), "spec.model.cache"),
     "tenant-remote-above-local": (
         spec(routing={"tenants": [{"name": "a", "match": {"values": ["x"]}},
                                   {"name": "b", "match": {"values": ["y"]}, "remotePrefill": {"minInputTokens": 512},
@@ -153,10 +205,14 @@ RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 # One spec breaking every rule at once, and the (rule, node path) pairs both the apiserver and spec_errors report.
+# Rules that no spec can break together with another rule of the table (they test the same fields the other way).
+MUTUALLY_EXCLUSIVE = {"rdma-transport-needs-rdma": "rdma-needs-rdma-transport"}
 ALL_RULES_BROKEN: dict[str, Any] = spec(
-    model={"name": "m", "source": {"hub": {}, "pvc": {"claimName": "w"}}},
-    prefill={"minReplicas": 3, "maxReplicas": 2, "replicas": 2},
-    decode={"gpu": {"count": 3}, "parallelism": {"tensor": 2}},
+    model={"name": "m", "source": {"hub": {}, "pvc": {"claimName": "w"}}, "cache": {}},
+    engine={"extraArgs": ["-dp", "2"]},
+    prefill={"minReplicas": 3, "maxReplicas": 2, "replicas": 2, "extraArgs": ["--enforce-eager", "--port=1"],
+             "rollingUpdate": {"maxSurge": "x", "maxUnavailable": "101%"}},
+    decode={"gpu": {"count": 3}, "parallelism": {"tensor": 2}, "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 0}},
     kvTransfer={"transport": "tcp", "rdma": {}},
     routing={
         "remotePrefill": {"minInputTokens": 100},
@@ -169,10 +225,16 @@ ALL_RULES_BROKEN: dict[str, Any] = spec(
     autoscaling={"enabled": True, "prefillDecodeRatio": {"min": 5, "max": 1}},
 )
 ALL_RULES_BROKEN_AT: list[tuple[str, str]] = [
+    ("model-cache-one-kind", "spec.model.cache"),
     ("source-hub-or-pvc", "spec.model.source"),
+    ("engine-extra-args-not-reserved", "spec.engine"),
     ("pool-min-le-max", "spec.prefill"),
     ("pool-replicas-in-range", "spec.prefill"),
+    ("pool-extra-args-not-reserved", "spec.prefill"),
+    ("rolling-update-max-surge-format", "spec.prefill.rollingUpdate"),
+    ("rolling-update-max-unavailable-format", "spec.prefill.rollingUpdate"),
     ("pool-gpu-count-multiple", "spec.decode"),
+    ("rolling-update-not-both-zero", "spec.decode.rollingUpdate"),
     ("rdma-needs-rdma-transport", "spec.kvTransfer"),
     ("routing-remote-above-local", "spec.routing"),
     ("routing-tenant-names-unique", "spec.routing"),

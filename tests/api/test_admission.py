@@ -23,9 +23,10 @@ from disagg.local.procs import wait_for
 def _create(kube: client.ApiClient, namespace: str, spec: dict, name: str = "m", dry_run: bool = True) -> dict:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "DisaggregatedModel",
             "metadata": {"name": name}, "spec": spec}
-    kwargs = {"dry_run": "All"} if dry_run else {}
-    return client.CustomObjectsApi(kube).create_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, body, field_validation="Strict", **kwargs)
+    created = client.CustomObjectsApi(kube).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body, field_validation="Strict", dry_run="All" if dry_run else None)
+    assert isinstance(created, dict)
+    return created
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -55,7 +56,7 @@ def test_invalid_spec_is_rejected_naming_the_field(kube, namespace, case_id, spe
     with pytest.raises(ApiException) as exc:
         _create(kube, namespace, spec)
     assert exc.value.status in (400, 422), exc.value.body
-    message = json.loads(exc.value.body)["message"]
+    message = json.loads(exc.value.body or "{}")["message"]
     assert field in message, f"{case_id}: {field!r} not named in: {message}"
 
 

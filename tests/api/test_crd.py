@@ -51,7 +51,8 @@ def test_every_spec_and_status_field_is_described() -> None:
 def test_schema_is_structural() -> None:
     for path, node in _walk(_schema(), ""):
         assert "$ref" not in node and "anyOf" not in node and "allOf" not in node, path
-        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields") or node.get(
+            "x-kubernetes-int-or-string"), f"{path} has no type"
         if "properties" in node:
             assert "additionalProperties" not in node, path
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from disagg.api import contract as c
 from disagg.api.contract import Role
@@ -113,10 +115,23 @@ def test_shutdown_timeout_only_for_vllm_that_knows_it(image: str, version: tuple
 @pytest.mark.parametrize("where,arg", [("engine", "--port=9000"), ("prefill", "--kv-transfer-config"),
                                        ("decode", "-tp"), ("engine", "--served-model-name")])
 def test_operator_owned_flags_are_refused_in_extra_args(where: str, arg: str) -> None:
+    # the CRD's CEL rule (rules.py), which parse_model applies as the apiserver does
     body = example_body("llama-8b-nvlink")
     body["spec"].setdefault(where, {})["extraArgs"] = ["--enforce-eager", arg]
-    with pytest.raises(BuildError, match=rf"spec\.{where}\.extraArgs\[1\]: {arg.split('=')[0]} is set by the"):
-        build_children(parse_model(body))
+    with pytest.raises(ValidationError, match=rf"spec\.{where}\.extraArgs: extraArgs must not set a flag the operator"):
+        parse_model(body)
+
+
+@pytest.mark.parametrize("where,arg", [("engine", "--serv"), ("prefill", "--kv-transfer"), ("decode", "-t"),
+                                       ("aggregated", "--tensor-parallel=2")])
+def test_abbreviated_owned_flags_are_refused_by_the_builders(where: str, arg: str) -> None:
+    # argparse's abbreviations are beyond the CEL rule's pattern: the builders refuse them (InvalidSpec)
+    body = example_body("llama-8b-nvlink")
+    body["spec"].setdefault(where, {})["extraArgs"] = ["--enforce-eager", arg]
+    dm = parse_model(body)
+    flag_ = re.escape(arg.split("=")[0])
+    with pytest.raises(BuildError, match=rf"^spec\.{where}\.extraArgs\[1\]: {flag_} \(an abbreviation of --"):
+        build_children(dm)
 
 
 # ------------------------------------------------------------------------------------------- transport
@@ -132,7 +147,8 @@ TRANSPORTS: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_transport(transport: str) -> None:
     want = TRANSPORTS[transport]
-    dm = model(kvTransfer={"transport": transport, "sideChannelPort": 5601})
+    rdma: dict[str, Any] = {"rdma": {}} if transport == "rdma" else {}  # rdma/ib x 1, explicitly
+    dm = model(kvTransfer={"transport": transport, "sideChannelPort": 5601, **rdma})
     for role in ("prefill", "decode"):
         cont = container(dm, role)
         env = env_of(cont)
@@ -346,3 +362,80 @@ def test_replicas_owner() -> None:
     assert desired_replicas(dm, "decode") == 8  # clamped to maxReplicas
     body["spec"]["autoscaling"]["enabled"] = False
     assert desired_replicas(parse_model(body), "prefill") == 2  # spec wins when autoscaling is off
+
+
+# ------------------------------------------------------------------------------------- issue 13 day-2 safety
+
+
+@pytest.mark.parametrize("spelling", [["--kv_cache_dtype", "fp8"], ["--kv-cache-dtype=fp8"], ["--kv_cache_dtype=fp8"],
+                                      ["--enforce-eager", "--kv-cache-dtype", "fp8"]])
+def test_every_spelling_of_a_kv_layout_flag_splits_generations(spelling: list[str]) -> None:
+    canonical = example_body("llama-70b-rdma")
+    canonical["spec"]["decode"]["extraArgs"] = ["--kv-cache-dtype", "fp8"]
+    written = example_body("llama-70b-rdma")
+    written["spec"]["decode"]["extraArgs"] = spelling
+    want, got = parse_model(canonical).spec, parse_model(written).spec
+    assert compat_hash(got, "decode") == compat_hash(want, "decode") != compat_hash(got, "prefill")
+
+
+def test_kv_layout_args_are_canonical() -> None:
+    from disagg.builders.workers import kv_layout_args
+
+    assert kv_layout_args(["-q", "awq", "--enforce-eager", "--speculative_config.method=eagle", "--max-num-seqs", "8",
+                           "--disable_hybrid_kv_cache_manager", "--block-size=32"]) == [
+        "--quantization=awq", "--speculative-config.method=eagle", "--disable-hybrid-kv-cache-manager",
+        "--block-size=32"]
+
+
+def test_engine_env_replaces_the_operators_variable_of_the_same_name() -> None:
+    env = [{"name": "UCX_TLS", "value": "rc,cuda_copy"}, {"name": "HOME", "value": "/cache"},
+           {"name": "VLLM_LOGGING_LEVEL", "value": "INFO"}, {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]
+    dm = model("llama-70b-rdma", engine={"env": env})
+    for role in ("prefill", "decode"):
+        entries = container(dm, role)["env"]
+        names = [e["name"] for e in entries]
+        assert len(names) == len(set(names)), names  # server-side apply refuses a name twice (list map by name)
+        assert [e for e in entries if e["name"] == "UCX_TLS"] == [{"name": "UCX_TLS", "value": "rc,cuda_copy"}]
+        assert env_of(container(dm, role))["HOME"] == "/cache"
+        assert env_of(container(dm, role))["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the last entry of a name
+        assert names[-3:] == ["UCX_TLS", "HOME", "VLLM_LOGGING_LEVEL"]  # the user's entries last, in their order
+    # without the override, the operator's value
+    assert env_of(container(model("llama-70b-rdma"), "decode"))["UCX_TLS"] == "rc,cuda_copy,cuda_ipc"
+
+
+@pytest.mark.parametrize("rolling,want", [
+    ({}, {"maxSurge": 1, "maxUnavailable": 0}),
+    ({"maxSurge": 0, "maxUnavailable": 1}, {"maxSurge": 0, "maxUnavailable": 1}),
+    ({"maxSurge": "25%", "maxUnavailable": "50%"}, {"maxSurge": "25%", "maxUnavailable": "50%"}),
+])
+def test_rolling_update_per_pool(rolling: dict[str, Any], want: dict[str, Any]) -> None:
+    body = example_body("llama-70b-rdma")
+    body["spec"]["decode"]["rollingUpdate"] = rolling
+    dm = parse_model(body)
+    strategy = worker_deployment(dm, "decode")["spec"]["strategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": want}
+    # the other pool keeps the default
+    assert worker_deployment(dm, "prefill")["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1,
+                                                                                      "maxUnavailable": 0}
+
+
+def test_rolling_update_both_zero_is_refused_naming_the_field() -> None:
+    body = example_body("llama-8b-nvlink")
+    body["spec"]["prefill"]["rollingUpdate"] = {"maxSurge": "0%", "maxUnavailable": 0}
+    with pytest.raises(ValidationError, match=r"spec\.prefill\.rollingUpdate\.maxUnavailable: maxUnavailable may "
+                                              r"not be 0 when maxSurge is 0"):
+        parse_model(body)
+
+
+@pytest.mark.parametrize("key", ["args", "command"])
+def test_pod_template_may_not_override_the_vllm_command_or_args(key: str) -> None:
+    body = example_body("llama-8b-nvlink")
+    body["spec"]["decode"]["podTemplate"] = {"spec": {"containers": [
+        {"name": "vllm", key: ["--tensor-parallel-size", "8"]}]}}
+    with pytest.raises(BuildError, match=rf"^spec\.decode\.podTemplate\.spec\.containers\[0\]\.{key}: the vllm "
+                                         rf"container's {key} belongs to the operator"):
+        build_children(parse_model(body))
+    # a sidecar's args are its own
+    body["spec"]["decode"]["podTemplate"] = {"spec": {"containers": [
+        {"name": "log", "image": "busybox", key: ["tail"]}]}}
+    assert build_children(parse_model(body))

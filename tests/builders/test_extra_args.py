@@ -9,7 +9,10 @@ aliases (``-tp``) and unambiguous prefixes (``--tensor-parallel``, ``-t``).
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
+from disagg.api import rules
+from disagg.api.flags import sets_reserved_flag
 from disagg.builders import BuildError, build_children, parse_model, worker_args
 from disagg.builders.workers import RESERVED_FLAGS, RESERVED_SHORT_FLAGS, check_extra_args, extra_args_errors
 from disagg.controller.reconcile import Reconciler
@@ -108,12 +111,38 @@ def test_build_error_lists_every_refused_item() -> None:
 
 
 @pytest.mark.parametrize("where", ["engine", "prefill", "decode", "aggregated"])
-def test_the_builders_refuse_the_dotted_kv_role_in_every_list(where: str) -> None:
+def test_the_dotted_kv_role_is_refused_in_every_list(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     body = example_body("llama-8b-nvlink")
     body["spec"]["aggregated"] = {"replicas": 1}
     body["spec"].setdefault(where, {})["extraArgs"] = ["--kv-transfer-config.kv_role=kv_consumer"]
+    # at admission: the CRD's CEL rule, which parse_model applies as the apiserver does
+    with pytest.raises(ValidationError, match=rf"spec\.{where}\.extraArgs: extraArgs must not set a flag"):
+        parse_model(body)
+    # and by the builders, for a model stored before the rule existed
+    monkeypatch.setattr(rules, "RULES", ())
+    dm = parse_model(body)
     with pytest.raises(BuildError, match=rf"^spec\.{where}\.extraArgs\[0\]: --kv-transfer-config\.kv_role is set"):
-        build_children(parse_model(body))
+        build_children(dm)
+
+
+@pytest.mark.parametrize("arg", [a for args, *_ in REFUSED for a in args if extra_args_errors("f.x.y", [a])])
+def test_the_cel_pattern_refuses_only_what_the_operator_refuses(arg: str) -> None:
+    """The CEL rule's pattern (api/flags.py) is the operator's check restricted to full names: whatever it refuses,
+    extra_args_errors refuses; what it lets through are argparse's abbreviations."""
+    if sets_reserved_flag(arg):
+        assert extra_args_errors("spec.prefill.extraArgs", [arg])
+    else:
+        assert "(an abbreviation of" in extra_args_errors("spec.prefill.extraArgs", [arg])[0]
+
+
+def test_the_cel_pattern_follows_the_table() -> None:
+    for flag in RESERVED_FLAGS:
+        for spelling in (flag, f"{flag}=1", f"{flag}.key=1", "--" + flag[2:].replace("-", "_"), f"{flag}.a.b+"):
+            assert sets_reserved_flag(spelling), spelling
+        assert not sets_reserved_flag(flag + "x") and not sets_reserved_flag(flag[:-1])
+    for short in RESERVED_SHORT_FLAGS:
+        assert sets_reserved_flag(short) and sets_reserved_flag(f"{short}=2") and not sets_reserved_flag(short + "x")
+    assert not any(sets_reserved_flag(a) for a in ALLOWED)
 
 
 def test_clean_extra_args_are_rendered_after_the_operators() -> None:
@@ -125,7 +154,12 @@ def test_clean_extra_args_are_rendered_after_the_operators() -> None:
 def test_the_operator_reports_it_as_invalid_spec() -> None:
     body = example_body("llama-8b-nvlink")
     body["spec"]["prefill"]["extraArgs"] = ["--enforce-eager", "--tensor_parallel_size", "4"]
-    # the reconciler's InvalidSpec error (a ValueError), reported as Ready=False reason InvalidSpec
-    with pytest.raises(ValueError, match=r"^spec\.prefill\.extraArgs\[1\]: --tensor_parallel_size is set by the "
-                                          r"operator from spec\.prefill\.parallelism\.tensor; remove it$"):
+    # the reconciler's InvalidSpec error (a ValueError), reported as Ready=False reason InvalidSpec: the CEL rule's
+    # words for a full name, the builders' for an abbreviation
+    with pytest.raises(ValueError, match=r"^spec\.prefill\.extraArgs: extraArgs must not set a flag the operator "):
+        Reconciler(kube=None).desired(body)  # type: ignore[arg-type]
+    body["spec"]["prefill"]["extraArgs"] = ["--enforce-eager", "--tensor-parallel", "4"]
+    with pytest.raises(ValueError, match=r"^spec\.prefill\.extraArgs\[1\]: --tensor-parallel \(an abbreviation of "
+                                          r"--tensor-parallel-size\) is set by the operator from "
+                                          r"spec\.prefill\.parallelism\.tensor; remove it$"):
         Reconciler(kube=None).desired(body)  # type: ignore[arg-type]

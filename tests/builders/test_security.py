@@ -9,7 +9,7 @@ import pytest
 from disagg.builders import BuildSettings, build_children, parse_model
 from disagg.builders.router import router_deployment
 from disagg.builders.security import NON_ROOT_UID, level_for
-from disagg.builders.workers import HOME_DIR, pool_security_level, worker_deployment
+from disagg.builders.workers import CACHE_VOLUME, HF_CACHE_DIR, HOME_DIR, pool_security_level, worker_deployment
 
 from .conftest import example_body, model
 
@@ -41,8 +41,8 @@ def assert_hardened(spec: dict[str, Any], *, root: bool, add: list[str]) -> None
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_workers_are_hardened_per_transport(transport: str) -> None:
-    dm = model(kvTransfer={"transport": transport}, aggregated=AGGREGATED)
     rdma = transport == "rdma"
+    dm = model(kvTransfer={"transport": transport, **({"rdma": {}} if rdma else {})}, aggregated=AGGREGATED)
     for role in ("prefill", "decode"):
         assert_hardened(pod_spec(worker_deployment(dm, role)), root=rdma, add=["IPC_LOCK"] if rdma else [])
         assert pool_security_level(dm, role) == ("privileged" if rdma else "restricted")
@@ -126,3 +126,48 @@ RDMA_RESTRICTED_OVERRIDE: dict[str, Any] = {
 ])
 def test_level_for(added: list[str], want: str) -> None:
     assert level_for(added) == want
+
+
+# ----------------------------------------------------------------------------------------- model cache
+
+
+def test_no_model_cache_by_default() -> None:
+    spec = pod_spec(worker_deployment(model(), "decode"))
+    assert "initContainers" not in spec
+    assert "HF_HOME" not in {e["name"] for e in spec["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize("transport", ["tcp", "rdma"])
+def test_host_path_model_cache(transport: str) -> None:
+    dm = model(model={"name": "meta-llama/Llama-3.1-8B-Instruct", "cache": {"hostPath": "/var/cache/disagg-models"}},
+               kvTransfer={"transport": transport, **({"rdma": {}} if transport == "rdma" else {})},
+               aggregated=AGGREGATED)
+    for role in ("prefill", "decode", "aggregated"):
+        spec = pod_spec(worker_deployment(dm, role))
+        cont = spec["containers"][0]
+        assert {"name": CACHE_VOLUME, "hostPath": {"path": "/var/cache/disagg-models", "type": "DirectoryOrCreate"}} \
+            in spec["volumes"]
+        assert {"name": CACHE_VOLUME, "mountPath": HF_CACHE_DIR} in cont["volumeMounts"]
+        assert HF_CACHE_DIR.startswith(HOME_DIR + "/")
+        assert {"name": "HF_HOME", "value": HF_CACHE_DIR} in cont["env"]
+        assert pool_security_level(dm, role) == "privileged"  # hostPath: neither baseline nor restricted
+        root = spec["securityContext"]["runAsUser"] == 0
+        if root:  # rdma workers run as root: the cache needs no new owner
+            assert "initContainers" not in spec
+            continue
+        [init] = spec["initContainers"]  # hands the kubelet-created (root-owned) directory to the worker's uid
+        assert init["command"] == ["chown", "-R", f"{NON_ROOT_UID}:{NON_ROOT_UID}", HF_CACHE_DIR]
+        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+        assert init["securityContext"]["allowPrivilegeEscalation"] is False
+        assert init["volumeMounts"] == [{"name": CACHE_VOLUME, "mountPath": HF_CACHE_DIR}]
+
+
+def test_pvc_model_cache_keeps_restricted() -> None:
+    dm = model(model={"name": "meta-llama/Llama-3.1-8B-Instruct", "cache": {"pvc": {"claimName": "hf-cache"}}})
+    for role in ("prefill", "decode"):
+        spec = pod_spec(worker_deployment(dm, role))
+        assert {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": "hf-cache"}} in spec["volumes"]
+        assert {"name": CACHE_VOLUME, "mountPath": HF_CACHE_DIR} in spec["containers"][0]["volumeMounts"]
+        assert "initContainers" not in spec  # fsGroup makes the claim writable for the worker's uid
+        assert pool_security_level(dm, role) == "restricted"
+        assert_hardened(spec, root=False, add=[])

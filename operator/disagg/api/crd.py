@@ -49,6 +49,8 @@ def _resolve(schema: Any, defs: dict[str, Any]) -> Any:
 
 def _structural(schema: dict[str, Any]) -> dict[str, Any]:
     """Rewrite one (already inlined) node and its children into a structural OpenAPI v3 schema."""
+    if schema.get("x-kubernetes-int-or-string"):
+        return dict(schema)  # no type: the extension says integer or string
     if "anyOf" in schema:
         branches = [b for b in schema["anyOf"] if b.get("type") != "null"]
         if len(branches) != 1:

@@ -15,20 +15,25 @@ spec that breaks it, refused by both the apiserver and ``spec_errors`` with the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from .flags import RESERVED_ARG_PATTERN, RESERVED_FLAGS, RESERVED_SHORT_FLAGS, sets_reserved_flag
 from .spec import (
     AutoscalingSpec,
     DisaggregatedModelSpec,
+    EngineSpec,
     KVTransferSpec,
+    ModelCacheSpec,
     ModelSourceSpec,
     PoolSpec,
     PromptBucket,
     RatioBounds,
+    RollingUpdateSpec,
     RoutingSpec,
     TenantPolicy,
 )
@@ -92,6 +97,59 @@ def _unique(names: Sequence[str]) -> bool:
     return len(names) == len(set(names))
 
 
+def _extra_args_message() -> str:
+    """The extraArgs rule's message: each flag the operator owns and where it comes from (from api/flags.py)."""
+    shorts = {long: short for short, long in RESERVED_SHORT_FLAGS.items()}
+    owned = [f"{flag}{'/' + shorts[flag] if flag in shorts else ''}: {source.split(' (')[0]}"
+             for flag, source in RESERVED_FLAGS.items() if source.startswith("spec.")]
+    banned = [flag for flag, source in RESERVED_FLAGS.items() if not source.startswith("spec.")]
+    return ("extraArgs must not set a flag the operator owns, in any spelling (--flag=value, underscores, dotted "
+            f"sub-keys such as --kv-transfer-config.kv_role): set the spec field instead ({'; '.join(owned)}); "
+            f"{', '.join(banned[:-1])} and {banned[-1]} are not allowed")
+
+
+EXTRA_ARGS_CEL = f"self.extraArgs.all(a, !a.matches('{RESERVED_ARG_PATTERN}'))"
+EXTRA_ARGS_MESSAGE = _extra_args_message()
+
+
+def _extra_args_free(args: Sequence[str]) -> bool:
+    return not any(sets_reserved_flag(a) for a in args)
+
+
+def _matches(pattern: str, text: str) -> bool:
+    """CEL's ``text.matches(pattern)`` (RE2, unanchored search): RE2's ``$`` matches only at the end of the text,
+    Python's also before a final newline."""
+    return re.search(pattern.removesuffix("$") + r"\Z" if pattern.endswith("$") else pattern, text) is not None
+
+
+def _count_or_percent(v: int | str, percent: str, most: int) -> bool:
+    """A count in [0, most], or a string matching ``percent`` (the CEL below, in Python)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return 0 <= v <= most
+    return isinstance(v, str) and _matches(percent, v)
+
+
+def _zero(v: int | str) -> bool:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v == 0
+    return isinstance(v, str) and _matches(ZERO_PERCENT, v)
+
+
+SURGE_PERCENT = "^[0-9]{1,3}%$"
+UNAVAILABLE_PERCENT = "^(100|[1-9]?[0-9])%$"
+ZERO_PERCENT = "^0+%$"
+MOST_WORKERS = 1000
+
+
+def _int_or_percent_cel(field: str, percent: str) -> str:
+    return (f"type(self.{field}) == int ? (self.{field} >= 0 && self.{field} <= {MOST_WORKERS}) "
+            f": self.{field}.matches('{percent}')")
+
+
+def _zero_cel(field: str) -> str:
+    return f"(type(self.{field}) == int ? self.{field} == 0 : self.{field}.matches('{ZERO_PERCENT}'))"
+
+
 # ------------------------------------------------------------------------------------------------- table
 
 RULES: tuple[Rule, ...] = (
@@ -120,6 +178,38 @@ RULES: tuple[Rule, ...] = (
         holds=lambda p: p.gpu.count is None or p.gpu.count % (p.parallelism.tensor * p.parallelism.pipeline) == 0,
     ),
     rule(
+        "rolling-update-max-surge-format",
+        on=RollingUpdateSpec,
+        cel=_int_or_percent_cel("maxSurge", SURGE_PERCENT),
+        message=f"maxSurge must be a count from 0 to {MOST_WORKERS} or a percentage such as 25%",
+        field_path=".maxSurge",
+        holds=lambda r: _count_or_percent(r.max_surge, SURGE_PERCENT, MOST_WORKERS),
+    ),
+    rule(
+        "rolling-update-max-unavailable-format",
+        on=RollingUpdateSpec,
+        cel=_int_or_percent_cel("maxUnavailable", UNAVAILABLE_PERCENT),
+        message=f"maxUnavailable must be a count from 0 to {MOST_WORKERS} or a percentage from 0% to 100%",
+        field_path=".maxUnavailable",
+        holds=lambda r: _count_or_percent(r.max_unavailable, UNAVAILABLE_PERCENT, MOST_WORKERS),
+    ),
+    rule(
+        "rolling-update-not-both-zero",
+        on=RollingUpdateSpec,
+        cel=f"!({_zero_cel('maxSurge')} && {_zero_cel('maxUnavailable')})",
+        message="maxUnavailable may not be 0 when maxSurge is 0: the rollout could neither add a worker nor take "
+        "one away",
+        field_path=".maxUnavailable",
+        holds=lambda r: not (_zero(r.max_surge) and _zero(r.max_unavailable)),
+    ),
+    rule(
+        "model-cache-one-kind",
+        on=ModelCacheSpec,
+        cel="has(self.hostPath) != has(self.pvc)",
+        message="set exactly one of hostPath or pvc",
+        holds=lambda c: (c.host_path is None) != (c.pvc is None),
+    ),
+    rule(
         "source-hub-or-pvc",
         on=ModelSourceSpec,
         cel="!(has(self.hub) && has(self.pvc))",
@@ -133,6 +223,32 @@ RULES: tuple[Rule, ...] = (
         message="spec.kvTransfer.rdma is only allowed with spec.kvTransfer.transport rdma",
         field_path=".rdma",
         holds=lambda k: k.rdma is None or k.transport == "rdma",
+    ),
+    rule(
+        "rdma-transport-needs-rdma",
+        on=KVTransferSpec,
+        cel="self.transport != 'rdma' || has(self.rdma)",
+        message="required with transport rdma: set spec.kvTransfer.rdma.resourceName to the extended "
+        "resource your RDMA device plugin advertises (e.g. rdma/hca_shared_devices_a; without it the pods would "
+        "request rdma/ib and stay Pending where the cluster names it otherwise), or write rdma: {} to take rdma/ib x 1",
+        field_path=".rdma",
+        holds=lambda k: k.transport != "rdma" or k.rdma is not None,
+    ),
+    rule(
+        "engine-extra-args-not-reserved",
+        on=EngineSpec,
+        cel=EXTRA_ARGS_CEL,
+        message=EXTRA_ARGS_MESSAGE,
+        field_path=".extraArgs",
+        holds=lambda e: _extra_args_free(e.extra_args),
+    ),
+    rule(
+        "pool-extra-args-not-reserved",
+        on=PoolSpec,
+        cel=EXTRA_ARGS_CEL,
+        message=EXTRA_ARGS_MESSAGE,
+        field_path=".extraArgs",
+        holds=lambda p: _extra_args_free(p.extra_args),
     ),
     rule(
         "tenant-remote-above-local",

@@ -11,9 +11,9 @@ Rules that relate several fields live in ``rules.py`` (one table, from which bot
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, WithJsonSchema, model_validator
 from pydantic.config import JsonDict
 
 from ..vllm_versions import DEFAULT_VERSION, VERSION_PATTERN, fmt
@@ -27,6 +27,13 @@ FREEFORM: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
 FREEFORM_ITEMS: JsonDict = {"items": {"type": "object", **FREEFORM}}
 """Schema extra of a list of free-form objects."""
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# One `vllm serve` argument. Bounded so that the apiserver can bound the cost of the CEL rule over extraArgs.
+ExtraArg = Annotated[str, Field(max_length=2048)]
+# An integer or a percentage ("25%"), as in a Deployment's rollingUpdate; the format is a CEL rule (rules.py).
+IntOrPercent = Annotated[
+    int | str,
+    WithJsonSchema({"x-kubernetes-int-or-string": True}),
+]
 
 
 class Mode(StrEnum):
@@ -68,6 +75,32 @@ class ModelSourceSpec(ApiModel):
     pvc: PVCSource | None = Field(default=None, description="Load the weights from a PersistentVolumeClaim.")
 
 
+class CachePVC(ApiModel):
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="PersistentVolumeClaim for the cache, in the model's namespace. Every worker pod of every pool "
+        "mounts it read-write: it must be ReadWriteMany (e.g. NFS, CephFS, a cloud file store).",
+    )
+
+
+class ModelCacheSpec(ApiModel):
+    """A Hugging Face cache that outlives the worker pods: a restarted or added pod finds the weights already
+    downloaded. Set exactly one of hostPath or pvc. docs/install.md ("Model cache") compares them."""
+
+    host_path: str | None = Field(
+        default=None,
+        min_length=2,
+        max_length=4096,
+        pattern=r"^/",
+        description="Directory on each node (created if missing) that caches the model for every pod scheduled "
+        "there. A hostPath volume needs the privileged Pod Security level in the model's namespace.",
+    )
+    pvc: CachePVC | None = Field(
+        default=None, description="A ReadWriteMany claim shared by all the model's workers (Pod Security restricted)."
+    )
+
+
 class ModelSpec(ApiModel):
     name: str = Field(
         min_length=1,
@@ -84,6 +117,12 @@ class ModelSpec(ApiModel):
     source: ModelSourceSpec = Field(default_factory=ModelSourceSpec, description="Where the weights come from.")
     max_model_len: int | None = Field(
         default=None, ge=16, le=10_485_760, description="Maximum context length in tokens (--max-model-len)."
+    )
+    cache: ModelCacheSpec | None = Field(
+        default=None,
+        description="Keep hub downloads across pod restarts and scale-ups: a per-node hostPath or a shared PVC, "
+        "mounted as the workers' Hugging Face cache (HF_HOME). Off when omitted: every new pod downloads the weights "
+        "again.",
     )
 
 
@@ -114,16 +153,19 @@ class EngineSpec(ApiModel):
         default_factory=list, max_length=16, description="Names of image pull Secrets for the worker pods."
     )
     port: int = Field(default=8000, ge=1024, le=65535, description="HTTP port of `vllm serve` (--port).")
-    extra_args: list[str] = Field(
+    extra_args: list[ExtraArg] = Field(
         default_factory=list,
         max_length=128,
-        description="Extra `vllm serve` arguments for every pool, appended after the operator's own arguments.",
+        description="Extra `vllm serve` arguments for every pool, appended after the operator's own arguments. "
+        "Flags the operator sets from the spec (model, port, parallelism, kv-transfer-config, shutdown timeout, …) "
+        "are refused in every spelling.",
     )
     env: list[dict[str, Any]] = Field(
         default_factory=list,
         max_length=128,
-        description="Extra environment variables (core/v1 EnvVar objects) for every worker container, "
-        "appended after the operator's own.",
+        description="Extra environment variables (core/v1 EnvVar objects) for every worker container. A variable "
+        "the operator also sets (e.g. UCX_TLS, HF_HOME) takes the value given here instead (merged by name; the "
+        "last entry of a name wins).",
         json_schema_extra=FREEFORM_ITEMS,
     )
     shutdown_timeout_seconds: int = Field(
@@ -171,6 +213,24 @@ class ParallelismSpec(ApiModel):
     data: int = Field(default=1, ge=1, le=64, description="Data parallel size inside one pod (--data-parallel-size).")
 
 
+class RollingUpdateSpec(ApiModel):
+    """How a pool's Deployment replaces its workers when what they run changes (Deployment
+    strategy.rollingUpdate). Each value is a count or a percentage of replicas (surge rounds up, unavailable
+    down)."""
+
+    max_surge: IntOrPercent = Field(
+        default=1,
+        description="Workers created above the desired count during a rollout. Each needs a whole replica's GPUs "
+        "free (gpu.count per worker): on a full cluster a surge worker stays Pending and the rollout stalls "
+        "(old workers keep serving). 0 needs no spare GPUs.",
+    )
+    max_unavailable: IntOrPercent = Field(
+        default=0,
+        description="Workers that may be taken away before their replacement is ready: each is serving capacity "
+        "lost for a model load (minutes). With 1 replica, 1 stops the pool during the rollout.",
+    )
+
+
 class PoolSpec(ApiModel):
     """One pool of vLLM workers (a Deployment)."""
 
@@ -192,10 +252,11 @@ class PoolSpec(ApiModel):
     max_num_batched_tokens: int | None = Field(
         default=None, ge=1, le=10_485_760, description="Token budget per engine step (--max-num-batched-tokens)."
     )
-    extra_args: list[str] = Field(
+    extra_args: list[ExtraArg] = Field(
         default_factory=list,
         max_length=128,
-        description="Extra `vllm serve` arguments for this pool only, appended after spec.engine.extraArgs.",
+        description="Extra `vllm serve` arguments for this pool only, appended after spec.engine.extraArgs. Flags "
+        "the operator sets from the spec are refused in every spelling.",
     )
     resources: dict[str, Any] = Field(
         default_factory=dict,
@@ -218,8 +279,15 @@ class PoolSpec(ApiModel):
     pod_template: dict[str, Any] = Field(
         default_factory=dict,
         description="Strategic overrides merged into the rendered pod template (metadata and spec), "
-        "for what the API does not model.",
+        "for what the API does not model. The vllm container's command and args are the operator's: use "
+        "extraArgs.",
         json_schema_extra=FREEFORM,
+    )
+    rolling_update: RollingUpdateSpec = Field(
+        default_factory=RollingUpdateSpec,
+        description="Rollout strategy of the pool's Deployment. The default (maxSurge 1, maxUnavailable 0) keeps "
+        "serving capacity and needs one spare replica's GPUs per rolling pool; on a cluster without them use "
+        "maxSurge 0, maxUnavailable 1 (docs/production-checklist.md, \"Rollouts\").",
     )
 
 
@@ -486,8 +554,10 @@ class RatioBounds(ApiModel):
 class AutoscalingSpec(ApiModel):
     enabled: bool = Field(
         default=False,
-        description="Scale each pool from phase metrics against the SLOs. When on, the operator owns the "
-        "Deployments' replicas (edits are reported and reverted).",
+        description="Scale each pool from phase metrics against the SLOs. When on, the autoscaler owns the "
+        "Deployments' replicas: it writes them through the /scale subresource under its own field manager "
+        "(disagg-autoscaler), the operator's apply leaves them out after creation, and a count another writer sets "
+        "is reported (Warning event ReplicasConflict, naming its field manager) and set back.",
     )
     prometheus: PrometheusSpec | None = Field(default=None, description="Where the phase metrics are queried.")
     interval_seconds: int = Field(default=30, ge=5, le=3600, description="How often the policy runs.")

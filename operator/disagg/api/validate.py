@@ -20,7 +20,9 @@
    apiserver would say once those are fixed.
 
 Then, **the operator's checks**, which the apiserver does not make: every ``extraArgs`` list against the flags the
-operator owns (``builders.workers.extra_args_errors``), ``semantics.semantic_errors``, and, when the spec passed the
+operator owns (``builders.workers.extra_args_errors``: the items the CRD's CEL rule does not already refuse, i.e.
+argparse's abbreviations and items vLLM cannot read as one option), ``semantics.semantic_errors`` (a podTemplate
+overriding the vllm container's command or args), and, when the spec passed the
 schema and the rules, the builders themselves (``build_children``: their ``BuildError`` is what the operator
 reports as ``Ready=False`` reason ``InvalidSpec``). These carry ``OPERATOR_NOTE``: ``kubectl apply`` succeeds and
 the model then reports InvalidSpec.
@@ -208,6 +210,12 @@ class _Walk:
     def node(self, value: Any, schema: dict[str, Any], path: str) -> Any:
         """``value`` checked against ``schema``; returns it pruned of unknown fields and nulls, with defaults."""
         want = schema.get("type")
+        if schema.get("x-kubernetes-int-or-string") and not (_has_type(value, "integer") or isinstance(value, str)):
+            self.type_errors.append(path)
+            self.error(path, f"Invalid value: must be of type integer or string, not {_type_name(value)}")
+            return value
+        if schema.get("x-kubernetes-int-or-string") and isinstance(value, float):
+            return int(value)
         if want and not _has_type(value, want):
             self.type_errors.append(path)
             shown = f" ({value!r})" if isinstance(value, str | int | float) else ""
@@ -342,7 +350,8 @@ def _operator_problems(doc: dict[str, Any], spec: Any, build: bool) -> list[Prob
     """The operator's checks of ``spec`` (pruned and defaulted): extraArgs wherever they are lists of strings; the
     rest (semantics, builders) only on a spec that passed the schema and the rules (``build``)."""
     from ..builders import BuildError, build_children, parse_model
-    from ..builders.workers import extra_args_errors
+    from ..builders.workers import extra_args_item_errors as enumerate_errors
+    from .flags import sets_reserved_flag
     from .semantics import semantic_errors
 
     out: list[Problem] = []
@@ -350,7 +359,9 @@ def _operator_problems(doc: dict[str, Any], spec: Any, build: bool) -> list[Prob
         for where in ("engine", "prefill", "decode", "aggregated"):
             args = (spec.get(where) or {}).get("extraArgs") if isinstance(spec.get(where), dict) else None
             if isinstance(args, list) and all(isinstance(a, str) for a in args):
-                out += [_split(e, "operator") for e in extra_args_errors(f"spec.{where}.extraArgs", args)]
+                # the items the CRD's CEL rule refuses are the apiserver's errors already (rules.py)
+                out += [_split(e, "operator") for i, e in enumerate_errors(f"spec.{where}.extraArgs", args)
+                        if not sets_reserved_flag(args[i])]
     if not build:
         return out
     # what the operator reads: the object as the apiserver stores it (pruned, defaulted)

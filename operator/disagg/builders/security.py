@@ -16,6 +16,9 @@ Kubernetes gives added capabilities to a non-root process only in its bounding s
 kubernetes/kubernetes#56374), so CAP_IPC_LOCK is effective only for uid 0: RDMA workers run as root with every
 other capability dropped, no privilege escalation and the runtime's seccomp profile. docs/kv-transport.md
 ("Pod Security") says how to run RDMA pools ``restricted`` where the nodes raise the memlock limit instead.
+
+The other way to ``privileged`` is the user's choice of a ``hostPath`` model cache (``spec.model.cache.hostPath``):
+``baseline`` refuses hostPath volumes (workers.py ``pool_security_level``; docs/install.md, "Model cache").
 """
 
 from __future__ import annotations

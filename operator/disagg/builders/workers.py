@@ -8,7 +8,11 @@ from typing import Any
 
 from ..api import contract as c
 from ..api.contract import Role
+from ..api.flags import RESERVED_FLAGS as RESERVED_FLAGS  # the one table (api/flags.py), re-exported
+from ..api.flags import RESERVED_SHORT_FLAGS as RESERVED_SHORT_FLAGS
+from ..api.flags import option_name
 from ..api.models import DisaggregatedModel, DisaggregatedModelSpec, PoolSpec
+from ..api.semantics import WORKER_CONTAINER, pod_template_errors
 from .merge import strategic_merge
 from .meta import (
     BuildError,
@@ -19,11 +23,11 @@ from .meta import (
     short_hash,
 )
 from .replicas import desired_replicas
-from .security import Level, container_security_context, level_for, pod_security_context
+from .security import NON_ROOT_UID, Level, container_security_context, level_for, pod_security_context, runs_as_root
 from .transport import KV_ROLES, UCX_TLS, transport_parts
 from .vllm import kv_transfer_config_arg, shutdown_timeout_args
 
-CONTAINER_NAME = "vllm"
+CONTAINER_NAME = WORKER_CONTAINER
 MODEL_MOUNT = "/models"
 SHM_VOLUME = "dshm"
 MODEL_VOLUME = "model"
@@ -34,41 +38,18 @@ MODEL_VOLUME = "model"
 HOME_VOLUME = "home"
 HOME_DIR = "/home/vllm"
 HOME_USER = "vllm"
+# spec.model.cache: a volume that outlives the pod, mounted as the Hugging Face cache (HF_HOME; huggingface_hub's
+# default is $HOME/.cache/huggingface, set explicitly so that the mount and the variable agree).
+CACHE_VOLUME = "model-cache"
+HF_CACHE_DIR = f"{HOME_DIR}/.cache/huggingface"
+# A hostPath directory is created by the kubelet as root (0755): this init container hands it to the pod's uid.
+CACHE_OWNER_CONTAINER = "model-cache-owner"
 # Seconds added to vLLM's --shutdown-timeout for the pod's terminationGracePeriodSeconds, so Kubernetes does
 # not SIGKILL a worker that is still draining.
 GRACE_MARGIN_SECONDS = 30
 # Model loading (download + weights + CUDA graphs) can take many minutes: the startup probe allows 30.
 STARTUP_PROBE_PERIOD_SECONDS = 10
 STARTUP_PROBE_FAILURES = 180
-
-# Flags the operator renders or depends on; refused in extraArgs (engine-level and per pool) so that the spec stays
-# the one source, in every spelling `vllm serve` accepts. Keys are canonical long flags; values say where the
-# operator takes the setting from ("spec.…"; <pool> is the pool whose extraArgs carry the flag), or why it owns it.
-RESERVED_FLAGS: dict[str, str] = {
-    "--model": "spec.model (the positional model argument)",
-    "--served-model-name": "spec.model.servedName",
-    "--port": "spec.engine.port",
-    "--host": "vLLM must listen on every interface of the pod for the Service, the router and the probes",
-    "--uds": "the router and the probes reach vLLM over TCP on spec.engine.port",
-    "--grpc": "the router and the probes speak HTTP to spec.engine.port",
-    "--headless": "a headless vLLM serves no HTTP API, so the pool would never become ready",
-    "--config": "a config file can set the flags the operator owns (write its other flags in extraArgs)",
-    "--kv-transfer-config": "spec.kvTransfer",
-    "--tensor-parallel-size": "spec.<pool>.parallelism.tensor",
-    "--pipeline-parallel-size": "spec.<pool>.parallelism.pipeline",
-    "--data-parallel-size": "spec.<pool>.parallelism.data",
-    "--data-parallel-size-local": "spec.<pool>.parallelism.data",
-    "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds",
-}
-# vLLM's short aliases of reserved flags (vllm 0.33.0, vllm/engine/arg_utils.py, EngineArgs.add_cli_args:
-# `"--tensor-parallel-size", "-tp"`, `"--pipeline-parallel-size", "-pp"`, `"--data-parallel-size", "-dp"`,
-# `"--data-parallel-size-local", "-dpl"`).
-RESERVED_SHORT_FLAGS: dict[str, str] = {
-    "-tp": "--tensor-parallel-size",
-    "-pp": "--pipeline-parallel-size",
-    "-dp": "--data-parallel-size",
-    "-dpl": "--data-parallel-size-local",
-}
 
 # `vllm serve` flags that change the KV-cache layout or the NIXL handshake (vLLM's own
 # compute_nixl_compatibility_hash covers model, dtype, cache dtype, attention backend, hybrid KV manager,
@@ -79,13 +60,14 @@ KV_LAYOUT_FLAGS = (
     "--kv-cache-dtype",
     "--block-size",
     "--quantization",
-    "-q",
     "--attention-backend",
     "--speculative-config",
     "--revision",
     "--hf-overrides",
 )
 KV_LAYOUT_BOOL_FLAGS = ("--disable-hybrid-kv-cache-manager", "--no-disable-hybrid-kv-cache-manager")
+# Short aliases of KV-layout flags (vllm 0.33.0, vllm/engine/arg_utils.py: `"--quantization", "-q"`).
+KV_LAYOUT_SHORT_FLAGS = {"-q": "--quantization"}
 
 
 def served_name(spec: DisaggregatedModelSpec) -> str:
@@ -103,33 +85,6 @@ def model_argument(spec: DisaggregatedModelSpec) -> str:
 def gpu_count(pool: PoolSpec) -> int:
     p = pool.parallelism
     return pool.gpu.count if pool.gpu.count is not None else p.tensor * p.pipeline * p.data
-
-
-def _option_name(token: str) -> tuple[str, str] | None:
-    """``(as written, as vLLM reads it)`` for an option token of ``vllm serve``, None for a value or positional.
-
-    Mirrors ``FlexibleArgumentParser.parse_args`` in vllm/utils/argparse_utils.py (read in the 0.33.0 and 0.11.2
-    wheels, which agree on all of this), applied before argparse sees the arguments: ``--flag=value`` is split at
-    the first ``=``; in a ``--`` option, underscores
-    between ``--`` and the first ``.`` become dashes (``--tensor_parallel_size``); ``--flag.key.sub[+] value`` and
-    ``-x.key=value`` (dotted sub-keys, ``+`` appends to a list) are merged into ``--flag '{"key": …}'``, appended
-    *after* every other argument, so a sub-key overrides the JSON the operator rendered. The name vLLM reads is
-    the part before the first dot. Tokens that argparse takes for values: not starting with ``-``, ``-`` alone,
-    ``--`` alone, negative numbers.
-    """
-    if not token.startswith("-") or token in ("-", "--") or _negative_number(token):
-        return None
-    written = token.split("=", 1)[0]
-    name = written.split(".", 1)[0]
-    if name.startswith("--"):
-        name = "--" + name[2:].replace("_", "-")
-    return written, name
-
-
-def _negative_number(token: str) -> bool:
-    """argparse's ``^-\\d+$|^-\\d*\\.\\d+$`` (a value, not an option, in a parser without numeric options)."""
-    whole, dot, frac = token[1:].partition(".")
-    return (whole.isdigit() and not dot) or (frac.isdigit() and (whole == "" or whole.isdigit()))
 
 
 def _reserved(name: str) -> tuple[str, bool] | None:
@@ -159,18 +114,23 @@ def _reserved(name: str) -> tuple[str, bool] | None:
 def extra_args_errors(field: str, args: list[str]) -> list[str]:
     """Every item of an extraArgs list (``field``: ``spec.engine.extraArgs`` or ``spec.<pool>.extraArgs``) that sets
     a flag the operator owns, in any spelling vLLM accepts, or that vLLM could not read as one option."""
+    return [error for _, error in extra_args_item_errors(field, args)]
+
+
+def extra_args_item_errors(field: str, args: list[str]) -> list[tuple[int, str]]:
+    """``extra_args_errors`` with the index of the item each error is about."""
     pool = field.split(".")[1] if field.count(".") == 2 and not field.startswith("spec.engine.") else "<pool>"
-    out: list[str] = []
+    out: list[tuple[int, str]] = []
     for i, arg in enumerate(args):
-        option = _option_name(arg)
+        option = option_name(arg)
         if option is None:
             continue
         written, name = option
         if any(ch.isspace() for ch in written):
-            out.append(
+            out.append((i,
                 f"{field}[{i}]: {arg!r} is one argument to vLLM, which cannot read it as an option; write the flag "
                 "and its value as two items, or as --flag=value"
-            )
+            ))
             continue
         reserved = _reserved(name)
         if reserved is None:
@@ -180,7 +140,7 @@ def extra_args_errors(field: str, args: list[str]) -> list[str]:
         source = RESERVED_FLAGS[flag].replace("<pool>", pool)
         owner = f"is set by the operator from {source}" if source.startswith("spec.") else (
             f"is owned by the operator: {source}")
-        out.append(f"{field}[{i}]: {written}{reads} {owner}; remove it")
+        out.append((i, f"{field}[{i}]: {written}{reads} {owner}; remove it"))
     return out
 
 
@@ -192,21 +152,33 @@ def check_extra_args(field: str, args: list[str]) -> None:
 
 
 def kv_layout_args(args: list[str]) -> list[str]:
-    """The KV-layout-relevant flags (with values) in an argument list, in order."""
+    """The KV-layout-relevant flags of an argument list, in order, each as ``--canonical-name[.sub.keys][=value]``.
+
+    Every spelling vLLM reads as the same flag counts the same (``option_name``: ``--kv_cache_dtype fp8``,
+    ``--kv-cache-dtype=fp8``, ``-q fp8`` for ``--quantization fp8``), so that a spelling never splits (or hides) a
+    KV-layout difference between the pools.
+    """
     out: list[str] = []
     i = 0
     while i < len(args):
         arg = args[i]
-        flag = arg.split("=", 1)[0]
-        if flag in KV_LAYOUT_BOOL_FLAGS:
-            out.append(arg)
-        elif flag in KV_LAYOUT_FLAGS:
-            if "=" in arg:
-                out.append(arg)
-            elif i + 1 < len(args):
-                out.append(f"{arg}={args[i + 1]}")
-                i += 1
         i += 1
+        option = option_name(arg)
+        if option is None:
+            continue
+        written, name = option
+        name = KV_LAYOUT_SHORT_FLAGS.get(name, name)
+        if name not in KV_LAYOUT_FLAGS and name not in KV_LAYOUT_BOOL_FLAGS:
+            continue
+        _, dot, keys = written.partition(".")
+        canonical = name + dot + keys
+        if "=" in arg:
+            out.append(f"{canonical}={arg.split('=', 1)[1]}")
+        elif name in KV_LAYOUT_FLAGS and i < len(args) and option_name(args[i]) is None:
+            out.append(f"{canonical}={args[i]}")
+            i += 1
+        else:
+            out.append(canonical)
     return out
 
 
@@ -261,6 +233,33 @@ def worker_args(dm: DisaggregatedModel, role: Role) -> list[str]:
     return args + list(spec.engine.extra_args) + list(pool.extra_args)
 
 
+def merge_env(operator: list[dict[str, Any]], user: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's variables, then spec.engine.env's, one entry per name: a variable the user sets replaces the
+    operator's (and a name the user lists twice keeps its last entry), since a container with a name twice is
+    refused by server-side apply (env is a list map keyed by name). The user's entries come last, so that their
+    ``$(VAR)`` references can use the operator's variables."""
+    last = {e.get("name"): e for e in user}
+    users = [copy.deepcopy(e) for e in user if last[e.get("name")] is e]
+    return [e for e in operator if e.get("name") not in last] + users
+
+
+def _cache_owner(image: str, pull_policy: str) -> dict[str, Any]:
+    """Init container that gives a hostPath cache (created by the kubelet as root) to the worker's uid: root with
+    only CAP_CHOWN, no privilege escalation. Pods that run as root (RDMA) need none."""
+    return {
+        "name": CACHE_OWNER_CONTAINER,
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": ["chown", "-R", f"{NON_ROOT_UID}:{NON_ROOT_UID}", HF_CACHE_DIR],
+        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": HF_CACHE_DIR}],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            **container_security_context(["CHOWN"]),
+        },
+    }
+
+
 def _probe(path: str, period: int, failures: int, initial: int = 0) -> dict[str, Any]:
     probe: dict[str, Any] = {
         "httpGet": {"path": path, "port": c.WORKER_PORT_NAME},
@@ -296,10 +295,9 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
     parts = transport_parts(spec.kv_transfer, model) if kv_connected else None
     capabilities = list(parts.capabilities) if parts else []
 
-    user_env = {e.get("name") for e in spec.engine.env}
-    env: list[dict[str, Any]] = [
-        {"name": k, "value": v} for k, v in (("HOME", HOME_DIR), ("USER", HOME_USER)) if k not in user_env
-    ]
+    for error in pod_template_errors(f"spec.{role}.podTemplate", pool.pod_template):
+        raise BuildError(error)
+    env: list[dict[str, Any]] = [{"name": "HOME", "value": HOME_DIR}, {"name": "USER", "value": HOME_USER}]
     ports = [{"name": c.WORKER_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}]
     limits: dict[str, Any] = {}
     if parts:
@@ -324,7 +322,10 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
                 },
             }
         )
-    env += copy.deepcopy(spec.engine.env)
+    cache = spec.model.cache
+    if cache is not None:
+        env.append({"name": "HF_HOME", "value": HF_CACHE_DIR})
+    env = merge_env(env, spec.engine.env)
 
     resources = copy.deepcopy(pool.resources)
     resources.setdefault("limits", {})
@@ -343,6 +344,15 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
     if pvc is not None:
         volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}})
         mounts.append({"name": MODEL_VOLUME, "mountPath": MODEL_MOUNT, "readOnly": True})
+    init_containers: list[dict[str, Any]] = []
+    if cache is not None:
+        mounts.append({"name": CACHE_VOLUME, "mountPath": HF_CACHE_DIR})
+        if cache.pvc is not None:
+            volumes.append({"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.pvc.claim_name}})
+        elif cache.host_path is not None:
+            volumes.append({"name": CACHE_VOLUME, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}})
+            if not runs_as_root(capabilities):
+                init_containers.append(_cache_owner(spec.engine.image, spec.engine.image_pull_policy))
 
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
@@ -365,6 +375,7 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
         node_selector[pool.gpu.product_label] = pool.gpu.product
 
     pod_spec: dict[str, Any] = {
+        **({"initContainers": init_containers} if init_containers else {}),
         "containers": [container],
         "volumes": volumes,
         # vLLM reads VLLM_* variables; service links would inject e.g. VLLM_PORT for a Service named "vllm".
@@ -408,8 +419,10 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
         "spec": {
             "replicas": desired_replicas(dm, role),
             "selector": {"matchLabels": selector_labels(model, role)},
-            # Keep serving capacity during a rollout: one extra worker at a time, none taken away early.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            # spec.<pool>.rollingUpdate; the default keeps serving capacity (one extra worker at a time, none taken
+            # away early) and needs a spare replica's GPUs (docs/production-checklist.md, "Rollouts").
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {
+                "maxSurge": pool.rolling_update.max_surge, "maxUnavailable": pool.rolling_update.max_unavailable}},
             "progressDeadlineSeconds": STARTUP_PROBE_PERIOD_SECONDS * STARTUP_PROBE_FAILURES + 600,
             "revisionHistoryLimit": 5,
             "template": template,
@@ -419,7 +432,10 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
 
 def pool_security_level(dm: DisaggregatedModel, role: Role) -> Level:
     """The strictest Pod Security Standard the pool's pods meet as rendered (before podTemplate overrides):
-    ``restricted``, except KV-connected pods of transport rdma (IPC_LOCK): ``privileged``."""
+    ``restricted``, except KV-connected pods of transport rdma (IPC_LOCK) and every pool with a hostPath model
+    cache (spec.model.cache.hostPath): ``privileged``."""
+    if dm.spec.model.cache is not None and dm.spec.model.cache.host_path is not None:
+        return "privileged"  # hostPath volumes: refused by baseline and restricted
     if role not in KV_ROLES:
         return level_for(())
     return level_for(transport_parts(dm.spec.kv_transfer, model_name(dm)).capabilities)
