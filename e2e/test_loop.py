@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from disagg.demo.acts import DEMO_OVERRIDES, run_loop
+from disagg.demo.acts import run_loop
 from disagg.local.harness import ModelHarness
 from disagg.local.stack import LocalStack
 
@@ -24,7 +24,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelHarness]:
         stack.start()
         client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="e2e")))
         d = ModelHarness(stack)
-        d.deploy(DEMO_OVERRIDES)
+        d.deploy()
         yield d
         d.stop()
     finally:

@@ -18,10 +18,6 @@ def say(msg: str) -> None:
 # (modePolicy.windowSeconds 15, healthyHoldSeconds 20) and the return to Disaggregated needs successesToReturn
 # successful remote-path probes within one window: the API's defaults (6 probes a minute, 5 % of eligible requests)
 # cannot give 3 in 15 s, so without this the model would never return. (Belongs in local-demo.yaml itself.)
-DEMO_OVERRIDES: dict[str, Any] = {
-    "modePolicy": {"probe": {"ratePerMinute": 30, "maxShare": 1.0, "successesToReturn": 3}},
-}
-
 LONG_PROMPTS = Mix("long-prompts", "long RAG prompts, short answers", (
     RequestClass("rag", 1.0, (6000, 10000), (64, 128), tenant="rag", shared_prefix_tokens=0),))
 LONG_OUTPUTS = Mix("long-outputs", "short prompts, long streams", (

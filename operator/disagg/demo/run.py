@@ -10,7 +10,7 @@ from pathlib import Path
 from ..local.controlplane import REPO_ROOT
 from ..local.harness import ModelHarness
 from ..local.stack import LocalStack
-from .acts import DEMO_OVERRIDES, run_loop, say
+from .acts import run_loop, say
 from .report import write_report
 
 
@@ -27,7 +27,7 @@ def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = 
             f"({time.monotonic() - started:.0f}s)")
         model = ModelHarness(stack)
         say("applying DisaggregatedModel 'demo' (docs/examples/local-demo.yaml); waiting for both pools")
-        url = model.deploy(DEMO_OVERRIDES)
+        url = model.deploy()
         say(f"router ready at {url}; prefill and decode pools ready ({time.monotonic() - started:.0f}s)")
         outcome = run_loop(model, quick=quick)
         model.stop()
