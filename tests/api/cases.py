@@ -162,6 +162,10 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
 # Every cross-field rule of disagg.api.rules.RULES, by name: a spec (valid for the schema) that breaks it, and the
 # path of the node carrying the rule there. A rule without a case fails tests/api/test_rules.py.
 RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    # 3 successes at 6 probes a minute cannot happen within a 15 s window
+    "mode-probes-reachable": (spec(modePolicy={"windowSeconds": 15, "probe": {"ratePerMinute": 6,
+                                                                                "successesToReturn": 3}}),
+                              "spec.modePolicy"),
     # min > max cannot leave replicas in range: the apiserver reports both rules, and so does spec_errors
     "pool-min-le-max": (spec(prefill={"minReplicas": 3, "maxReplicas": 2, "replicas": 2}), "spec.prefill"),
     "pool-replicas-in-range": (spec(decode={"replicas": 9, "maxReplicas": 4}), "spec.decode"),
@@ -223,6 +227,7 @@ ALL_RULES_BROKEN: dict[str, Any] = spec(
         "buckets": [{"name": "b", "minInputTokens": 10, "maxInputTokens": 5}, {"name": "b"}],
     },
     autoscaling={"enabled": True, "prefillDecodeRatio": {"min": 5, "max": 1}},
+    modePolicy={"windowSeconds": 10, "probe": {"ratePerMinute": 1, "successesToReturn": 1}},
 )
 ALL_RULES_BROKEN_AT: list[tuple[str, str]] = [
     ("model-cache-one-kind", "spec.model.cache"),
@@ -243,4 +248,5 @@ ALL_RULES_BROKEN_AT: list[tuple[str, str]] = [
     ("bucket-max-above-min", "spec.routing.buckets[0]"),
     ("autoscaling-needs-prometheus", "spec.autoscaling"),
     ("ratio-min-le-max", "spec.autoscaling.prefillDecodeRatio"),
+    ("mode-probes-reachable", "spec.modePolicy"),
 ]

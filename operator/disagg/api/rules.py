@@ -30,6 +30,7 @@ from .spec import (
     KVTransferSpec,
     ModelCacheSpec,
     ModelSourceSpec,
+    ModePolicySpec,
     PoolSpec,
     PromptBucket,
     RatioBounds,
@@ -307,6 +308,17 @@ RULES: tuple[Rule, ...] = (
         message="autoscaling.prometheus is required when autoscaling.enabled is true",
         field_path=".prometheus",
         holds=lambda a: not a.enabled or a.prometheus is not None,
+    ),
+    rule(
+        "mode-probes-reachable",
+        on=ModePolicySpec,
+        cel="self.probe.ratePerMinute == 0 || self.probe.successesToReturn * 60 <= "
+            "self.probe.ratePerMinute * self.windowSeconds",
+        message="probe.successesToReturn must be at most probe.ratePerMinute × windowSeconds ÷ 60 (else the return "
+                "to Disaggregated can never happen); raise ratePerMinute or windowSeconds, or lower successesToReturn",
+        field_path=".probe.successesToReturn",
+        holds=lambda p: p.probe.rate_per_minute == 0
+        or p.probe.successes_to_return * 60 <= p.probe.rate_per_minute * p.window_seconds,
     ),
 )
 
