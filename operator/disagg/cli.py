@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = (
     "disagg.router.cli",  # router
     "disagg.sim.cli",  # sim
     "disagg.bench.cli",  # bench
+    "disagg.plan.cli",  # plan
 )
 
 

@@ -1,0 +1,396 @@
+"""The planner's analytic model: per-pool quantities from the twin's roofline (sim/perf.py), then queueing.
+
+Pure functions, no I/O. docs/planning.md derives every formula; in brief:
+
+- **Classes.** Input and output lengths are binned per tenant (independent within a tenant); a request's prefill
+  tokens are its input × (1 − prefixCacheHitShare).
+- **Prefill work.** A prompt's *work* is its share of a full engine step of ``maxNumBatchedTokens`` tokens of
+  like prompts (short prompts batch; long ones are chunked); its *own time* is the roofline prefill alone.
+- **Queues.** Prefill waits are M/G/c (c = replicas; the router's least-loaded choice approximates one queue),
+  Erlang C with the Allen–Cunneen correction for service variability, and an exponential tail:
+  P(W > t) = C · exp(−t / θ), θ = E[W] / C.
+- **Decode.** Concurrency per decode replica solves Little's law n = λ_d · E[out] · TPOT(n) (fixed point);
+  TPOT = step(n) / (1 − ρ_p) where ρ_p is the share of the replica's time spent on local prefill chunks
+  (aggregated and conditional serving); a request's TPOT varies with the prefill work that lands in its lifetime
+  (compound Poisson, normal approximation).
+- **TTFT** = wait + own prefill (+ KV transfer + the first decode step on the remote path; + the decode batch
+  that rides along every local chunk step).
+- **Goodput** = Σ tenants share · P(TTFT ≤ SLO) · P(TPOT ≤ SLO), TTFT and TPOT independent within a tenant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..sim.perf import PerfModel, SeqWork
+from ..sim.presets import GPUPreset, ModelPreset, TransportPreset
+from .profile import Profile, TokenDist
+
+INPUT_BINS = 10
+OUTPUT_BINS = 8
+
+
+# ----------------------------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Binned traffic. Input bins and output bins are flat lists; ``*_tenant`` says whose bin each is, and the
+    weights include the tenant's share (they sum to 1 over all bins)."""
+
+    tenants: tuple[str, ...]
+    shares: tuple[float, ...]
+    in_tokens: tuple[float, ...]
+    in_prefill: tuple[float, ...]  # tokens that need computing (after prefix-cache hits)
+    in_weight: tuple[float, ...]
+    in_tenant: tuple[int, ...]
+    out_tokens: tuple[float, ...]
+    out_weight: tuple[float, ...]
+    out_tenant: tuple[int, ...]
+    mean_rps: float
+    peak_rps: float
+    mean_out: float
+    mean_in: float
+    decode_context: float  # time-weighted mean context of a decoding sequence
+
+    def remote_share(self, threshold: float) -> float:
+        return sum(w for t, w in zip(self.in_tokens, self.in_weight, strict=True) if t >= threshold)
+
+
+MAX_INPUT_BINS = 40  # over all tenants: the search's cost grows with it (≤ 10 s for 3 GPU types × 16 GPUs)
+
+
+def _dist_bins(d: TokenDist, n: int) -> list[tuple[float, float]]:
+    """At most ``n`` bins: a histogram with more is merged into consecutive groups of about equal mass (each group
+    keeps its weighted mean length, so the mean is exact)."""
+    bins = sorted(d.bins(n))
+    if len(bins) <= n:
+        return bins
+    out: list[tuple[float, float]] = []
+    acc_w = acc_t = 0.0
+    done = 0.0
+    for tok, w in bins:
+        acc_w += w
+        acc_t += tok * w
+        if done + acc_w >= (len(out) + 1) / n - 1e-9:
+            out.append((acc_t / acc_w, acc_w))
+            done += acc_w
+            acc_w = acc_t = 0.0
+    if acc_w > 0:
+        out.append((acc_t / acc_w, acc_w))
+    return out
+
+
+def build_workload(p: Profile) -> Workload:
+    tr = p.traffic
+    tenants = tr.tenants or []
+    names: list[str] = [t.name for t in tenants] or ["default"]
+    raw_shares = [t.share for t in tenants] or [1.0]
+    total = sum(raw_shares)
+    shares = [s / total for s in raw_shares]
+    in_tokens: list[float] = []
+    in_prefill: list[float] = []
+    in_weight: list[float] = []
+    in_tenant: list[int] = []
+    out_tokens: list[float] = []
+    out_weight: list[float] = []
+    out_tenant: list[int] = []
+    ctx_num = out_sum = in_sum = 0.0
+    for k, share in enumerate(shares):
+        t = tenants[k] if tenants else None
+        ind = (t.input_tokens if t and t.input_tokens else tr.input_tokens)
+        outd = (t.output_tokens if t and t.output_tokens else tr.output_tokens)
+        hit = t.prefix_cache_hit_share if t and t.prefix_cache_hit_share is not None else tr.prefix_cache_hit_share
+        ib = _dist_bins(ind, max(3, min(INPUT_BINS, MAX_INPUT_BINS // len(shares))))
+        ob = _dist_bins(outd, max(3, min(OUTPUT_BINS, MAX_INPUT_BINS // len(shares))))
+        for tok, w in ib:
+            in_tokens.append(tok)
+            in_prefill.append(max(1.0, tok * (1.0 - hit)))
+            in_weight.append(w * share)
+            in_tenant.append(k)
+        for tok, w in ob:
+            out_tokens.append(tok)
+            out_weight.append(w * share)
+            out_tenant.append(k)
+        e_in = sum(tok * w for tok, w in ib)
+        e_out = sum(tok * w for tok, w in ob)
+        e_out2 = sum(tok * tok * w for tok, w in ob)
+        ctx_num += share * (e_out * e_in + e_out2 / 2)
+        out_sum += share * e_out
+        in_sum += share * e_in
+    return Workload(tuple(names), tuple(shares), tuple(in_tokens), tuple(in_prefill), tuple(in_weight),
+                    tuple(in_tenant), tuple(out_tokens), tuple(out_weight), tuple(out_tenant),
+                    p.traffic.rate.mean_rps, p.traffic.rate.peak, out_sum, in_sum, ctx_num / out_sum)
+
+
+# ------------------------------------------------------------------------------------------------- pools
+
+
+@dataclass
+class PoolModel:
+    """One engine shape (GPU × TP) for one workload: what the roofline says, computed once and reused."""
+
+    gpu: GPUPreset
+    tp: int
+    cost: float  # per GPU-hour
+    perf: PerfModel
+    fits: bool
+    why_not: str
+    kv_tokens: float
+    max_seqs: int
+    chunk: int
+    work: tuple[float, ...] = ()
+    solo: tuple[float, ...] = ()
+    chunks: tuple[int, ...] = ()  # engine steps a prompt occupies
+    chunk_frac: tuple[float, ...] = ()  # its share of those steps' token budget
+    context: float = 0.0
+    _tdec: dict[int, float] = field(default_factory=dict)
+
+    def t_dec(self, n: float) -> float:
+        """Decode step time at (fractional) batch n, at the workload's mean decode context."""
+        lo = max(1, int(n))
+        a = self._int_step(lo)
+        if n <= lo:
+            return a
+        b = self._int_step(lo + 1)
+        return a + (b - a) * (n - lo)
+
+    def _int_step(self, n: int) -> float:
+        t = self._tdec.get(n)
+        if t is None:
+            t = self.perf.step([SeqWork(1, int(self.context))] * n).total_s
+            self._tdec[n] = t
+        return t
+
+    def transfer(self, tokens: float, transport: TransportPreset, remote_tp: int) -> float:
+        return self.perf.transfer_time(int(tokens), transport, remote_tp=remote_tp)
+
+
+def pool_model(gpu: GPUPreset, tp: int, cost: float, model: ModelPreset, wl: Workload, chunk: int,
+               gmu: float) -> PoolModel:
+    perf = PerfModel(gpu, model, tp)
+    # vLLM's batch defaults (sim/args.py): ≥ 70 GB and not an A100: 1024 sequences, else 256
+    max_seqs = 1024 if gpu.memory_bytes >= 70e9 and not gpu.name.startswith("A100") else 256
+    free = perf.kv_cache_bytes_per_gpu(gmu, chunk, max_seqs)
+    kv_tokens = max(0.0, free / perf.kv_bytes_per_token_per_gpu)
+    pm = PoolModel(gpu, tp, cost, perf, True, "", kv_tokens, max_seqs, chunk, context=wl.decode_context)
+    longest = max(wl.in_tokens) + max(wl.out_tokens)
+    if free <= 0:
+        pm.fits, pm.why_not = False, (f"weights {perf.weight_bytes_per_gpu / 1e9:.0f} GB per GPU leave no KV cache "
+                                      f"on {gpu.name} at TP{tp}")
+        return pm
+    if kv_tokens < longest:
+        pm.fits = False
+        pm.why_not = f"KV cache holds {kv_tokens:,.0f} tokens, less than one {longest:,.0f}-token request"
+        return pm
+    work, solo, chunks, frac = [], [], [], []
+    for tok, todo in zip(wl.in_tokens, wl.in_prefill, strict=True):
+        cached = int(tok - todo)
+        n = max(1, round(todo))
+        solo.append(perf.prefill_time(n + cached, chunk, cached=cached))
+        if n < chunk:
+            k = max(1, chunk // n)
+            work.append(perf.step([SeqWork(n, cached)] * k).total_s / k)
+        else:
+            work.append(solo[-1])
+        chunks.append(math.ceil(n / chunk))
+        frac.append(n / chunk)
+    pm.work, pm.solo, pm.chunks, pm.chunk_frac = tuple(work), tuple(solo), tuple(chunks), tuple(frac)
+    return pm
+
+
+# ------------------------------------------------------------------------------------------------ queueing
+
+
+@dataclass(frozen=True)
+class Queue:
+    """M/G/c waiting time: P(W > t) = c_wait · exp(−t / theta)."""
+
+    rho: float  # utilisation per server
+    c_wait: float  # probability of waiting (Erlang C)
+    theta: float  # mean wait of those who wait, s
+    saturated: bool
+
+    def p_wait_le(self, t: float) -> float:
+        if self.saturated:
+            return 0.0
+        if t < 0:
+            return 0.0
+        if self.c_wait <= 0 or self.theta <= 0:
+            return 1.0
+        return 1.0 - self.c_wait * math.exp(-t / self.theta)
+
+    @property
+    def mean_wait(self) -> float:
+        return math.inf if self.saturated else self.c_wait * self.theta
+
+
+IDLE = Queue(0.0, 0.0, 0.0, False)
+
+
+def erlang_c(c: int, a: float) -> float:
+    """Probability that an arrival waits in M/M/c with offered load a = λ/μ (a < c)."""
+    b = 1.0
+    for k in range(1, c + 1):
+        b = a * b / (k + a * b)
+    return c * b / (c - a * (1 - b))
+
+
+def mgc(lam: float, es: float, es2: float, c: int) -> Queue:
+    """M/G/c (Allen–Cunneen): E[W] ≈ ErlangC · E[S] / (c − a) · (1 + Cs²) / 2."""
+    if lam <= 0 or es <= 0:
+        return IDLE
+    a = lam * es
+    rho = a / c
+    if rho >= 1:
+        return Queue(rho, 1.0, math.inf, True)
+    cw = erlang_c(c, a)
+    cs2 = max(0.0, es2 / (es * es) - 1)
+    wq = cw * es / (c - a) * (1 + cs2) / 2
+    return Queue(rho, cw, wq / cw if cw > 0 else 0.0, False)
+
+
+def phi(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+# ----------------------------------------------------------------------------------------------- sides
+
+
+@dataclass(frozen=True)
+class DecodeSide:
+    """The decode pool (which also prefills the local requests) at one rate and one routing threshold."""
+
+    replicas: int
+    saturated: str  # "" or why
+    batch: float  # running sequences per replica
+    batch_limit: float
+    step_s: float
+    tpot_mean_s: float
+    prefill_share: float  # ρ_p: share of the replica's time on local prefill chunks
+    interference_m2: float  # per-replica rate × E[work²] of local prefills (variance of the interference)
+    local_queue: Queue
+    local_fixed: tuple[float, ...]  # per input bin (NaN-free; unused for remote bins)
+    tpot_ok: tuple[float, ...]  # per output bin: P(TPOT ≤ SLO)
+
+    def tpot_cdf(self, wl: Workload, tau: float) -> list[float]:
+        return [_tpot_ok(self, out, tau) for out in wl.out_tokens]
+
+
+def _tpot_ok(d: DecodeSide, out: float, tau: float) -> float:
+    if d.saturated:
+        return 0.0
+    if out <= 1:
+        return 1.0
+    m = d.tpot_mean_s
+    var = d.interference_m2 * out * m
+    if var <= 0:
+        return 1.0 if m <= tau + 1e-12 else 0.0
+    return phi((tau - m) * out / math.sqrt(var))
+
+
+def decode_side(dm: PoolModel, replicas: int, wl: Workload, rate: float, local: Sequence[bool],
+                tpot_slo_s: float) -> DecodeSide:
+    per = rate / replicas
+    ew = sum(w * x for w, x, loc in zip(wl.in_weight, dm.work, local, strict=True) if loc)
+    ew2 = sum(w * x * x for w, x, loc in zip(wl.in_weight, dm.work, local, strict=True) if loc)
+    rho_p = per * ew
+    m2 = per * ew2
+    limit = min(float(dm.max_seqs), dm.kv_tokens / max(1.0, wl.decode_context))
+    zero = tuple(0.0 for _ in wl.out_tokens)
+    nofix = tuple(math.inf for _ in wl.in_tokens)
+    if rho_p >= 1:
+        return DecodeSide(replicas, f"local prefill needs {rho_p:.0%} of each decode replica", math.inf, limit,
+                          math.inf, math.inf, rho_p, m2, Queue(rho_p, 1.0, math.inf, True), nofix, zero)
+    a = per * wl.mean_out / (1 - rho_p)  # n = a · step(n)
+
+    def f(n: float) -> float:
+        return a * dm.t_dec(max(n, 1.0)) - n
+
+    if f(limit) > 0:
+        why = ("KV cache" if limit < dm.max_seqs else "maxNumSeqs") + f" caps the batch at {limit:.0f}"
+        return DecodeSide(replicas, f"decode saturated: {why}", limit, limit, dm.t_dec(limit), math.inf, rho_p, m2,
+                          Queue(1.0, 1.0, math.inf, True), nofix, zero)
+    lo, hi = 0.0, limit
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if f(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    n = hi
+    step = dm.t_dec(max(n, 1.0))
+    tpot = step / (1 - rho_p)
+    # local prefill queue: service = own work + the decode batch riding along its chunk steps
+    loc_w = sum(w for w, loc in zip(wl.in_weight, local, strict=True) if loc)
+    if loc_w > 0:
+        s = [x + fr * step for x, fr in zip(dm.work, dm.chunk_frac, strict=True)]
+        es = sum(w * x for w, x, loc in zip(wl.in_weight, s, local, strict=True) if loc) / loc_w
+        es2 = sum(w * x * x for w, x, loc in zip(wl.in_weight, s, local, strict=True) if loc) / loc_w
+        q = mgc(rate * loc_w, es, es2, replicas)
+    else:
+        q = IDLE
+    fixed = tuple(so + ch * step for so, ch in zip(dm.solo, dm.chunks, strict=True))
+    d = DecodeSide(replicas, "", n, limit, step, tpot, rho_p, m2, q, fixed, zero)
+    ok = tuple(_tpot_ok(d, out, tpot_slo_s) for out in wl.out_tokens)
+    return DecodeSide(replicas, "", n, limit, step, tpot, rho_p, m2, q, fixed, ok)
+
+
+def prefill_queue(pm: PoolModel, replicas: int, wl: Workload, rate: float, remote: Sequence[bool]) -> Queue:
+    rw = sum(w for w, r in zip(wl.in_weight, remote, strict=True) if r)
+    if rw <= 0 or replicas <= 0:
+        return IDLE
+    es = sum(w * x for w, x, r in zip(wl.in_weight, pm.work, remote, strict=True) if r) / rw
+    es2 = sum(w * x * x for w, x, r in zip(wl.in_weight, pm.work, remote, strict=True) if r) / rw
+    return mgc(rate * rw, es, es2, replicas)
+
+
+def transfers(dm: PoolModel, wl: Workload, transport: TransportPreset, remote_tp: int) -> tuple[float, ...]:
+    """Per input bin: the decode engine's pull of the whole prompt's KV from a prefill engine of TP ``remote_tp``."""
+    return tuple(dm.transfer(tok, transport, remote_tp) for tok in wl.in_tokens)
+
+
+def remote_fixed(pm: PoolModel, xfer: Sequence[float], d: DecodeSide) -> tuple[float, ...]:
+    """Per input bin: own prefill + KV transfer + the first decode step (the remote TTFT without queueing)."""
+    return tuple(so + x + d.step_s for so, x in zip(pm.solo, xfer, strict=True))
+
+
+def ttft_ok(remote: Sequence[bool], d: DecodeSide, pq: Queue, rfixed: Sequence[float],
+            tau: float) -> list[float]:
+    """P(TTFT ≤ tau) per input bin."""
+    out = []
+    for i, r in enumerate(remote):
+        if r:
+            out.append(0.0 if d.saturated else pq.p_wait_le(tau - rfixed[i]))
+        else:
+            out.append(0.0 if d.saturated else d.local_queue.p_wait_le(tau - d.local_fixed[i]))
+    return out
+
+
+def by_tenant(wl: Workload, probs: Sequence[float], which: str) -> list[float]:
+    """Per tenant: Σ weight·p / tenant share over its input (``in``) or output (``out``) bins."""
+    acc = [0.0] * len(wl.tenants)
+    weights, owners = (wl.in_weight, wl.in_tenant) if which == "in" else (wl.out_weight, wl.out_tenant)
+    for w, k, p in zip(weights, owners, probs, strict=True):
+        acc[k] += w * p
+    return [a / s for a, s in zip(acc, wl.shares, strict=True)]
+
+
+def quantile(weights: Sequence[float], cdf_at: Callable[[float], Sequence[float]], q: float, hi: float) -> float:
+    """Smallest t in [0, hi] with Σ weights · cdf(t) ≥ q (bisection); inf when even ``hi`` is not enough."""
+
+    def mass(t: float) -> float:
+        return sum(w * p for w, p in zip(weights, cdf_at(t), strict=True))
+
+    if mass(hi) < q:
+        return math.inf
+    lo = 0.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if mass(mid) >= q:
+            hi = mid
+        else:
+            lo = mid
+    return hi
