@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ class RouterApp:
     port: int
     discovery_args: dict[str, Any] | None = None
     shutdown_grace: float = 30.0
+    worker_index: int | None = None  # one of `--workers N` (prefork.py): listen with SO_REUSEPORT
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RouterApp:
@@ -45,11 +47,13 @@ class RouterApp:
             tuning=Tuning(decode_pressure_kv_usage=args.decode_pressure_kv_usage,
                           decode_pressure_running=args.decode_pressure_running),
             tokenize=getattr(args, "tokenize", None),
+            workers=getattr(args, "workers", 1),
         )
         discovery = None
         if not static:
             discovery = {"namespace": args.namespace, "model": args.model_name, "kubeconfig": args.kubeconfig}
-        return cls(Router(watcher, workers, opts), args.host, args.port, discovery)
+        return cls(Router(watcher, workers, opts), args.host, args.port, discovery,
+                   worker_index=getattr(args, "worker_index", None))
 
     def _start_discovery(self) -> None:
         from ..kube import api_client
@@ -70,13 +74,15 @@ class RouterApp:
     async def serve_forever(self) -> None:
         runner = self.router.runner(access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, backlog=2048, shutdown_timeout=self.shutdown_grace)
+        site = web.TCPSite(runner, self.host, self.port, backlog=2048, shutdown_timeout=self.shutdown_grace,
+                           reuse_port=self.worker_index is not None or None)
         await site.start()
         if self.discovery_args is not None:
             self._start_discovery()
         log.info("router_listening", host=self.host, port=self.port,
                  workers={r: [w.url for w in self.router.workers.pools[r].values()] for r in WorkerSet.ROLES},
-                 mode=self.router.config.effective_mode().value)
+                 mode=self.router.config.effective_mode().value,
+                 **({} if self.worker_index is None else {"worker": self.worker_index, "pid": os.getpid()}))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -52,7 +52,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--decode-pressure-running", type=int, default=8,
                    help="… or with this many running + waiting sequences")
     p.add_argument("--log-level", default="INFO")
-    p.set_defaults(func=_cmd_router)
+    p.add_argument("--workers", type=int, default=1,
+                   help="router processes sharing the port (SO_REUSEPORT), one per core; each has its own load "
+                   "view, /metrics answers for all of them")
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)  # set by the parent
+    p.set_defaults(func=_cmd_router, router_parser=p)
 
 
 def _tokenizer(path: str) -> Callable[[str], int]:
@@ -82,6 +86,13 @@ def _cmd_router(args: argparse.Namespace) -> int:
             return 2
     else:
         args.tokenize = None
+    if args.workers < 1:
+        print("disagg router: --workers must be ≥ 1", file=sys.stderr)
+        return 2
+    if args.workers > 1 and args.worker_index is None:
+        from .prefork import child_argv, supervise
+
+        return supervise([child_argv(args.router_parser, args, i) for i in range(args.workers)])
     runner: Callable[[Coroutine[Any, Any, None]], None]
     try:
         import uvloop

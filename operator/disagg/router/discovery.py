@@ -92,7 +92,7 @@ class PodDiscovery:
                 self._publish(role, pods)
                 log.info("discovery_listed", role=role, ready=len(pods))
                 rv = listing.metadata.resource_version if listing.metadata is not None else None
-                w: Any = watch.Watch()  # type: ignore[no-untyped-call]  # the kubernetes client is untyped here
+                w: Any = watch.Watch()  # the kubernetes client is untyped here
                 for ev in w.stream(api.list_namespaced_pod, self.namespace, label_selector=selector,
                                    resource_version=rv, timeout_seconds=60, allow_watch_bookmarks=True):
                     if self._stop.is_set():

@@ -5,6 +5,11 @@ retry or fall back. The relay holds back a stream's leading events that carry no
 until a token or an error arrives: an error there (vLLM's in-stream ``data: {"error": ...}``, or a
 ``finish_reason: "error"`` choice) is a failure of the leg (cause ``generation_error``), exactly like a 5xx.
 After the first token is relayed the client is committed: an error then is outcome ``upstream_error_mid_stream``.
+
+Streamed legs and prefill legs to ``http://`` workers use the lean client (rawstream.py); after the commit every
+chunk is accounted and written to the client inside the upstream's data callback (``SinkRelay``), with one
+client-write deadline per blocked period. Other legs use aiohttp's client (``_stream``: one ``WriteDeadline`` per
+stream). docs/router.md has the per-chunk budget.
 """
 
 from __future__ import annotations
@@ -34,16 +39,129 @@ from .proxy import (
     prefill_body,
     usage_completion_tokens,
 )
+from .rawstream import RawConnectError, RawDisconnectedError, RawPool, RawResponse
 from .request import Ctx, decision_headers, fwd_headers
 
 OnCommit = Callable[[], None]
 
 
+class SinkRelay:
+    """The per-chunk work of a lean relay, run inside the upstream's data callback: account, frame, write."""
+
+    __slots__ = ("_waiter", "acct", "blocked", "chunked", "ctx", "done", "exc", "high_water", "need_ttft",
+                 "transport", "upstream")
+
+    def __init__(self, transport: asyncio.Transport, acct: StreamAccount, ctx: Ctx, upstream: RawResponse,
+                 chunked: bool = True) -> None:
+        self.transport = transport
+        # the client socket's buffer above this (the transport's own high-water mark, where it pauses the writer
+        # and aiohttp's drain() waits): pause the upstream until the client drains
+        self.high_water = transport.get_write_buffer_limits()[1]
+        self.chunked = chunked  # False for an HTTP/1.0 client: the body is delimited by the connection's end
+        self.acct = acct
+        self.ctx = ctx
+        self.upstream = upstream
+        self.need_ttft = "ttft" not in ctx.timings
+        self.blocked = False
+        self.done = False
+        self.exc: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def on_piece(self, piece: bytes) -> None:
+        now = time.monotonic()
+        acct = self.acct
+        acct.feed(piece, now)
+        if self.need_ttft and acct.first_at is not None:
+            self.ctx.timings["ttft"] = acct.first_at - self.ctx.t0
+            self.need_ttft = False
+        t = self.transport
+        if t.is_closing():
+            self._finish(ConnectionResetError("client gone"))
+            return
+        t.write(b"%x\r\n%b\r\n" % (len(piece), piece) if self.chunked else piece)
+        if t.get_write_buffer_size() > self.high_water and not self.blocked:
+            self.blocked = True
+            self.upstream.pause_reading()
+            self._wake()
+
+    def on_end(self, exc: BaseException | None) -> None:
+        self._finish(exc)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.exc = exc
+        if exc is not None:
+            self.upstream.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        """Until the stream ends or the client's buffer is full."""
+        if self.done or self.blocked:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def unblock(self) -> None:
+        self.blocked = False
+        self.upstream.resume_reading()
+
+
+class WriteDeadline:
+    """One client-write deadline per stream (instead of ``asyncio.wait_for`` around every write, which creates a
+    task per chunk): a write that has not completed ``timeout`` seconds after it started raises TimeoutError out
+    of the ``async with`` block. The relay marks each write (``writing``, ``started``: two attribute stores);
+    a single timer per stream checks them once per ``timeout`` and only re-arms exactly when a write is pending.
+    """
+
+    __slots__ = ("_cm", "_handle", "_loop", "started", "timeout", "writing")
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.writing = False
+        self.started = 0.0
+        self._cm = asyncio.timeout(None)
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+
+    async def __aenter__(self) -> WriteDeadline:
+        await self._cm.__aenter__()
+        self._handle = self._loop.call_later(self.timeout, self._check)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        await self._cm.__aexit__(*exc)
+
+    def _check(self) -> None:
+        if self.writing:
+            left = self.started + self.timeout - time.monotonic()
+            if left <= 0:
+                self._handle = None
+                self._cm.reschedule(self._loop.time())  # expire now: cancels the relay → TimeoutError
+                return
+            self._handle = self._loop.call_later(left, self._check)
+        else:
+            self._handle = self._loop.call_later(self.timeout, self._check)
+
+
 class Upstream:
     def __init__(self, workers: WorkerSet, metrics: RouterMetrics, prefix: PrefixIndex,
                  session: Callable[[], aiohttp.ClientSession], down_seconds: float,
-                 client_write_timeout: float) -> None:
+                 client_write_timeout: float, raw: Callable[[], RawPool | None] = lambda: None) -> None:
         self.workers = workers
+        self.raw = raw
         self.metrics = metrics
         self.prefix = prefix
         self.session = session
@@ -83,22 +201,31 @@ class Upstream:
         with self.track(url, "prefill", ctx.input_tokens):
             if w is not None:
                 w.prefill_started(ctx.input_tokens, t)
+            raw = self.raw() if url.startswith("http://") else None  # https: aiohttp
+            rr: RawResponse | None = None
             try:
                 async with asyncio.timeout(max(deadline - t, 0.001)):
-                    async with self.session().post(url + ctx.endpoint, data=payload,
-                                                   headers=fwd_headers(request, ctx.upstream_id)) as r:
-                        data = await r.read()
-                        status = r.status
+                    if raw is not None:  # the lean client (rawstream.py): a fraction of aiohttp's cost per leg
+                        rr = await raw.request(url, ctx.endpoint, fwd_headers(request, ctx.upstream_id), payload)
+                        data = await rr.read()
+                        status = rr.status
+                    else:
+                        async with self.session().post(url + ctx.endpoint, data=payload,
+                                                       headers=fwd_headers(request, ctx.upstream_id)) as r:
+                            data = await r.read()
+                            status = r.status
             except TimeoutError:
                 # Queued behind other prefills (ours or other clients') → capacity, not a transport fault.
                 queued = ahead > 0 or waiting > 0
                 raise UpstreamError("prefill_queue_timeout" if queued else "prefill_timeout", worker=url) from None
-            except aiohttp.ClientConnectorError:
+            except (aiohttp.ClientConnectorError, RawConnectError):
                 self.connect_failed(url)
                 raise UpstreamError("prefill_connect_error", worker=url) from None
-            except aiohttp.ClientError:
+            except (aiohttp.ClientError, RawDisconnectedError):
                 raise UpstreamError("prefill_error", worker=url) from None
             finally:
+                if rr is not None:
+                    rr.close()  # unfinished (timeout, cancel): the worker sees the connection go and aborts
                 if w is not None:
                     w.prefill_ended(others_in_flight=w.inflight - 1)
         leg = time.monotonic() - t
@@ -120,7 +247,7 @@ class Upstream:
             ctx.timings["prefill_compute"] = leg
         return kv
 
-    async def _first(self, resp: aiohttp.ClientResponse, ctx: Ctx, url: str) -> bytes:
+    async def _first(self, resp: aiohttp.ClientResponse | RawResponse, ctx: Ctx, url: str) -> bytes:
         """Phase A of the relay: read until the first token (streams) or the whole body; raise on errors."""
         if resp.status != 200 or not ctx.stream:
             data = await resp.read()
@@ -157,21 +284,26 @@ class Upstream:
         ctx.decode_worker = url
         ctx.mark_upstream()
         t_send = time.monotonic()
+        raw = self.raw() if ctx.stream and url.startswith("http://") else None  # https: aiohttp
         with self.track(url, role) as w:
-            resp: aiohttp.ClientResponse | None = None
+            resp: aiohttp.ClientResponse | RawResponse | None = None
             try:
                 try:
                     async with (asyncio.timeout(max(deadline - t_send, 0.001)) if deadline else
                                 contextlib.nullcontext()):
-                        resp = await self.session().post(url + ctx.endpoint, data=payload,
-                                                         headers=fwd_headers(request, ctx.upstream_id))
+                        if raw is not None:
+                            resp = await raw.request(url, ctx.endpoint, fwd_headers(request, ctx.upstream_id),
+                                                     payload)
+                        else:
+                            resp = await self.session().post(url + ctx.endpoint, data=payload,
+                                                             headers=fwd_headers(request, ctx.upstream_id))
                         first = await self._first(resp, ctx, url)
                 except TimeoutError:
                     raise UpstreamError("timeout", worker=url) from None
-                except aiohttp.ClientConnectorError:
+                except (aiohttp.ClientConnectorError, RawConnectError):
                     self.connect_failed(url)
                     raise UpstreamError("connect_error", worker=url) from None
-                except aiohttp.ClientError:
+                except (aiohttp.ClientError, RawDisconnectedError):
                     raise UpstreamError("disconnected", worker=url) from None
                 t_first = time.monotonic()
                 ctx.timings["decode_ttfb"] = t_first - t_send
@@ -184,10 +316,62 @@ class Upstream:
                     ctx.outcome, ctx.status = "ok", 200
                     return web.Response(body=first, status=200, content_type="application/json",
                                         headers=decision_headers(ctx))
+                if isinstance(resp, RawResponse):
+                    return await self._stream_raw(request, ctx, resp, first, t_first, w, remote)
                 return await self._stream(request, ctx, resp, first, t_first, w, remote)
             finally:
                 if resp is not None:
                     resp.close()
+
+    async def _stream_raw(self, request: web.Request, ctx: Ctx, resp: RawResponse, first: bytes,
+                          t_first: float, w: Worker | None, remote: bool) -> web.StreamResponse:
+        """Phase B on the lean client: every later chunk is accounted and written to the client socket inside
+        the upstream connection's data callback (SinkRelay); this coroutine only waits for the end, and for the
+        client when its socket buffer is full (then the upstream is paused, under --client-write-timeout)."""
+        acct = StreamAccount(chat=ctx.endpoint.endswith("chat/completions"))
+        acct.feed(first, t_first)
+        out = web.StreamResponse(status=200, headers={
+            "Content-Type": resp.headers.get("content-type", "text/event-stream"),
+            "Cache-Control": "no-cache", **decision_headers(ctx)})
+        if acct.first_at is not None:
+            ctx.timings["ttft"] = acct.first_at - ctx.t0
+        try:
+            await out.prepare(request)
+            async with asyncio.timeout(self.client_write_timeout):
+                await out.write(first)
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("client gone")
+            relay = SinkRelay(transport, acct, ctx, resp,
+                              chunked=out.headers.get("Transfer-Encoding", "").lower() == "chunked")
+            resp.relay_to(relay.on_piece, relay.on_end)
+            while True:
+                await relay.wait()
+                if relay.blocked and not relay.done:
+                    async with asyncio.timeout(self.client_write_timeout):
+                        await request.writer.drain()
+                    relay.unblock()
+                    continue
+                if relay.exc is not None:
+                    raise relay.exc
+                break
+        except (TimeoutError, aiohttp.ClientError, ConnectionResetError, RawDisconnectedError) as e:
+            client_side = isinstance(e, (TimeoutError, ConnectionResetError, aiohttp.ClientConnectionResetError))
+            ctx.outcome = "cancelled" if client_side else "upstream_error_mid_stream"
+            ctx.status = 200
+            ctx.output_tokens = acct.tokens
+            resp.close()
+            with contextlib.suppress(Exception):
+                await out.write_eof()
+            return out
+        ctx.output_tokens = acct.tokens
+        if (tpot := acct.tpot()) is not None:
+            ctx.timings["tpot"] = tpot
+        derive_phases(ctx, w, remote, ttfb=ctx.timings.get("decode_ttfb"))
+        ctx.outcome, ctx.status = ("ok" if acct.done and not acct.error else "upstream_error_mid_stream"), 200
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+            await out.write_eof()
+        return out
 
     async def _stream(self, request: web.Request, ctx: Ctx, resp: aiohttp.ClientResponse, first: bytes,
                       t_first: float, w: Worker | None, remote: bool) -> web.StreamResponse:
@@ -199,14 +383,26 @@ class Upstream:
             "Cache-Control": "no-cache", **decision_headers(ctx)})
         if acct.first_at is not None:
             ctx.timings["ttft"] = acct.first_at - ctx.t0
+        content = resp.content
+        feed = acct.feed
+        write = out.write
+        mono = time.monotonic
+        need_ttft = "ttft" not in ctx.timings
         try:
             await out.prepare(request)
-            await asyncio.wait_for(out.write(first), self.client_write_timeout)
-            async for chunk in resp.content.iter_any():
-                acct.feed(chunk)
-                if "ttft" not in ctx.timings and acct.first_at is not None:
-                    ctx.timings["ttft"] = acct.first_at - ctx.t0
-                await asyncio.wait_for(out.write(chunk), self.client_write_timeout)
+            async with WriteDeadline(self.client_write_timeout) as dl:
+                dl.writing, dl.started = True, mono()
+                await write(first)
+                dl.writing = False
+                while chunk := await content.readany():
+                    now = mono()
+                    feed(chunk, now)
+                    if need_ttft and acct.first_at is not None:
+                        ctx.timings["ttft"] = acct.first_at - ctx.t0
+                        need_ttft = False
+                    dl.writing, dl.started = True, now
+                    await write(chunk)
+                    dl.writing = False
         except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as e:
             client_side = isinstance(e, (TimeoutError, ConnectionResetError, aiohttp.ClientConnectionResetError))
             ctx.outcome = "cancelled" if client_side else "upstream_error_mid_stream"

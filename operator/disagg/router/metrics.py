@@ -7,7 +7,10 @@ from the workers' own vLLM metrics.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess as prom_multiprocess
 
 # Latency buckets from 1 ms to 120 s (phases span sub-millisecond relays to multi-second prefills).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0,
@@ -32,9 +35,23 @@ PHASES = {
 }
 
 
+def multiprocess_dir() -> str | None:
+    """The prometheus_client multiprocess directory when this process is one of ``--workers N`` (prefork.py)."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
 class RouterMetrics:
+    """The router's metric families. Under ``--workers N`` (prometheus_client multiprocess mode) each gauge says how
+    the workers' values combine on /metrics: in-flight requests and open connections are summed over live workers,
+    ready workers and breaker states take the largest (any worker seeing a breaker open shows it open), the prefill
+    wait estimate the smallest; counters and histograms are summed."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._exposition: CollectorRegistry | None = None
+        if multiprocess_dir() is not None:
+            self._exposition = CollectorRegistry()
+            prom_multiprocess.MultiProcessCollector(self._exposition)
         r = self.registry
         self.phase: dict[str, Histogram] = {}
         for name, doc in PHASES.items():
@@ -52,22 +69,23 @@ class RouterMetrics:
         self.slo_met = Counter("disagg_slo_met_requests", "Requests that met both the TTFT and TPOT SLOs (goodput).",
                                ["tenant"], registry=r)
         self.inflight = Gauge("disagg_inflight_requests", "Requests in flight from this router, per pool.",
-                              ["pool"], registry=r)
-        self.workers = Gauge("disagg_workers", "Ready workers known to the router, per pool.", ["pool"], registry=r)
+                              ["pool"], registry=r, multiprocess_mode="livesum")
+        self.workers = Gauge("disagg_workers", "Ready workers known to the router, per pool.", ["pool"], registry=r,
+                             multiprocess_mode="livemax")
         self.prefill_wait_estimate = Gauge(
             "disagg_prefill_queue_wait_estimate_seconds", "The router's current lowest estimated prefill-queue wait.",
-            registry=r)
+            registry=r, multiprocess_mode="livemin")
         self.config_reloads = Counter("disagg_config_reloads", "Router config reloads by result.", ["result"],
                                       registry=r)
         self.circuit_state = Gauge(
             "disagg_circuit_state", "Circuit breaker state per target: 0 closed, 1 open, 2 half-open. pool=decode: "
             "worker is the decode URL; pool=pair: worker is '<prefill URL>-><decode URL>'.", ["pool", "worker"],
-            registry=r)
+            registry=r, multiprocess_mode="livemax")
         self.mode_probes = Counter(
             "disagg_mode_probes", "Remote-path probes sent while the operator holds the model Aggregated, by outcome "
             "(ok: served by the remote path; failed: fell back or failed).", ["outcome"], registry=r)
         self.open_connections = Gauge("disagg_open_connections", "Client connections open on the router.",
-                                      registry=r)
+                                      registry=r, multiprocess_mode="livesum")
         self.connections_closed = Counter(
             "disagg_connections_closed", "Client connections the router closed for hygiene, by reason "
             "(header_timeout, limit).", ["reason"], registry=r)
@@ -78,3 +96,7 @@ class RouterMetrics:
         for pool in ("prefill", "decode", "aggregated"):
             self.inflight.labels(pool)
             self.workers.labels(pool)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The /metrics body and content type: this router's registry, or the sum over all workers."""
+        return generate_latest(self._exposition or self.registry), CONTENT_TYPE_LATEST

@@ -26,9 +26,13 @@ _EPS = 1e-9
 
 
 class ProbeLimiter:
-    __slots__ = ("credit", "last", "tokens")
+    """``rate_scale``: this limiter's part of ``ratePerMinute`` (1/N in each of ``disagg router --workers N``, so
+    that the replica as a whole keeps to the configured rate)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("credit", "last", "rate_scale", "tokens")
+
+    def __init__(self, rate_scale: float = 1.0) -> None:
+        self.rate_scale = rate_scale
         self.reset()
 
     def reset(self) -> None:
@@ -41,7 +45,7 @@ class ProbeLimiter:
         if rate_per_minute <= 0 or max_share <= 0:
             return False
         if self.last is not None:
-            self.tokens = min(1.0, self.tokens + max(now - self.last, 0.0) * rate_per_minute / 60.0)
+            self.tokens = min(1.0, self.tokens + max(now - self.last, 0.0) * rate_per_minute * self.rate_scale / 60.0)
             self.credit = min(1.0, self.credit + max_share)
         self.last = now
         if self.tokens >= 1.0 - _EPS and self.credit >= 1.0 - _EPS:  # sums of fractions: allow rounding

@@ -189,13 +189,19 @@ class StreamAccount:
         self.chat = chat
 
     def feed(self, chunk: bytes, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        data = self._tail + chunk
+        """Account one relayed chunk. O(len(chunk)); no copy of the chunk in the common case (vLLM sends whole
+        events: a chunk that ends with a newline leaves nothing that a later chunk could complete)."""
+        if now is None:
+            now = time.monotonic()
+        tail = self._tail
+        data = tail + chunk if tail else chunk
         if not self.error:
-            edata = self._etail + chunk
-            if b'"error"' in edata and _STREAM_ERROR.search(edata):
+            # A new match ends in this chunk with the literal '"error"': in the chunk, or across the boundary.
+            etail = self._etail
+            if (b'"error"' in chunk or (etail and b'"error"' in etail[-6:] + chunk[:6])) and \
+                    _STREAM_ERROR.search(etail + chunk):
                 self.error = True
-            self._etail = edata[-32:]
+            self._etail = chunk[-32:] if len(chunk) >= 32 else (etail + chunk)[-32:]
         n = data.count(b"data:")
         if n:
             if b"[DONE]" in data:
@@ -208,10 +214,13 @@ class StreamAccount:
                 self.events += n
             if b'"usage"' in data and (n_usage := usage_completion_tokens(data)) is not None:
                 self.usage_tokens = n_usage
-        self._tail = data[-5:]
-        # avoid double counting a "data:" that straddles the tail: drop it from the tail if complete in `data`
-        if self._tail.endswith(b"data:"):
+        # What a later chunk could complete ("data:", "[DONE]", a usage field): nothing after a newline (none of
+        # them contains one); else the last 5 bytes, less a "data:" already counted here.
+        if data[-1:] == b"\n":
             self._tail = b""
+        else:
+            tail = data[-5:]
+            self._tail = b"" if tail.endswith(b"data:") else tail
 
     @property
     def tokens(self) -> int:

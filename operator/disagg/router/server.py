@@ -24,7 +24,6 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import logs
 from ..api.contract import RouterConfig
@@ -40,6 +39,7 @@ from .paths import Paths
 from .policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide
 from .prefix import PrefixIndex
 from .probe import ProbeLimiter, probe_decision
+from .rawstream import RawPool
 from .request import Ctx, fwd_headers, openai_error, parse_request
 from .scrape import Scraper
 
@@ -62,6 +62,7 @@ class RouterOptions:
     max_connections: int = 4096  # further connections are closed at once
     tuning: Tuning = field(default_factory=Tuning)
     tokenize: Callable[[str], int] | None = None
+    workers: int = 1  # processes of this replica (--workers): each takes 1/workers of the probe rate
 
 
 class Router:
@@ -75,11 +76,12 @@ class Router:
         self.prefix = PrefixIndex()
         self.tenants = TenantStats()
         self.breakers = Breakers(self.metrics.circuit_state, clock)
-        self.probes = ProbeLimiter()
+        self.probes = ProbeLimiter(rate_scale=1.0 / max(self.opts.workers, 1))
         self._probing = False
         self.session: aiohttp.ClientSession | None = None
+        self.raw: RawPool | None = None
         self.upstream = Upstream(workers, self.metrics, self.prefix, self._session, self.opts.down_seconds,
-                                 self.opts.client_write_timeout)
+                                 self.opts.client_write_timeout, raw=lambda: self.raw)
         self.paths = Paths(workers, self.metrics, self.upstream, self.breakers)
         self.accounting = Accounting(self.metrics, self.tenants, lambda: self.config.slo)
         self.scraper = Scraper(workers, self.metrics, self._session, self.opts.scrape_interval,
@@ -121,6 +123,7 @@ class Router:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.opts.connect_timeout),
             json_serialize=lambda o: orjson.dumps(o).decode(), auto_decompress=False,
         )
+        self.raw = RawPool(self.opts.connect_timeout)
         self._tasks.append(asyncio.create_task(self.scraper.run(), name="scrape"))
         if self.watcher.path is not None:
             self._tasks.append(asyncio.create_task(self.watcher.run(), name="config"))
@@ -133,6 +136,8 @@ class Router:
                 await t
         if self.session is not None:
             await self.session.close()
+        if self.raw is not None:
+            self.raw.close()
 
     # ------------------------------------------------------------------------------------------ small endpoints
 
@@ -151,8 +156,8 @@ class Router:
         return web.json_response({"ready": True})
 
     async def handle_metrics(self, _request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body, content_type = self.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def handle_models(self, request: web.Request) -> web.Response:
         for w in self.workers.ready("decode") + self.workers.ready("aggregated"):

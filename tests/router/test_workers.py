@@ -1,0 +1,221 @@
+"""`disagg router --workers N`: N processes on one port (SO_REUSEPORT), /metrics summed over them, SIGTERM stops
+every worker; routing quality per worker (own load view) stays sane; the probe rate is split between workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from disagg.api.contract import RouterConfig
+from disagg.cli import build_parser
+from disagg.router.load import Worker
+from disagg.router.policy import LoadSnapshot, RequestFeatures, Tuning, decide
+from disagg.router.prefork import child_argv
+from disagg.router.probe import ProbeLimiter
+
+from .conftest import metric_value
+
+LONG = "The quick brown fox jumps over the lazy dog. " * 400
+DISAGG = str(Path(sys.executable).with_name("disagg"))
+
+
+def _log_lines(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
+
+
+async def test_workers_share_the_port_sum_metrics_and_stop_on_sigterm(tmp_path, fake_workers, free_port):
+    p, d = await fake_workers("prefill"), await fake_workers("decode", tokens=3, token_delay=0.01)
+    port = free_port()
+    log_path = tmp_path / "router.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen([DISAGG, "router", "--port", str(port), "--prefill", p.url, "--decode", d.url,
+                             "--workers", "2", "--scrape-interval", "0.2"],
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    pids: set[int] = set()
+    try:
+        deadline = time.monotonic() + 30
+        while len(pids) < 2:
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
+            pids = {x["pid"] for x in _log_lines(log_path) if x.get("event") == "router_listening"}
+            await asyncio.sleep(0.05)
+        t_listening = time.monotonic()
+        started = next(x for x in _log_lines(log_path) if x.get("event") == "router_workers_started")
+        metrics_dir = Path(started["metrics_dir"])
+        assert set(started["pids"]) == pids and metrics_dir.is_dir()
+
+        # a fresh connection per request: the kernel spreads them over the workers
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+            deadline = time.monotonic() + 30
+            while True:  # every worker has scraped its view of the pools
+                async with s.get(url + "/metrics") as r:
+                    if metric_value(await r.text(), "disagg_workers", pool="decode") == 1:
+                        break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+
+            async def one(prompt: str) -> bytes:
+                async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 200,
+                                                                  "stream": True}) as r:
+                    assert r.status == 200
+                    return await r.read()
+
+            bodies = await asyncio.gather(*(one(LONG if i % 2 else "hi") for i in range(30)))
+            assert all(b.endswith(b"data: [DONE]\n\n") for b in bodies)
+            for _ in range(4):  # whichever worker answers, /metrics is the replica's total
+                async with s.get(url + "/metrics") as r:
+                    text = await r.text()
+                assert metric_value(text, "disagg_requests_total", outcome="ok") == 30
+                assert metric_value(text, "disagg_routing_decisions_total") == 30
+                assert metric_value(text, "disagg_routing_decisions_total", reason="short_prompt") == 15
+                remote = metric_value(text, "disagg_routing_decisions_total", decision="remote")
+                # a burst of long prompts: the rest is held local by the prefill-queue estimate
+                assert remote + metric_value(text, "disagg_routing_decisions_total",
+                                             reason="prefill_queue_overload") == 15
+                assert metric_value(text, "disagg_first_token_emit_seconds_count") == 30
+                assert metric_value(text, "disagg_inflight_requests") == 0  # live sum
+                assert metric_value(text, "disagg_workers", pool="decode") == 1  # max, not the sum
+                assert "pid=" not in text
+        assert len(p.requests) == remote
+        assert all(_alive(pid) for pid in pids)
+
+        # a worker that dies after its start window is restarted; the replica's counters stay monotonic
+        from disagg.router.prefork import STARTUP_SECONDS
+
+        while time.monotonic() - t_listening < STARTUP_SECONDS + 0.5:  # the documented window, not a sync
+            await asyncio.sleep(0.1)
+        victim = min(pids)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            listening = {x["pid"] for x in _log_lines(log_path) if x.get("event") == "router_listening"}
+            if listening - pids:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            await asyncio.sleep(0.05)
+        exited = [x for x in _log_lines(log_path) if x.get("event") == "router_worker_exited"]
+        assert [(x["pid"], x["restart"]) for x in exited] == [(victim, True)]
+        pids = (pids - {victim}) | (listening - pids)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+            assert (await one_more(s, url)).endswith(b"data: [DONE]\n\n")
+            async with s.get(url + "/metrics") as r:
+                assert metric_value(await r.text(), "disagg_requests_total", outcome="ok") == 31
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=40)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            log.close()
+    assert rc == 0, log_path.read_text()
+    assert not any(_alive(pid) for pid in pids)
+    lines = _log_lines(log_path)
+    assert sum(1 for x in lines if x.get("event") == "router_stopping") == 2
+    assert sum(1 for x in lines if x.get("event") == "request") == 31
+    assert not metrics_dir.exists()
+
+
+async def one_more(s: aiohttp.ClientSession, url: str) -> bytes:
+    async with s.post(url + "/v1/completions", json={"prompt": "hi", "stream": True}) as r:
+        assert r.status == 200
+        return await r.read()
+
+
+def test_a_worker_that_cannot_start_stops_the_parent(tmp_path, free_port):
+    """A bad config fails every worker at start: the parent stops the others and exits 1 (no restart loop)."""
+    conf = tmp_path / "router.yaml"
+    conf.write_text("mode: [not, a, mode")
+    r = subprocess.run([DISAGG, "router", "--port", str(free_port()), "--decode", "http://127.0.0.1:9",
+                        "--config", str(conf), "--workers", "2"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "router_worker_exited" in r.stderr
+
+
+def test_child_argv_round_trips_the_flags():
+    parser = build_parser()
+    argv = ["router", "--port", "9000", "--decode", "http://a:1", "http://b:2#h", "--prefill", "http://c:3",
+            "--client-write-timeout", "5.5", "--workers", "3", "--log-level", "WARNING"]
+    args = parser.parse_args(argv)
+    child = child_argv(args.router_parser, args, 2)
+    assert child[:4] == [sys.executable, "-m", "disagg.cli", "router"]
+    again = parser.parse_args(child[3:])
+    skip = {"func", "router_parser", "worker_index"}
+    assert {k: v for k, v in vars(again).items() if k not in skip} == \
+        {k: v for k, v in vars(args).items() if k not in skip}
+    assert again.worker_index == 2 and args.worker_index is None
+
+
+def test_probe_rate_is_split_between_workers():
+    whole, half = ProbeLimiter(), ProbeLimiter(rate_scale=0.5)
+    got = {id(whole): 0, id(half): 0}
+    for t in range(0, 600):  # 10 minutes, one eligible request per second, 6 probes/min configured
+        for lim in (whole, half):
+            got[id(lim)] += lim.admit(6.0, 1.0, float(t))
+    assert got[id(whole)] == 60
+    assert got[id(half)] == 30  # two workers together keep to the configured rate
+
+
+def test_prefill_queue_estimates_per_worker_stay_sane():
+    """N workers, each with its own backlog clock on a shared prefill worker. Within one scrape interval each
+    sees only its own legs, so a burst into an idle prefill worker gets at most one leg per router worker before
+    the overload rule applies (N - 1 more than one process: bounded by N, not by the burst). Once a scrape shows
+    the queue, every worker's estimate covers it and all decide as a single process would."""
+    cfg = RouterConfig.model_validate({"routing": {"remotePrefill": {"minInputTokens": 100,
+                                                                        "maxPrefillQueueWaitMs": 300},
+                                                    "localPrefill": {"maxInputTokens": 50}}})
+    tokens, spt, now = 4000, 0.0001, time.monotonic()  # each leg = 0.4 s of prefill > the 0.3 s bound
+
+    def route(w: Worker) -> str:
+        d = Worker("http://d", "decode")
+        snap = LoadSnapshot(prefill=(w.load(),), decode=(d.load(),), aggregated=())
+        f = RequestFeatures(request_id="r", endpoint="/v1/completions", input_tokens=tokens, max_tokens=500,
+                            tenant=None, canary_fraction=0.0)
+        dec = decide(cfg, f, snap, Tuning())
+        if dec.decision == "remote":
+            w.inflight += 1
+            w.inflight_tokens += tokens
+            w.prefill_started(tokens, now)
+        return dec.reason
+
+    def view() -> Worker:
+        w = Worker("http://p", "prefill")
+        w.observed_sec_per_token = spt
+        return w
+
+    for n in (1, 2, 4):
+        views = [view() for _ in range(n)]
+        burst = [route(views[i % n]) for i in range(4 * n)]
+        assert burst.count("policy") == n  # one leg per worker process
+        assert all(r == "prefill_queue_overload" for r in burst if r != "policy")
+        # the prefill worker's own queue, as the next scrape shows it: n legs, n - 1 waiting
+        for v in views:
+            v.scraped = {"vllm:num_requests_waiting": float(n - 1), "vllm:num_requests_running": 1.0}
+            v.avg_prompt_tokens = float(tokens)
+            true_wait = (n - 1) * tokens * spt
+            own = v.est_prefill_wait_s(now)
+            assert own >= true_wait - 1e-9  # covers the queue the others built
+            assert own <= n * tokens * spt + 1e-9  # and never more than all legs together
+            assert route(v) == "prefill_queue_overload"
