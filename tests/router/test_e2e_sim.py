@@ -175,14 +175,16 @@ async def test_prefill_faults_fall_back_with_zero_client_errors(client, stack):
 
 
 async def test_slow_kv_transfer_times_out_to_local(client, stack):
-    await client.config(transferTimeoutMs=300)
+    # the deadline covers the prefill leg too: wide enough that a loaded machine never times out the prefill
+    # itself (that would be prefill_timeout), far below the stalled KV pull (200 simulated s = 10 wall s)
+    await client.config(transferTimeoutMs=2000)
     for d in stack["decode"]:
-        await client.faults(d, kv_transfer_delay_ms=60_000)  # 60 simulated s = 3 wall s at time-scale 0.05
+        await client.faults(d, kv_transfer_delay_ms=200_000)  # 200 simulated s = 10 wall s at time-scale 0.05
     before = await client.router_metric("disagg_fallbacks_total", cause="kv_transfer_timeout")
     t = time.monotonic()
     status, out = await client.complete({"prompt": long_prompt(words=2500), "max_tokens": 128, "stream": True})
     assert status == 200 and out.endswith(b"data: [DONE]\n\n")
-    assert time.monotonic() - t < 2.5  # did not wait for the slow transfer
+    assert time.monotonic() - t < 7.0  # did not wait for the slow transfer (10 s)
     assert await client.router_metric("disagg_fallbacks_total", cause="kv_transfer_timeout") == before + 1
 
 
@@ -289,9 +291,11 @@ async def test_responses_say_which_path_served_them(client, stack):
 
 async def test_slow_kv_transfer_times_out_on_chat_streams_too(client, stack):
     """vLLM sends the chat role chunk with the first output, i.e. after the KV pull: a stalled pull is visible."""
-    await client.config(transferTimeoutMs=300)
+    # the deadline covers the prefill leg too: wide enough that a loaded machine never times out the prefill
+    # itself (that would be prefill_timeout), far below the stalled KV pull (200 simulated s = 10 wall s)
+    await client.config(transferTimeoutMs=2000)
     for d in stack["decode"]:
-        await client.faults(d, kv_transfer_delay_ms=60_000)
+        await client.faults(d, kv_transfer_delay_ms=200_000)
     before = await client.router_metric("disagg_fallbacks_total", cause="kv_transfer_timeout")
     status, out = await client.complete({"messages": [{"role": "user", "content": long_prompt(words=2500)}],
                                          "max_tokens": 128, "stream": True}, path="/v1/chat/completions")
