@@ -78,3 +78,32 @@ def test_starting_prefill_pool_does_not_flip() -> None:
     failed = {"prefill": PoolReplicas(2, 0, starting=False), "decode": PoolReplicas(2, 2)}
     out = step(spec(), failed, Sample({"targets_up": 1}), LoopState(), 0, "t")
     assert out.mode.active == ActiveMode.AGGREGATED and "no ready prefill" in out.mode.reason
+
+
+def test_a_failed_sample_has_no_figures_and_says_why() -> None:
+    """Issue 13: status never goes stale silently. A sample Prometheus could not give yields no figure (not a
+    partial one), no measurement time, MetricsAvailable False with the error, and an unmeasured KV transfer."""
+    from disagg.autoscaling.queries import PROMETHEUS_UNAVAILABLE
+
+    partial = Sample({"ttft_p95": 0.5, "targets_up": 3}, error="Prometheus query tpot_p95 failed: ConnectionError",
+                     reason=PROMETHEUS_UNAVAILABLE)
+    out = step(spec(), POOLS, partial, LoopState(), 0, "2026-11-29T00:00:00Z")
+    assert all(v is None for v in out.observed.model_dump().values())
+    assert out.metrics[:2] == ("False", "PrometheusUnavailable") and "ConnectionError" in out.metrics[2]
+    assert out.kv_transfer[:2] == ("Unknown", "MetricsUnavailable")
+    good = step(spec(), POOLS, Sample({"ttft_p95": 0.5, "targets_up": 3}), LoopState(), 0, "2026-11-29T00:00:30Z")
+    assert good.observed.ttft_p95_ms == 500 and good.observed.time == "2026-11-29T00:00:30Z"
+    assert good.metrics[0] == "True" and good.observed.tpot_p95_ms is None  # no data: unknown, not the old value
+
+
+def test_kv_transfer_health_is_measured() -> None:
+    limit = spec().mode_policy.kv_transfer_failure_rate
+    failing = step(spec(), POOLS, Sample({"kv_failure_rate": limit * 2, "kv_transfer_p95": 0.2, "targets_up": 3}),
+                   LoopState(), 0, "t")
+    assert failing.kv_transfer[:2] == ("False", "TransferFailures")
+    assert "kvTransferFailureRate" in failing.kv_transfer[2]
+    healthy = step(spec(), POOLS, Sample({"kv_failure_rate": 0.0, "kv_transfer_p95": 0.05, "targets_up": 3}),
+                   LoopState(), 0, "t")
+    assert healthy.kv_transfer[:2] == ("True", "TransfersSucceeding") and "50 ms" in healthy.kv_transfer[2]
+    idle = step(spec(), POOLS, Sample({"targets_up": 3}), LoopState(), 0, "t")
+    assert idle.kv_transfer[:2] == ("Unknown", "NoRemoteTraffic")

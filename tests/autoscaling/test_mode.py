@@ -24,10 +24,10 @@ def broken(t: float) -> ModeSignals:
 def test_reasons() -> None:
     s = spec()
     assert unhealthy_reason(s, healthy(0)) is None
-    assert "failure rate" in unhealthy_reason(s, broken(0))
-    assert "no ready prefill" in unhealthy_reason(s, ModeSignals(time=0, prefill_ready=0, prefill_desired=1))
-    assert "KV transfer" in unhealthy_reason(s, ModeSignals(time=0, prefill_ready=1, prefill_desired=1,
-                                                            ttft_p95_ms=2000, kv_transfer_p95_ms=1200))
+    assert "failure rate" in str(unhealthy_reason(s, broken(0)))
+    assert "no ready prefill" in str(unhealthy_reason(s, ModeSignals(time=0, prefill_ready=0, prefill_desired=1)))
+    assert "KV transfer" in str(unhealthy_reason(s, ModeSignals(time=0, prefill_ready=1, prefill_desired=1,
+                                                                ttft_p95_ms=2000, kv_transfer_p95_ms=1200)))
     # TTFT breach not dominated by transfer: not a reason to leave disaggregation
     assert unhealthy_reason(s, ModeSignals(time=0, prefill_ready=1, prefill_desired=1, ttft_p95_ms=2000,
                                            kv_transfer_p95_ms=100)) is None

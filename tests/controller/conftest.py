@@ -6,7 +6,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import pytest
@@ -80,17 +80,18 @@ class Cluster:
         self.policy = client.PolicyV1Api(api)
 
     def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+        return cast(dict[str, Any], self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body))
 
     def model(self, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
+        return cast(dict[str, Any], self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name))
 
     def patch_model(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, patch)
+        return cast(dict[str, Any],
+                    self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, patch))
 
     def patch_model_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, self.ns, PLURAL, name,
-                                                                 {"status": patch})
+        return cast(dict[str, Any], self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, self.ns, PLURAL, name, {"status": patch}))
 
     def delete_model(self, name: str) -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name)
@@ -118,6 +119,7 @@ class Cluster:
              self.policy.list_namespaced_pod_disruption_budget(self.ns, label_selector=sel).items),
         ):
             for obj in items:
+                assert obj.metadata is not None
                 out[f"{kind}/{obj.metadata.name}"] = obj
         return out
 

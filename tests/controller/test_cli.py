@@ -41,7 +41,9 @@ def test_render_refuses_invalid_specs_naming_the_field(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "llama-8b: spec.prefill.replicas: replicas must be between minReplicas and maxReplicas" in captured.err
-    assert "other: spec.engine.extraArgs[0]: --kv-transfer-config is set by the operator" in captured.err
+    # the CRD's own rule (the one flag table): the field and the spec field to use instead
+    assert "other: spec.engine.extraArgs: extraArgs must not set a flag the operator owns" in captured.err
+    assert "--kv-transfer-config: spec.kvTransfer" in captured.err
 
 
 def _free_port() -> int:

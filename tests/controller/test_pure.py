@@ -125,11 +125,11 @@ def test_starting_pool_raises_no_warning():
     serving = st.desired_status(dm, {}, ok, 1, now="T0")
     starting = st.desired_status(dm, serving, {**ok, "prefill": _deployment(1, 0) | {"metadata": {"generation": 2}}},
                                  1, now="T1")
-    rec._report_transitions({"metadata": {}}, serving, starting)
+    rec._report_transitions({"metadata": {}}, dm, serving, starting)
     assert events == [("Normal", "Starting")]
     events.clear()
     failing = st.desired_status(dm, serving, {**ok, "prefill": _failed_deployment(1)}, 1, now="T1")
-    rec._report_transitions({"metadata": {}}, serving, failing)
+    rec._report_transitions({"metadata": {}}, dm, serving, failing)
     assert events == [("Warning", "NotReady")]
 
 
@@ -138,12 +138,12 @@ def test_mode_controller_owns_active_mode_in_auto_and_foreign_conditions_are_kep
         {"type": "FallbackActive", "status": "True", "reason": "X", "message": "", "lastTransitionTime": "T"},
         {"type": "KVTransferHealthy", "status": "False", "reason": "TransferFailures", "message": "",
          "lastTransitionTime": "T"}]}
-    dm = _dm(activeMode="Aggregated")
+    dm = _dm("llama-70b-rdma", activeMode="Aggregated")  # names a Prometheus: the autoscaler measures KV health
     out = st.desired_status(dm, current, {"prefill": None, "decode": None, "router": None}, 1, now="T0")
     assert "activeMode" not in out
     conds = {c["type"]: c for c in out["conditions"]}
     assert conds["FallbackActive"]["reason"] == "X"
-    assert conds["KVTransferHealthy"]["reason"] == "TransferFailures"  # set by the mode controller, kept
+    assert conds["KVTransferHealthy"]["reason"] == "TransferFailures"  # measured by the autoscaler, kept
     assert conds["PrefillReady"]["reason"] == "DeploymentMissing"
     # Aggregated in force: Ready does not need the prefill pool
     assert conds["Ready"]["reason"] == "DecodeNotReady"
@@ -157,5 +157,117 @@ def test_pinned_mode_and_tcp_warning():
     assert (out["activeMode"], out["modeReason"]) == ("Aggregated", st.PINNED_REASON)
     conds = {c["type"]: c for c in out["conditions"]}
     assert conds["PrefillReady"]["reason"] == "NotRequired" and conds["Ready"]["status"] == "True"
-    assert conds["KVTransferHealthy"]["reason"] == "SlowTransportTCP"
+    # no Prometheus: KV transfer health is not measured, and the condition says so (the configured TCP path too)
+    kv = conds["KVTransferHealthy"]
+    assert (kv["status"], kv["reason"]) == ("Unknown", "NotMeasured") and "TCP" in kv["message"]
     assert all(c["observedGeneration"] == 3 for c in conds.values())
+
+
+def test_kv_transfer_health_is_never_set_from_configuration():
+    """Issue 13: KVTransferHealthy is a measurement (the autoscaler's); the reconciler only says it is unknown."""
+    with_prom = _dm("llama-70b-rdma")
+    deployments = {"prefill": None, "decode": None, "router": None}
+    first = {c["type"]: c for c in st.desired_status(with_prom, {}, deployments, 1, now="T0")["conditions"]}
+    assert (first["KVTransferHealthy"]["status"], first["KVTransferHealthy"]["reason"]) == ("Unknown",
+                                                                                          "AwaitingMetrics")
+    # a status written by an older operator from the configuration alone is replaced
+    legacy = {"conditions": [{"type": "KVTransferHealthy", "status": "True", "reason": "TransportConfigured",
+                              "message": "", "lastTransitionTime": "T"}]}
+    again = {c["type"]: c for c in st.desired_status(with_prom, legacy, deployments, 1, now="T1")["conditions"]}
+    assert again["KVTransferHealthy"]["reason"] == "AwaitingMetrics"
+    # nvlink/auto: which transport UCX picked is not observable, and the condition says so
+    nvlink = {c["type"]: c for c in st.desired_status(_dm(), {}, deployments, 1, now="T0")["conditions"]}
+    assert "not observable" in nvlink["KVTransferHealthy"]["message"]
+    for dm in (with_prom, _dm(), _dm("aggregated-rollback")):
+        for c in st.desired_status(dm, {}, deployments, 1, now="T0")["conditions"]:
+            assert c["type"] != "KVTransferHealthy" or c["status"] == "Unknown"
+
+
+def test_vllm_version_condition_is_in_status():
+    from disagg.builders.vllm import vllm_version_condition
+
+    deployments = {"prefill": None, "decode": None, "router": None}
+    for example in ("llama-8b-nvlink", "llama-70b-rdma", "aggregated-rollback"):
+        dm = _dm(example)
+        want = vllm_version_condition(dm.spec.engine)
+        got = {c["type"]: c for c in st.desired_status(dm, {}, deployments, 7, now="T0")["conditions"]}
+        cond = got["VLLMVersionKnown"]
+        assert {k: cond[k] for k in ("type", "status", "reason", "message")} == want
+        assert cond["observedGeneration"] == 7
+    body = yaml.safe_load(EXAMPLES["llama-8b-nvlink"].read_text())
+    body["metadata"].update(namespace="ns", uid="u", generation=2)
+    body["spec"].setdefault("engine", {})["image"] = "registry.example/vllm:latest"
+    cond = {c["type"]: c for c in st.desired_status(parse_model(body), {}, deployments, 2,
+                                                      now="T0")["conditions"]}["VLLMVersionKnown"]
+    assert (cond["status"], cond["reason"]) == ("False", "DefaultVersionAssumed")
+
+
+def test_pod_security_condition_names_pool_and_levels():
+    rdma = _dm("llama-70b-rdma")
+    needed = {o["metadata"]["labels"]["serving.disagg.dev/role"]: st.template_level(o)
+              for o in build_children(rdma) if o["kind"] == "Deployment"}
+    assert needed == {"prefill": "privileged", "decode": "privileged", "router": "restricted"}
+    label = st.PSA_ENFORCE_LABEL
+    bad = st.pod_security_condition("gpu", {label: "baseline"}, needed, 4)
+    assert (bad["status"], bad["reason"], bad["observedGeneration"]) == ("False", "LevelNotAllowed", 4)
+    assert "decode needs privileged" in bad["message"] and "prefill needs privileged" in bad["message"]
+    assert "enforces baseline" in bad["message"] and "router" not in bad["message"]
+    assert st.pod_security_condition("gpu", {label: "privileged"}, needed, 4)["status"] == "True"
+    assert st.pod_security_condition("gpu", {}, needed, 4)["reason"] == "NotEnforced"
+    assert st.pod_security_condition("gpu", None, needed, 4)["status"] == "Unknown"
+    nvlink = {o["metadata"]["name"]: st.template_level(o) for o in build_children(_dm()) if o["kind"] == "Deployment"}
+    assert set(nvlink.values()) == {"restricted"}
+    assert st.pod_security_condition("gpu", {label: "restricted"}, nvlink, 1)["reason"] == "LevelAllowed"
+    # the level is read from the rendered pods, as the pools' own claim (disagg.builders.pool_security_level)
+    from disagg.builders import pool_security_level
+
+    for example in ("llama-70b-rdma", "llama-8b-nvlink", "aggregated-rollback"):
+        dm = _dm(example)
+        for o in build_children(dm):
+            role = o["metadata"]["labels"]["serving.disagg.dev/role"]
+            if o["kind"] == "Deployment" and role != "router":
+                assert st.template_level(o) == pool_security_level(dm, role), (example, role)
+    body = yaml.safe_load(EXAMPLES["llama-8b-nvlink"].read_text())
+    body["metadata"].update(namespace="ns", uid="u", generation=1)
+    body["spec"]["model"]["cache"] = {"hostPath": "/var/cache/models"}
+    dm = parse_model(body)
+    cached = next(o for o in build_children(dm) if o["kind"] == "Deployment"
+              and o["metadata"]["labels"]["serving.disagg.dev/role"] == "decode")
+    assert st.template_level(cached) == pool_security_level(dm, "decode") == "privileged"
+
+
+def test_held_template_keeps_the_live_pods_and_applies_the_rest():
+    from disagg.builders.meta import ANNOTATION_TEMPLATE_HASH, stamp_template_hash
+    from disagg.controller.reconcile import held, rolled_out, template_changed
+
+    old = stamp_template_hash(next(o for o in build_children(_dm()) if o["kind"] == "Deployment"))
+    live = copy.deepcopy(old)
+    live["spec"]["template"]["spec"]["dnsPolicy"] = "ClusterFirst"  # an apiserver default
+    live["spec"]["template"]["metadata"]["creationTimestamp"] = None
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"]["x"] = "y"
+    new["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "NEW", "value": "1"})
+    stamp_template_hash(new)
+    assert not template_changed(old, live) and template_changed(new, live)
+    h = held(new, live)
+    assert h["metadata"]["labels"]["x"] == "y" and h["spec"]["template"]["spec"]["dnsPolicy"] == "ClusterFirst"
+    assert "creationTimestamp" not in h["spec"]["template"]["metadata"]
+    assert h["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] == old["metadata"]["annotations"][
+        ANNOTATION_TEMPLATE_HASH]
+    assert why_apply(h, live) == "changed" and not template_changed(h, live)
+    # a Deployment from before the annotation: compared by content (live carries defaults)
+    unannotated = copy.deepcopy(live)
+    del unannotated["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH]
+    assert not template_changed(old, unannotated) and template_changed(new, unannotated)
+    assert ANNOTATION_TEMPLATE_HASH not in held(new, unannotated)["metadata"]["annotations"]
+
+    def dep(generation: int, observed: int, replicas: int, updated: int, total: int, available: int) -> dict:
+        return {"metadata": {"generation": generation}, "spec": {"replicas": replicas},
+                "status": {"observedGeneration": observed, "updatedReplicas": updated, "replicas": total,
+                           "availableReplicas": available}}
+
+    assert rolled_out(dep(2, 2, 2, 2, 2, 2)) and rolled_out(dep(3, 3, 0, 0, 0, 0))
+    assert not rolled_out(dep(3, 2, 2, 2, 2, 2))  # the controller has not seen the new template
+    assert not rolled_out(dep(3, 3, 2, 1, 3, 2))  # old pods remain
+    assert not rolled_out(dep(3, 3, 2, 2, 2, 1))  # not available yet
+    assert not rolled_out(None)

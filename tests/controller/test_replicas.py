@@ -230,7 +230,8 @@ def test_a_starting_prefill_pool_does_not_flip_the_mode(operator, cluster):
                         query_factory=lambda *_, **__: query, clock=clock)
     for _ in range(10):  # five minutes of ticks at 30 s, on the fake clock
         result = scaler.tick(cluster.ns, MODEL)
-        assert result is not None and result.mode.active.value == "Disaggregated", result.mode.reason
+        assert result is not None
+        assert result.mode.active.value == "Disaggregated", result.mode.reason
         clock.advance(30)
     assert cluster.model(MODEL)["status"]["activeMode"] == "Disaggregated"
     assert not [e for e in events if e[0] == "Warning"], events

@@ -36,8 +36,10 @@ class StepResult:
     decisions: dict[str, Decision]  # empty when autoscaling is disabled
     mode: ModeState
     mode_changed: bool
-    observed: ObservedStatus
+    observed: ObservedStatus  # every figure None (unknown) when the sample is an error
     slo_met: tuple[str, str, str]  # (status, reason, message) for the SLOMet condition
+    metrics: tuple[str, str, str] = ("True", "MetricsAvailable", "")  # the MetricsAvailable condition
+    kv_transfer: tuple[str, str, str] = ("Unknown", "NoRemoteTraffic", "")  # the KVTransferHealthy condition
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -53,6 +55,10 @@ def _share(value: float | None) -> float | None:
 
 
 def observed(sample: Sample, time_iso: str) -> ObservedStatus:
+    """The status figures of a sample. A failed sample gives no figure at all (unknown), never a partial one, and
+    no time: the figures are not measured."""
+    if sample.error:
+        return ObservedStatus()
     g = sample.get
     return ObservedStatus(
         ttft_p95_ms=_ms(g("ttft_p95")), tpot_p95_ms=_ms(g("tpot_p95")),
@@ -81,6 +87,31 @@ def slo_condition(spec: DisaggregatedModelSpec, sample: Sample, obs: ObservedSta
         return "Unknown", "NoTraffic", "no requests in the window"
     return "True", "SLOMet", (f"TTFT p95 {obs.ttft_p95_ms or 0:.0f} ms, TPOT p95 {obs.tpot_p95_ms or 0:.1f} ms, "
                               f"goodput {'n/a' if obs.goodput is None else f'{obs.goodput:.1%}'}")
+
+
+def metrics_condition(sample: Sample) -> tuple[str, str, str]:
+    if sample.error:
+        return "False", sample.reason or "PrometheusUnavailable", f"{sample.error}; status figures are unknown"
+    up = sample.get("targets_up")
+    return "True", "MetricsAvailable", f"Prometheus answered; {0 if up is None else int(up)} scrape target(s) up"
+
+
+def kv_transfer_condition(spec: DisaggregatedModelSpec, sample: Sample) -> tuple[str, str, str]:
+    """KVTransferHealthy, measured: the share of remote-prefill attempts that fell back for a KV-transport fault
+    (causes kv_*) against spec.modePolicy.kvTransferFailureRate, and the KV transfer p95. Which UCX transport
+    carried the KV is not observable (no metric names it; docs/observability.md): only its cost is."""
+    if sample.error:
+        return "Unknown", "MetricsUnavailable", f"{sample.error}; KV transfer health is not measured"
+    rate, p95 = sample.get("kv_failure_rate"), _ms(sample.get("kv_transfer_p95"))
+    transport = spec.kv_transfer.transport
+    figures = (f"KV-transport failures {'n/a' if rate is None else f'{rate:.1%}'} of remote-prefill attempts, "
+               f"transfer p95 {'n/a' if p95 is None else f'{p95:.0f} ms'} (transport {transport})")
+    if rate is None and p95 is None:
+        return "Unknown", "NoRemoteTraffic", f"no remote-prefill request in the window: {figures}"
+    limit = spec.mode_policy.kv_transfer_failure_rate
+    if rate is not None and rate > limit:
+        return "False", "TransferFailures", f"{figures}; above spec.modePolicy.kvTransferFailureRate {limit:.1%}"
+    return "True", "TransfersSucceeding", figures
 
 
 def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: Sample, state: LoopState,
@@ -117,4 +148,5 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
     after = next_state(spec, before, mode_signals)
     state.mode = after
     return StepResult(decisions=decisions, mode=after, mode_changed=after.active != before.active,
-                      observed=obs, slo_met=slo_condition(spec, sample, obs))
+                      observed=obs, slo_met=slo_condition(spec, sample, obs), metrics=metrics_condition(sample),
+                      kv_transfer=kv_transfer_condition(spec, sample))

@@ -101,10 +101,17 @@ def render(name: str, namespace: str, model: str, window_seconds: int) -> str:
     return template.format(sel=selector(namespace, model), w=f"{max(window_seconds, 2)}s")
 
 
+# Sample.reason when there is an error: Prometheus did not answer, or answered without any target of the model.
+PROMETHEUS_UNAVAILABLE = "PrometheusUnavailable"
+NO_SCRAPE_TARGETS = "NoScrapeTargets"
+NOT_CONFIGURED = "PrometheusNotConfigured"
+
+
 @dataclass(frozen=True)
 class Sample:
     values: dict[str, float | None]
     error: str | None = None
+    reason: str | None = None  # why there is an error (one of the constants above); None when the sample is good
 
     def get(self, name: str) -> float | None:
         return self.values.get(name)
@@ -132,10 +139,11 @@ def collect(query: QueryFn, namespace: str, model: str, spec: DisaggregatedModel
         try:
             result = query(render(name, namespace, model, window))
         except Exception as e:  # noqa: BLE001 - any failure to reach Prometheus means "hold"
-            return Sample(values, error=f"Prometheus query {name} failed: {type(e).__name__}: {e}"[:300])
+            return Sample(values, error=f"Prometheus query {name} failed: {type(e).__name__}: {e}"[:300],
+                          reason=PROMETHEUS_UNAVAILABLE)
         values[name] = _scalar(result)
     if not values.get("targets_up"):
-        return Sample(values, error="no scrape target of this model is up in Prometheus")
+        return Sample(values, error="no scrape target of this model is up in Prometheus", reason=NO_SCRAPE_TARGETS)
     return Sample(values)
 
 

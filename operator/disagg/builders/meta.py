@@ -16,6 +16,11 @@ from ..api.models import API_VERSION, KIND, DisaggregatedModel
 # the freshly built manifest's is re-applied; that is how removed fields (which a live-vs-desired subset check
 # cannot see) reach the cluster.
 ANNOTATION_SPEC_HASH = "serving.disagg.dev/spec-hash"
+# Annotation on a pool Deployment (its own metadata, not the pod template): hash of ``spec.template`` as the
+# operator rendered it. The reconciler compares it to tell a change of what the pods run (a roll) from a change of
+# the Deployment object alone, and holds template changes that come from a new operator version (no spec change)
+# to roll one model at a time (docs/operator.md, "Operator upgrades").
+ANNOTATION_TEMPLATE_HASH = "serving.disagg.dev/template-hash"
 
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -179,3 +184,14 @@ def stamp_spec_hash(obj: dict[str, Any]) -> dict[str, Any]:
     digest = short_hash(body, 16)
     obj.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = digest
     return obj
+
+
+def template_hash(obj: dict[str, Any]) -> str:
+    """Hash of a workload's ``spec.template`` (what its pods run)."""
+    return short_hash((obj.get("spec") or {}).get("template") or {}, 16)
+
+
+def stamp_template_hash(obj: dict[str, Any]) -> dict[str, Any]:
+    """Add ANNOTATION_TEMPLATE_HASH to a workload's metadata and re-stamp its spec hash (which then covers it)."""
+    obj.setdefault("metadata", {}).setdefault("annotations", {})[ANNOTATION_TEMPLATE_HASH] = template_hash(obj)
+    return stamp_spec_hash(obj)

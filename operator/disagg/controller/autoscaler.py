@@ -2,7 +2,12 @@
 Prometheus, runs the pure step (disagg.autoscaling.loop) and writes the outcome to status.
 
 What it writes (merge patch on the status subresource, guarded by resourceVersion and retried on conflict):
-- ``observed`` figures (including the mode probes seen in the window) and the ``SLOMet`` condition — always;
+- ``observed`` figures (including the mode probes seen in the window) and the conditions ``SLOMet``,
+  ``MetricsAvailable`` and ``KVTransferHealthy`` (measured: KV-transport fallbacks and transfer p95) — always. Every
+  figure is written, an unknown one as null (a merge patch that left it out would keep the previous value on
+  the printer columns); when Prometheus cannot be read every figure is null, ``observed.time`` stays at the last
+  measurement, and ``MetricsAvailable`` is False (reason ``PrometheusUnavailable`` or ``NoScrapeTargets``) with
+  the error;
 - ``pools.<pool>.desiredReplicas`` + ``lastScale`` — when autoscaling is enabled: the record of each decision;
 - ``activeMode``/``modeReason``/``modeSince`` and the ``FallbackActive`` condition — when spec.mode is Auto (a
   pinned mode is written by the reconciler). The status change triggers the reconciler, which rewrites the
@@ -94,9 +99,13 @@ class Autoscaler:
             dm = DisaggregatedModel.model_validate({k: v for k, v in body.items() if k != "status"})
         except ValidationError:
             return None  # the reconciler reports invalid specs
+        status = body.get("status") or {}
+        if status.get("observedGeneration") is None:
+            # The reconciler has not reported yet. Writing status first would let the apiserver default
+            # status.pools (the CRD's defaults: desiredReplicas 0), which then reads as a recorded decision.
+            return None
         sample = self.sample(dm, namespace, name)
         state = self.states.setdefault((namespace, name), LoopState())
-        status = body.get("status") or {}
         mono = self.clock.monotonic()
         current = ActiveMode(status["activeMode"]) if status.get("activeMode") else ActiveMode.DISAGGREGATED
         if state.mode is None or state.mode.active != current:  # status is the truth (pins, restarts)
@@ -119,9 +128,13 @@ class Autoscaler:
     def _patch(self, body: Mapping[str, Any], dm: DisaggregatedModel, r: StepResult, now: str) -> dict[str, Any]:
         status = body.get("status") or {}
         gen = (body.get("metadata") or {}).get("generation")
-        patch: dict[str, Any] = {"observed": r.observed.to_api()}
-        conds = [condition("SLOMet", {"True": True, "False": False}.get(r.slo_met[0]), r.slo_met[1], r.slo_met[2],
-                           gen)]
+        observed = r.observed.model_dump(by_alias=True, mode="json")  # None stays: null clears a stale figure
+        if observed.get("time") is None:
+            observed.pop("time", None)  # not measured now: the time of the last measurement stays
+        patch: dict[str, Any] = {"observed": observed}
+        conds = [condition(type_, {"True": True, "False": False}.get(ok), reason, message, gen)
+                 for type_, (ok, reason, message) in (("SLOMet", r.slo_met), ("MetricsAvailable", r.metrics),
+                                                      ("KVTransferHealthy", r.kv_transfer))]
         for pool, d in r.decisions.items():
             if d.changed:
                 patch.setdefault("pools", {}).update(scale_patch(pool, d.current, d.desired, d.reason, now)["pools"])
@@ -140,6 +153,7 @@ class Autoscaler:
     def apply(self, body: Mapping[str, Any], dm: DisaggregatedModel, r: StepResult, now: str) -> None:
         """Record one step's outcome in status, then (autoscaling on) bring the Deployments to the record."""
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        before = {c.get("type"): c.get("status") for c in (body.get("status") or {}).get("conditions") or []}
         for attempt in range(STATUS_ATTEMPTS):
             try:
                 out = self.kube.patch_model_status(ns, name, self._patch(body, dm, r, now),
@@ -154,6 +168,10 @@ class Autoscaler:
                 if fresh is None:
                     return
                 body = fresh
+        if r.metrics[0] == "False" and before.get("MetricsAvailable") != "False":
+            self.emit(body, "Warning", "MetricsUnavailable", f"{r.metrics[2]} (holding replicas and mode)")
+        if r.kv_transfer[0] == "False" and before.get("KVTransferHealthy") != "False":
+            self.emit(body, "Warning", "KVTransferFailing", r.kv_transfer[2])
         for pool, d in r.decisions.items():
             DESIRED.labels(ns, name, pool).set(d.desired)
             if d.changed:

@@ -20,6 +20,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     p.add_argument("--router-image", default=None, help="router image (default: $DISAGG_ROUTER_IMAGE or built-in)")
     p.add_argument("--router-replicas", type=int, default=None, help="router replicas per model (default 1)")
+    p.add_argument("--upgrade-rollout-bound", type=float, default=None, metavar="SECONDS",
+                   help="operator upgrades roll one model's GPU pools at a time; the next model starts when the "
+                        "previous one has finished rolling out or after this many seconds "
+                        "(default: $DISAGG_UPGRADE_ROLLOUT_BOUND_SECONDS or 1800)")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                    help="liveness endpoint URL, or '' to disable (default: %(default)s)")
     peer = p.add_mutually_exclusive_group()
@@ -100,14 +104,21 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
+    import os
+
     import kopf
 
     from .. import logs
     from .handlers import ControllerConfig, operator_settings, register
+    from .reconcile import UPGRADE_BOUND_SECONDS
 
     logs.configure(level=args.log_level, json=args.log_format == "json")
     registry = kopf.get_default_registry()
-    reconciler = register(registry, ControllerConfig(kubeconfig=args.kubeconfig, build=_build_settings(args)))
+    bound = args.upgrade_rollout_bound
+    if bound is None:
+        bound = float(os.environ.get("DISAGG_UPGRADE_ROLLOUT_BOUND_SECONDS") or UPGRADE_BOUND_SECONDS)
+    reconciler = register(registry, ControllerConfig(kubeconfig=args.kubeconfig, build=_build_settings(args),
+                                                     upgrade_bound=bound))
     if args.metrics_port:
         from prometheus_client import REGISTRY, start_http_server
 

@@ -27,7 +27,7 @@ def _scalar_equal(live: Any, desired: Any) -> bool:
         if str(live) == str(desired):
             return True
         try:  # resource quantities are normalised by the apiserver ("1000m" → "1")
-            return bool(parse_quantity(live) == parse_quantity(desired))  # type: ignore[no-untyped-call]
+            return bool(parse_quantity(live) == parse_quantity(desired))
         except (ValueError, TypeError):
             return False
     return False

@@ -12,10 +12,12 @@ apiserver); they differ only in what woke them up:
 - ``@kopf.index``: in-memory caches of models and children, filled before any handler runs, so that a
   reconcile compares against the cluster without listing it. The model index only routes a child's event to its
   model; no child is ever built from it.
+- ``@kopf.timer`` (models with ``RolloutPending=True``): a held operator-upgrade rollout asks again for its turn.
 - ``@kopf.daemon`` (models with ``spec.autoscaling.prometheus``): the autoscaler / mode controller loop; with
   autoscaling on it writes pool sizes through each Deployment's /scale subresource itself.
 - Deleting a DisaggregatedModel needs no handler: every child carries an owner reference and Kubernetes' garbage
-  collector removes it. Only models running the autoscaler daemon get a finalizer (kopf stops the daemon first).
+  collector removes it. Only models running the autoscaler daemon, or waiting with a held operator-upgrade rollout
+  (the held-rollouts timer), get a finalizer (kopf stops the daemon or timer first).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ..api.models import GROUP, PLURAL, VERSION
 from ..builders import BuildSettings
 from ..kube import api_client
 from .kubeio import Kube, KubeError
-from .reconcile import REJECTED, Key, Reconciler, trim
+from .reconcile import REJECTED, ROLLOUT_CONDITION, UPGRADE_BOUND_SECONDS, Key, Reconciler, trim
 
 log = logs.get("disagg.controller")
 
@@ -63,6 +65,10 @@ class ControllerConfig:
     # Run the autoscaler / mode controller daemon (disagg.controller.autoscaler) for models that name a
     # Prometheus (spec.autoscaling.prometheus). Off in tests of the reconciler alone.
     autoscaler: bool = True
+    # Operator upgrades: how long one model may hold the upgrade slot (reconcile.UPGRADE_BOUND_SECONDS), and how
+    # often a model whose pod-template change is held (RolloutPending=True) checks whether its turn has come.
+    upgrade_bound: float = UPGRADE_BOUND_SECONDS
+    upgrade_poll_seconds: float = 15.0
 
 
 def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
@@ -71,7 +77,7 @@ def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Ope
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="serving.disagg.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="serving.disagg.dev", key="last-handled-configuration")
-    settings.persistence.finalizer = "serving.disagg.dev/autoscaler"  # only models running the autoscaler daemon
+    settings.persistence.finalizer = "serving.disagg.dev/autoscaler"  # models running the autoscaler daemon or timer
     settings.posting.level = logging.WARNING  # our own Events (kopf.event) are always posted
     settings.execution.max_workers = 16
     settings.watching.server_timeout = 300
@@ -116,7 +122,8 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
              reconciler: Reconciler | None = None) -> Reconciler:
     """Register the operator's handlers on ``registry``; returns the Reconciler (its counters are useful)."""
     config = config or ControllerConfig()
-    rec = reconciler or Reconciler(Kube(api_client(config.kubeconfig)), config.build, emit=_emit)
+    rec = reconciler or Reconciler(Kube(api_client(config.kubeconfig)), config.build, emit=_emit,
+                                   upgrade_bound=config.upgrade_bound)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -175,6 +182,17 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
         except KubeError as exc:
             log.warning("status-driven reconcile failed", model=f"{namespace}/{name}", error=str(exc))
 
+    @kopf.timer(GROUP, VERSION, PLURAL, id="held-rollouts", interval=config.upgrade_poll_seconds,
+                when=_rollout_pending, registry=registry)
+    def held_rollouts(namespace: str | None, name: str, **kwargs: Any) -> None:
+        """A model whose operator-upgrade rollout is held asks again whether its turn has come (the slot is free,
+        or the previous model's bound passed): nothing else would wake it."""
+        namespace = _ns(namespace)
+        try:
+            rec.reconcile(namespace, name, lambda: _children_of(kwargs, namespace, name), trigger="held-rollout")
+        except KubeError as exc:
+            log.warning("held-rollout reconcile failed", model=f"{namespace}/{name}", error=str(exc))
+
     # --------------------------------------------------------------------------------- children
 
     def make_child_handler(kind: str) -> Callable[..., None]:
@@ -202,6 +220,11 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     if config.autoscaler:
         register_autoscaler(registry, rec)
     return rec
+
+
+def _rollout_pending(status: Mapping[str, Any], **_: Any) -> bool:
+    return any(c.get("type") == ROLLOUT_CONDITION and c.get("status") == "True"
+               for c in (status or {}).get("conditions") or [])
 
 
 def _has_prometheus(spec: Mapping[str, Any], **_: Any) -> bool:

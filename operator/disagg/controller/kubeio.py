@@ -69,7 +69,7 @@ class Kube:
                 params = self.api.param_serialize(method=method, resource_path=path, query_params=query or [],
                                                   header_params=headers, body=body, auth_settings=["BearerToken"])
                 resp = self.api.call_api(*params, _request_timeout=30)
-                resp.read()  # type: ignore[no-untyped-call]
+                resp.read()
                 status = resp.status
                 data = resp.data
             except (urllib3.exceptions.HTTPError, OSError) as exc:
@@ -127,6 +127,15 @@ class Kube:
         except KubeError as exc:
             if exc.status != 404:
                 raise
+
+    def get_namespace(self, name: str) -> dict[str, Any] | None:
+        """A namespace (its labels carry the Pod Security levels); needs ``get namespaces``."""
+        try:
+            return self.request("GET", f"/api/v1/namespaces/{name}")
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     # ------------------------------------------------------------------------------------------ the model
 

@@ -12,6 +12,16 @@ Replicas have one owner (``disagg.builders.replicas``): with autoscaling on, a p
 is sent only when the Deployment is created; afterwards it is neither applied nor compared, and the operator hands
 its ownership of the field to the autoscaler's field manager before its first apply without it (the server-side
 apply hand-over pattern: the field would otherwise be removed and reset to 1).
+
+Operator upgrades do not restart every GPU pool at once. A pool Deployment carries the hash of its pod template
+(``serving.disagg.dev/template-hash``). When the freshly built template differs from the live one although the
+model's spec has not changed since it was last reconciled (``status.observedGeneration == metadata.generation``),
+the difference comes from the operator's rendering (a new operator version), not from the user: the rest of the
+Deployment is applied at once, but its pod template is held (the live one is kept) until this model gets the
+operator-wide upgrade slot. One model holds the slot at a time; it is released when the model's pool Deployments
+have finished rolling out, or after ``upgrade_bound`` seconds. A held model shows ``RolloutPending=True`` (reason
+``OperatorUpgrade``); an Event ``OperatorUpgradeRollout`` marks the start of its roll. A spec change (a new
+generation) rolls at once, including any held rendering change.
 """
 
 from __future__ import annotations
@@ -29,17 +39,25 @@ from ..api.contract import LABEL_MODEL, LABEL_ROLE, WORKER_ROLES, Role
 from ..api.models import KIND, DisaggregatedModel
 from ..api.validate import errors_of
 from ..builders import BuildError, BuildSettings, build_children, parse_model, replicas_owner
+from ..builders.meta import ANNOTATION_TEMPLATE_HASH, stamp_spec_hash, stamp_template_hash
 from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, autoscaled, desired_replicas
 from . import status as st
 from .clock import Clock, RealClock, rfc3339
-from .diff import drifted_fields, spec_hash, why_apply
+from .diff import covers, drifted_fields, spec_hash, why_apply
 from .kubeio import Kube, KubeError
 
 log = logs.get("disagg.controller")
 
 Key = tuple[str, str]  # (kind, name) within the model's namespace
 EmitFn = Callable[[Mapping[str, Any], str, str, str], None]  # (object, type, reason, message)
+BuildFn = Callable[[DisaggregatedModel, BuildSettings], list[dict[str, Any]]]
 APPLIED_GRACE = 30.0
+# How long one model may hold the operator-upgrade slot when its pools do not finish rolling out (pods that never
+# become ready, a stuck rollout): then the next model's held rollout starts anyway. Real vLLM pools take minutes
+# per replica to load weights; a bound keeps one broken model from blocking the fleet's upgrade forever.
+UPGRADE_BOUND_SECONDS = 1800.0
+ROLLOUT_CONDITION = "RolloutPending"
+NAMESPACE_TTL = 30.0  # seconds a namespace's labels (Pod Security levels) are reused between reconciles
 # Statuses that mean "this object as rendered is refused" (invalid free-form fields such as podTemplate,
 # affinity or resources; missing permissions), as opposed to transient failures.
 REJECTED = {400, 403, 422}
@@ -105,11 +123,79 @@ def without_replicas(obj: dict[str, Any]) -> dict[str, Any]:
 HANDLER_TRIGGERS = ("create", "update", "resume")
 
 
+def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
+
+
+def template_changed(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """Does applying ``desired`` change what the live workload's pods run (a roll)? By the template-hash annotation;
+    for a Deployment written before the annotation existed, by comparing the templates (live carries defaults)."""
+    have = _annotations(live).get(ANNOTATION_TEMPLATE_HASH)
+    if have:
+        return bool(have != _annotations(desired).get(ANNOTATION_TEMPLATE_HASH))
+    return not covers((live.get("spec") or {}).get("template"), (desired.get("spec") or {}).get("template"))
+
+
+def _no_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _no_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_no_nulls(v) for v in value]
+    return value
+
+
+def held(desired: dict[str, Any], live: Mapping[str, Any]) -> dict[str, Any]:
+    """``desired`` with the live pod template (and its template hash): everything but the roll is applied."""
+    out = copy.deepcopy(desired)
+    template = _no_nulls(to_plain((live.get("spec") or {}).get("template") or {}))
+    (template.get("metadata") or {}).pop("creationTimestamp", None)
+    out["spec"]["template"] = template
+    annotations = out["metadata"].setdefault("annotations", {})
+    have = _annotations(live).get(ANNOTATION_TEMPLATE_HASH)
+    if have:
+        annotations[ANNOTATION_TEMPLATE_HASH] = have
+    else:
+        annotations.pop(ANNOTATION_TEMPLATE_HASH, None)
+    return stamp_spec_hash(out)
+
+
+def rolled_out(live: Mapping[str, Any] | None) -> bool:
+    """Has a Deployment finished rolling out (``kubectl rollout status``'s test)?"""
+    if not live:
+        return False
+    spec, status = live.get("spec") or {}, live.get("status") or {}
+    generation = (live.get("metadata") or {}).get("generation")
+    if generation is not None and int(status.get("observedGeneration") or 0) < int(generation):
+        return False
+    wanted = int(spec.get("replicas", 1) or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    return (updated >= wanted and int(status.get("replicas") or 0) <= updated
+            and int(status.get("availableReplicas") or 0) >= wanted)
+
+
+@dataclass
+class UpgradeSlot:
+    """The model whose operator-driven pod-template changes are rolling now (one across the operator)."""
+
+    model: tuple[str, str]
+    since: float
+    roles: list[str] = field(default_factory=list)
+
+
 class Reconciler:
     def __init__(self, kube: Kube, settings: BuildSettings | None = None, emit: EmitFn | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, build: BuildFn | None = None,
+                 upgrade_bound: float = UPGRADE_BOUND_SECONDS) -> None:
         self.kube = kube
         self.settings = settings or BuildSettings()
+        self.build: BuildFn = build or build_children  # the builders (tests inject a changed rendering)
+        self.upgrade_bound = upgrade_bound
+        self._upgrade: UpgradeSlot | None = None
+        self._upgrade_guard = threading.Lock()
+        # (monotonic time, "ns/name", "start" | "done" | "expired" | "gone"): the upgrade slot's history.
+        self.upgrade_log: list[tuple[float, str, str]] = []
+        # namespace → (read at, its labels or None when unreadable): the Pod Security check's input
+        self._namespaces: dict[str, tuple[float, dict[str, str] | None]] = {}
         self.emit: EmitFn = emit or (lambda *_: None)
         self.clock: Clock = clock or RealClock()
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -172,9 +258,61 @@ class Reconciler:
             pools = status.setdefault("pools", {})
             pools["prefill"] = {**(pools.get("prefill") or {}), "starting": prefill_starting}
         try:
-            return dm, build_children(parse_model(build), self.settings)
+            objs = self.build(parse_model(build), self.settings)
         except BuildError as exc:
             raise InvalidSpecError(str(exc)) from None
+        for obj in objs:
+            if obj["kind"] == "Deployment" and obj["metadata"].get("labels", {}).get(LABEL_ROLE) in WORKER_ROLES:
+                stamp_template_hash(obj)
+        return dm, objs
+
+    # ---------------------------------------------------------------------------------- upgrade slot
+
+    def _take_slot(self, model: tuple[str, str], roles: list[str]) -> tuple[bool, bool, str]:
+        """(may roll now, just started, holder) for a model with held operator-driven template changes."""
+        now = self.clock.monotonic()
+        with self._upgrade_guard:
+            slot = self._upgrade
+            if slot is not None and slot.model != model and now - slot.since >= self.upgrade_bound:
+                log.warning("operator-upgrade rollout bound reached", model="/".join(slot.model),
+                            seconds=self.upgrade_bound)
+                self.upgrade_log.append((now, "/".join(slot.model), "expired"))
+                slot = self._upgrade = None
+            if slot is None:
+                self._upgrade = UpgradeSlot(model, now, sorted(roles))
+                self.upgrade_log.append((now, "/".join(model), "start"))
+                return True, True, ""
+            if slot.model == model:
+                slot.roles = sorted(set(slot.roles) | set(roles))
+                return True, False, ""
+            return False, False, "/".join(slot.model)
+
+    def _release_slot(self, model: tuple[str, str], why: str) -> None:
+        with self._upgrade_guard:
+            if self._upgrade is not None and self._upgrade.model == model:
+                self._upgrade = None
+                self.upgrade_log.append((self.clock.monotonic(), "/".join(model), why))
+
+    def namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        """The namespace's labels, re-read at most every NAMESPACE_TTL seconds; None when the operator may not read
+        namespaces (RBAC) or the read fails."""
+        now = self.clock.monotonic()
+        cached = self._namespaces.get(namespace)
+        if cached is not None and now - cached[0] < NAMESPACE_TTL:
+            return cached[1]
+        try:
+            ns = self.kube.get_namespace(namespace)
+            labels: dict[str, str] | None = dict(((ns or {}).get("metadata") or {}).get("labels") or {})
+        except KubeError as exc:
+            log.warning("namespace unreadable", namespace=namespace, error=str(exc))
+            labels = None
+        self._namespaces[namespace] = (now, labels)
+        return labels
+
+    def holding_slot(self, namespace: str, name: str) -> UpgradeSlot | None:
+        with self._upgrade_guard:
+            slot = self._upgrade
+            return slot if slot is not None and slot.model == (namespace, name) else None
 
     def _apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]
@@ -225,6 +363,7 @@ class Reconciler:
             try:
                 body = self.kube.get_model(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
+                    self._release_slot((namespace, name), "gone")
                     return Result()  # gone or going: owner references let the garbage collector do the rest
                 view = children() if callable(children) else children
                 kids = {k: to_plain(v) for k, v in view.items()}
@@ -265,6 +404,31 @@ class Reconciler:
             self._report_invalid(body, str(exc), generation)
             return result
 
+        # Pod-template changes that come from the operator's rendering (the spec is the one last reconciled) wait
+        # for the operator-wide upgrade slot; everything else about those Deployments is applied at once.
+        # (A generation whose apply the apiserver refused half-way still has the user's changes to roll.)
+        spec_unchanged = ((body.get("status") or {}).get("observedGeneration") == generation
+                          and (ns, name) not in self._refused)
+        pools: dict[str, dict[str, Any]] = {}
+        pending: list[str] = []
+        for obj in objs:
+            role = obj["metadata"].get("labels", {}).get(LABEL_ROLE, "")
+            if obj["kind"] == "Deployment" and role in WORKER_ROLES:
+                pools[role] = obj
+                live = children.get((obj["kind"], obj["metadata"]["name"]))
+                if live is not None and spec_unchanged and template_changed(obj, live):
+                    pending.append(role)
+        hold, holder = False, ""
+        if pending:
+            may, started, holder = self._take_slot((ns, name), pending)
+            hold = not may
+            if started:
+                log.info("operator-upgrade rollout", model=f"{ns}/{name}", pools=pending)
+                self.emit(body, "Normal", "OperatorUpgradeRollout",
+                          f"Rolling the {', '.join(sorted(pending))} pool(s) for an operator upgrade: the operator "
+                          f"renders their pod templates differently (spec generation {generation} unchanged); "
+                          "other models' held rollouts wait until these Deployments finish rolling out")
+
         fresh: dict[Key, Mapping[str, Any]] = {}
         created: list[str] = []
         updated: list[str] = []
@@ -277,6 +441,9 @@ class Reconciler:
             scaled = obj["kind"] == "Deployment" and role in WORKER_ROLES and autoscaled(dm, role)
             compare = without_replicas(obj) if scaled else obj
             live = children.get(key)
+            holding = hold and obj["kind"] == "Deployment" and role in pending
+            if holding and live is not None:
+                compare = held(compare, live)
             record = self._applied.get((ns, *key))
             evented = event is not None and (event[0], event[1]) == key  # its copy is the event's: fresh
             if not evented and record is not None and record[0] == spec_hash(obj) and (
@@ -287,11 +454,13 @@ class Reconciler:
                 # The replica count must never be written from a cache: read the Deployment as it is now.
                 current = self.kube.get("Deployment", ns, key[1])
                 live = None if current is None else trim(current)
+                if holding and live is not None:
+                    compare = held(without_replicas(obj), live)
                 why = why_apply(compare, live)
                 if why is not None and current is not None:
                     self._hand_over_replicas(current)
-            if why is None:
-                self._applied[(ns, *key)] = (spec_hash(obj) or "", self.clock.monotonic())
+            if why is None:  # (a held Deployment records the held manifest: its roll is still to come)
+                self._applied[(ns, *key)] = (spec_hash(compare) or "", self.clock.monotonic())
                 continue
             to_apply = compare
             if scaled and why == "missing":  # created: the only apply that carries the replica count
@@ -340,8 +509,39 @@ class Reconciler:
         if trigger in HANDLER_TRIGGERS:
             self._refused.pop((ns, name), None)
         deployments = self._deployments(dm, children, fresh)
-        result.status_patched = self._write_status(body, dm, deployments, generation)
+        rollout = self._rollout_condition(body, pools, deployments, pending if hold else [], holder)
+        needed = {o["metadata"]["labels"].get(LABEL_ROLE, o["metadata"]["name"]): st.template_level(o)
+                  for o in objs if o["kind"] == "Deployment"}
+        security = st.pod_security_condition(ns, self.namespace_labels(ns), needed, generation)
+        result.status_patched = self._write_status(body, dm, deployments, generation, [rollout, security])
         return result
+
+    def _rollout_condition(self, body: dict[str, Any], pools: Mapping[str, Mapping[str, Any]],
+                           deployments: Mapping[str, Mapping[str, Any] | None], held_roles: list[str],
+                           holder: str) -> dict[str, Any]:
+        """RolloutPending for this model; releases the upgrade slot when this model's roll has finished."""
+        meta = body["metadata"]
+        ns, name, generation = meta["namespace"], meta["name"], meta.get("generation")
+        if held_roles:
+            return st.condition(
+                ROLLOUT_CONDITION, True, "OperatorUpgrade",
+                f"The operator renders the {', '.join(sorted(held_roles))} pod template(s) differently from the "
+                f"running ones (an operator upgrade; spec generation {generation} unchanged). Held so that operator "
+                f"upgrades roll one model at a time: waiting for {holder} to finish rolling out (at most "
+                f"{self.upgrade_bound:.0f}s). A change to this model's spec rolls at once.", generation)
+        slot = self.holding_slot(ns, name)
+        if slot is not None:
+            waiting = [r for r in slot.roles if r in pools
+                       and (template_changed(pools[r], deployments.get(r) or {}) or not rolled_out(deployments.get(r)))]
+            if waiting:
+                return st.condition(ROLLOUT_CONDITION, False, "OperatorUpgradeRolling",
+                                    f"Rolling the {', '.join(waiting)} pool(s) for an operator upgrade; other models' "
+                                    "held rollouts start when these Deployments have finished rolling out.",
+                                    generation)
+            self._release_slot((ns, name), "done")
+            log.info("operator-upgrade rollout finished", model=f"{ns}/{name}", pools=slot.roles)
+        return st.condition(ROLLOUT_CONDITION, False, "NoRolloutPending", "No pod-template change is held.",
+                            generation)
 
     def _report_drift(self, parent: dict[str, Any], dm: DisaggregatedModel, desired: dict[str, Any],
                       live: Mapping[str, Any] | None, fields: list[str]) -> None:
@@ -370,7 +570,8 @@ class Reconciler:
         return out
 
     def _write_status(self, body: dict[str, Any], dm: DisaggregatedModel,
-                      deployments: Mapping[str, Mapping[str, Any] | None], generation: int | None) -> bool:
+                      deployments: Mapping[str, Mapping[str, Any] | None], generation: int | None,
+                      extra: list[dict[str, Any]] | None = None) -> bool:
         """Merge-patch the operator's part of status, guarded by the resourceVersion of the body the reconcile
         read: a status another writer changed meanwhile (409) is re-read, never overwritten from a stale copy."""
         meta = body["metadata"]
@@ -380,6 +581,8 @@ class Reconciler:
         for _ in range(4):
             now = self.now()
             wanted = st.desired_status(dm, current, deployments, generation, now=now)
+            if extra:
+                wanted["conditions"] = st.merge_conditions(wanted["conditions"], extra, now)
             refused = self._refused.get((ns, name))
             if refused is not None and refused[0] == meta.get("generation"):
                 wanted["conditions"] = st.merge_conditions(
@@ -390,7 +593,7 @@ class Reconciler:
             try:
                 self.kube.patch_model_status(ns, name, patch, resource_version)
                 self.counters["status_patches"] += 1
-                self._report_transitions(body, current, wanted)
+                self._report_transitions(body, dm, current, wanted)
                 return True
             except KubeError as exc:
                 if exc.status == 404:
@@ -407,11 +610,15 @@ class Reconciler:
             resource_version = latest["metadata"].get("resourceVersion")
         raise KubeError(409, f"status of {ns}/{name} kept conflicting")
 
-    def _report_transitions(self, body: dict[str, Any], current: Mapping[str, Any],
+    def _report_transitions(self, body: dict[str, Any], dm: DisaggregatedModel, current: Mapping[str, Any],
                             wanted: Mapping[str, Any]) -> None:
         before = {c.get("type"): c for c in current.get("conditions") or []}
         for cond in wanted.get("conditions") or []:
             old = before.get(cond["type"])
+            if (cond["type"] == "KVTransferHealthy" and cond["reason"] in st.UNMEASURED_REASONS
+                    and dm.spec.kv_transfer.transport == "tcp"
+                    and (old is None or old.get("message") != cond["message"])):
+                self.emit(body, "Warning", "SlowKVTransport", cond["message"])
             if old is not None and old.get("status") == cond["status"] and old.get("reason") == cond["reason"]:
                 continue
             if cond["type"] == "Ready":
@@ -421,8 +628,10 @@ class Reconciler:
                     type_ = "Normal"  # not ready yet right after creation is expected, not a warning
                 reason = "Ready" if cond["status"] == "True" else ("Starting" if starting else "NotReady")
                 self.emit(body, type_, reason, cond["message"])
-            elif cond["type"] == "KVTransferHealthy" and cond["reason"] == "SlowTransportTCP":
-                self.emit(body, "Warning", "SlowKVTransport", cond["message"])
+            elif cond["type"] == "PodSecurity" and cond["status"] == "False":
+                self.emit(body, "Warning", "PodSecurityViolation", cond["message"])
+            elif cond["type"] == ROLLOUT_CONDITION and cond["status"] == "True":
+                self.emit(body, "Normal", "RolloutHeld", cond["message"])
         if "activeMode" in wanted and wanted.get("activeMode") != current.get("activeMode"):
             self.emit(body, "Normal", "ModeChanged",
                       f"Active mode {wanted['activeMode']} ({wanted.get('modeReason', '')})")

@@ -2,8 +2,11 @@
 
 The operator owns these parts of ``status``: observedGeneration, activeMode/modeReason/modeSince (only to pin
 them to spec.mode, or to set the initial mode), pools.<pool>.{replicas, readyReplicas, desiredReplicas, summary,
-starting}, and the conditions Ready, PrefillReady, DecodeReady, RouterReady, Progressing, plus KVTransferHealthy
-while its reason is one of TRANSPORT_REASONS. Other writers (autoscaler, mode controller) own the rest; their
+starting}, and the conditions Ready, PrefillReady, DecodeReady, RouterReady, Progressing, VLLMVersionKnown,
+RolloutPending (reconcile.py) and PodSecurity (pod_security_condition), plus KVTransferHealthy until it is
+measured: KV transfer health is measured by the autoscaler from Prometheus (KV-transport fallbacks, transfer p95);
+the reconciler writes it only as Unknown — ``NotMeasured`` when the model names no Prometheus, ``AwaitingMetrics``
+before the autoscaler's first measurement. Other writers (autoscaler, mode controller) own the rest; their
 conditions and fields are kept as they are.
 
 Starting is not failing (DESIGN.md §9). A pool with no ready replica is *starting* — not failed — when it has not
@@ -28,10 +31,19 @@ from typing import Any
 from ..api.contract import Role
 from ..api.models import ActiveMode, DisaggregatedModel, Mode
 from ..builders import active_mode, desired_replicas, transport_summary, worker_roles
+from ..builders.security import LEVELS, Level, level_for
+from ..builders.vllm import vllm_version_condition
 from .clock import rfc3339
 
-OWNED_CONDITIONS = ("Ready", "PrefillReady", "DecodeReady", "RouterReady", "Progressing", "KVTransferHealthy")
-TRANSPORT_REASONS = ("TransportConfigured", "SlowTransportTCP")
+PSA_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+
+OWNED_CONDITIONS = ("Ready", "PrefillReady", "DecodeReady", "RouterReady", "Progressing", "VLLMVersionKnown",
+                    "RolloutPending", "PodSecurity")
+# KVTransferHealthy reasons the reconciler writes (unmeasured); any other reason is the autoscaler's measurement.
+# TransportConfigured/SlowTransportTCP are what operators before issue 13 wrote from the configuration alone.
+UNMEASURED_REASONS = ("NotMeasured", "AwaitingMetrics", "TransportConfigured", "SlowTransportTCP")
+TRANSPORT_NOT_OBSERVABLE = ("Which transport UCX picks is not observable (neither NIXL nor vLLM exports it); a path "
+                            "that fell back to TCP shows only as a high observed.kvTransferP95Ms.")
 PINNED_REASON = "Pinned by spec.mode"
 INITIAL_REASON = "spec.mode Auto: disaggregated until the mode controller decides otherwise"
 
@@ -212,10 +224,11 @@ def desired_status(dm: DisaggregatedModel, current: Mapping[str, Any],
         conds.append(condition("Progressing", False, "PoolsStarted", "No pool is starting.", generation))
 
     existing = list(current.get("conditions") or [])
-    kv = [c for c in existing if c.get("type") == "KVTransferHealthy"]
-    if not kv or kv[0].get("reason") in TRANSPORT_REASONS:
-        reason, message = transport_summary(dm.spec.kv_transfer)
-        conds.append(condition("KVTransferHealthy", True, reason, message, generation))
+    conds.append(kv_transfer_unmeasured(dm, existing, generation))
+    version = vllm_version_condition(dm.spec.engine)
+    conds.append(condition(version["type"], version["status"] == "True", version["reason"], version["message"],
+                           generation))
+    conds = [c for c in conds if c]
 
     out: dict[str, Any] = {
         "observedGeneration": generation,
@@ -224,6 +237,28 @@ def desired_status(dm: DisaggregatedModel, current: Mapping[str, Any],
         "conditions": merge_conditions(existing, conds, now),
     }
     return out
+
+
+def transport_note(dm: DisaggregatedModel) -> str:
+    """What the configuration says about the KV path (not a measurement)."""
+    kv = dm.spec.kv_transfer
+    _, message = transport_summary(kv)
+    return message if kv.transport in ("tcp", "rdma") else f"{message} {TRANSPORT_NOT_OBSERVABLE}"
+
+
+def kv_transfer_unmeasured(dm: DisaggregatedModel, existing: list[Mapping[str, Any]],
+                           generation: int | None) -> dict[str, Any]:
+    """KVTransferHealthy=Unknown while nothing measures it; {} when the autoscaler's measurement stands."""
+    kv = next((c for c in existing if c.get("type") == "KVTransferHealthy"), None)
+    if dm.spec.autoscaling.prometheus is None:
+        return condition("KVTransferHealthy", None, "NotMeasured",
+                         "Not measured: KV transfer health is measured from Prometheus (KV-transport fallbacks and "
+                         "transfer p95) and spec.autoscaling.prometheus is not set. " + transport_note(dm), generation)
+    if kv is None or kv.get("reason") in UNMEASURED_REASONS:
+        return condition("KVTransferHealthy", None, "AwaitingMetrics",
+                         "Not measured yet: the autoscaler measures KV-transport fallbacks and transfer p95 every "
+                         "spec.autoscaling.intervalSeconds. " + transport_note(dm), generation)
+    return {}
 
 
 def invalid_status(current: Mapping[str, Any], message: str, generation: int | None,
@@ -251,3 +286,60 @@ def status_patch(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[
 
 def pool_roles(dm: DisaggregatedModel) -> list[Role]:
     return [*worker_roles(dm), "router"]
+
+
+# Volume types the restricted level allows (k8s.io/pod-security-admission/policy/check_restrictedVolumes.go).
+RESTRICTED_VOLUMES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                                "projected", "secret"})
+
+
+def template_level(workload: Mapping[str, Any]) -> Level:
+    """The Pod Security level a rendered workload's pods need (after spec.<pool>.podTemplate overrides), from what
+    separates the levels in the pods the operator renders: added capabilities (IPC_LOCK for RDMA: privileged; a
+    root-only capability: baseline at least), hostPath volumes (a hostPath model cache: privileged), host
+    namespaces and privileged containers (privileged), other volume types and running as root (baseline). Not a
+    full Pod Security evaluation: the apiserver's admission remains the judge."""
+    pod = ((workload.get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]
+    added: list[str] = []
+    for container in containers:
+        added += ((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or []
+    levels: list[Level] = [level_for(added)]
+    volumes = [k for v in pod.get("volumes") or [] for k in v if k != "name"]
+    if ("hostPath" in volumes or any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+            or any((c.get("securityContext") or {}).get("privileged") for c in containers)):
+        levels.append("privileged")
+    root = (pod.get("securityContext") or {}).get("runAsUser") == 0 or any(
+        (c.get("securityContext") or {}).get("runAsUser") == 0 for c in containers)
+    if set(volumes) - RESTRICTED_VOLUMES or root:
+        levels.append("baseline")
+    return max(levels, key=LEVELS.index)
+
+
+def pod_security_condition(namespace: str, labels: Mapping[str, str] | None, needed: Mapping[str, Level],
+                           generation: int | None) -> dict[str, Any]:
+    """PodSecurity: does the namespace's enforced Pod Security level admit every pool's pods? ``needed`` maps a
+    pool (prefill, decode, aggregated, router) to the level its rendered pods need; ``labels`` are the namespace's
+    (None: not readable)."""
+    if labels is None:
+        return condition("PodSecurity", None, "NamespaceUnreadable",
+                         f"Cannot read namespace {namespace} (the operator needs get on namespaces) to compare its "
+                         "Pod Security level with the pools'.", generation)
+    enforced = str(labels.get(PSA_ENFORCE_LABEL) or "")
+    if enforced not in LEVELS:
+        return condition("PodSecurity", True, "NotEnforced",
+                         f"Namespace {namespace} enforces no Pod Security level ({PSA_ENFORCE_LABEL} "
+                         f"{'unset' if not enforced else repr(enforced) + ' is not a level'}).", generation)
+    allowed = LEVELS.index(enforced)  # LEVELS is strictest first: a pool needing a later level is refused
+    refused = {pool: level for pool, level in needed.items() if LEVELS.index(level) > allowed}
+    if refused:
+        pools = ", ".join(f"{pool} needs {level}" for pool, level in sorted(refused.items()))
+        loosest = max(refused.values(), key=LEVELS.index)
+        return condition("PodSecurity", False, "LevelNotAllowed",
+                         f"Pod Security: namespace {namespace} enforces {enforced} ({PSA_ENFORCE_LABEL}) but the "
+                         f"{pools}: the apiserver refuses their pods (the only other sign is a FailedCreate on the "
+                         f"ReplicaSet). Label the namespace {PSA_ENFORCE_LABEL}={loosest} "
+                         "or make the pool meet the namespace's level (docs/kv-transport.md, \"Pod Security\").",
+                         generation)
+    return condition("PodSecurity", True, "LevelAllowed",
+                     f"Namespace {namespace} enforces {enforced}; every pool's pods meet it.", generation)
