@@ -215,6 +215,7 @@ NEEDED = [
     ("serving.disagg.dev", "disaggregatedmodels/finalizers", "update"),
     ("apps", "deployments", "get list watch create update patch delete"),
     ("apps", "deployments/scale", "get patch"),
+    ("", "namespaces", "get"),
     ("", "services", "get list watch create update patch delete"),
     ("", "configmaps", "get list watch create update patch delete"),
     ("", "serviceaccounts", "get list watch create update patch delete"),

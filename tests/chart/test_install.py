@@ -122,6 +122,7 @@ def test_cluster_install_applies_and_rbac_works(release: dict[str, Any], namespa
     ]:
         assert _can(kubectl, sa, verb, resource, ns), (verb, resource, ns)
     assert _can(kubectl, sa, "patch", "deployments.apps", other, subresource="scale")  # the autoscaler's writes
+    assert _can(kubectl, sa, "get", f"namespaces/{other}", None)  # Pod Security level of the model's namespace
     for verb, resource, ns in [
         ("create", "pods", other), ("delete", "pods", other), ("list", "secrets", other),
         ("create", "clusterroles.rbac.authorization.k8s.io", None), ("create", "nodes", None),
@@ -146,6 +147,8 @@ def test_namespaced_install_is_confined(release: dict[str, Any], namespace: str,
 
     sa = f"system:serviceaccount:{namespace}:{release['name']}-disagg-operator"
     assert _can(kubectl, sa, "create", "deployments.apps", namespace)
+    assert _can(kubectl, sa, "get", f"namespaces/{namespace}", namespace)  # its own namespace's Pod Security label
+    assert not _can(kubectl, sa, "get", "namespaces/default", None)
     assert _can(kubectl, sa, "patch", "kopfpeerings.kopf.dev", namespace)
     assert _can(kubectl, sa, "list", "customresourcedefinitions.apiextensions.k8s.io", None)
     assert not _can(kubectl, sa, "create", "deployments.apps", "default")

@@ -130,6 +130,11 @@ namespaceSelector:
 - apiGroups: [apps]
   resources: [deployments/scale]
   verbs: [get, patch]
+# The namespace's pod-security.kubernetes.io/enforce label: a pool whose Pod Security level it refuses gets a
+# PodSecurity condition and a Warning (a Role in a namespace grants `get` on that namespace object itself).
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get]
 - apiGroups: [""]
   resources: [services, configmaps, serviceaccounts]
   verbs: [get, list, watch, create, update, patch, delete]
