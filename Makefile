@@ -46,9 +46,9 @@ test: lint control-plane prometheus nginx
 	$(BIN)/pytest
 
 # opt-in: vLLM's own argument parser checks the rendered worker args (installs vLLM, CPU only, --no-deps; GBs)
-test-vllm: setup
-	@$(BIN)/python -c "import vllm" 2>/dev/null || { echo "vLLM is not installed in $(VENV): see docs/development.md (vLLM tier)"; exit 1; }
-	$(BIN)/pytest -m vllm tests/builders/test_vllm_contract.py
+test-vllm:
+	@bash hack/vllm-venv.sh .venv-vllm
+	VLLM_TARGET_DEVICE=cpu .venv-vllm/bin/pytest -p no:cacheprovider -m vllm tests/builders/test_vllm_contract.py
 
 test-fast: setup
 	$(BIN)/pytest -m "not apiserver"
