@@ -17,7 +17,7 @@ from tests.paths import EXAMPLES
 from disagg.api import GROUP, PLURAL, VERSION
 from disagg.api.crd import build_crd
 from disagg.api.validate import errors_of
-from disagg.local.procs import wait_for
+from disagg.poll import wait_for
 
 
 def _create(kube: client.ApiClient, namespace: str, spec: dict, name: str = "m", dry_run: bool = True) -> dict:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import yaml
+from tests.api.schema import crd_schema, schema_nodes
 from tests.paths import REPO
 
 from disagg.api.crd import build_crd, render_crd_yaml
@@ -27,29 +27,15 @@ def test_crds_check_flag_detects_drift(tmp_path) -> None:
     assert main(["crds", "--out", str(stale), "--check"]) == 0
 
 
-def _walk(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    yield path, node
-    for name, sub in node.get("properties", {}).items():
-        yield from _walk(sub, f"{path}.{name}")
-    if isinstance(node.get("items"), dict):
-        yield from _walk(node["items"], f"{path}[]")
-    if isinstance(node.get("additionalProperties"), dict):
-        yield from _walk(node["additionalProperties"], f"{path}{{}}")
-
-
-def _schema() -> dict[str, Any]:
-    return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-
-
 def test_every_spec_and_status_field_is_described() -> None:
-    root = _schema()["properties"]
-    missing = [p for part in ("spec", "status") for p, node in _walk(root[part], part)
+    root = crd_schema()["properties"]
+    missing = [p for part in ("spec", "status") for p, node in schema_nodes(root[part], part)
                if not node.get("description") and not p.endswith(("[]", "{}"))]
     assert not missing, f"fields without a description (kubectl explain shows nothing): {missing}"
 
 
 def test_schema_is_structural() -> None:
-    for path, node in _walk(_schema(), ""):
+    for path, node in schema_nodes(crd_schema(), ""):
         assert "$ref" not in node and "anyOf" not in node and "allOf" not in node, path
         assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields") or node.get(
             "x-kubernetes-int-or-string"), f"{path} has no type"
@@ -59,7 +45,7 @@ def test_schema_is_structural() -> None:
 
 def test_cel_rules_come_from_the_table() -> None:
     """Each CEL rule in the CRD is a row of disagg.api.rules.RULES (where: tests/api/test_rules.py)."""
-    in_crd = [r for _, node in _walk(_schema(), "") for r in node.get("x-kubernetes-validations", [])]
+    in_crd = [r for _, node in schema_nodes(crd_schema(), "") for r in node.get("x-kubernetes-validations", [])]
     table = [r.validation() for r in RULES]
     assert all(r in table for r in in_crd), [r for r in in_crd if r not in table]
     assert all(r in in_crd for r in table), [r for r in table if r not in in_crd]
@@ -70,7 +56,7 @@ def test_printer_columns() -> None:
     names = [c["name"] for c in version["additionalPrinterColumns"]]
     assert names == ["Mode", "Prefill", "Decode", "TTFT-P95", "TPOT-P95", "Goodput", "Age"]
     assert version["subresources"] == {"status": {}}
-    status = _schema()["properties"]["status"]["properties"]
+    status = crd_schema()["properties"]["status"]["properties"]
     for col in version["additionalPrinterColumns"][:-1]:
         node: dict[str, Any] = {"properties": status}
         for part in col["jsonPath"].removeprefix(".status.").split("."):

@@ -5,7 +5,7 @@ fields and messages."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,28 +15,16 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import BaseModel
 from tests.api.cases import ALL_RULES_BROKEN, ALL_RULES_BROKEN_AT, MUTUALLY_EXCLUSIVE, RULE_CASES
+from tests.api.schema import crd_schema, schema_nodes
 from tests.paths import REPO
 
 from disagg.api import GROUP, PLURAL, VERSION, rules
-from disagg.api.crd import build_crd
 from disagg.api.docs import BEGIN, END, locations, rules_markdown, with_rules
 from disagg.api.docs import main as docs_main
 from disagg.api.models import RULES, DisaggregatedModelSpec, DisaggregatedModelStatus, PoolSpec, Rule, spec_errors
 from disagg.api.validate import errors_of, problems
 
 BY_NAME = {r.name: r for r in RULES}
-
-
-def _schema() -> dict[str, Any]:
-    return build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-
-
-def _all_nodes(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    yield path, node
-    for name, sub in node.get("properties", {}).items():
-        yield from _all_nodes(sub, f"{path}.{name}")
-    if isinstance(node.get("items"), dict):
-        yield from _all_nodes(node["items"], f"{path}[]")
 
 
 def test_the_table_is_well_formed() -> None:
@@ -63,13 +51,13 @@ def _node(schema: dict[str, Any], path: str) -> dict[str, Any]:
 
 
 def test_every_rule_is_in_the_crd_on_its_model_and_nowhere_else() -> None:
-    schema = _schema()
+    schema = crd_schema()
     carrying = {path: model for model in {r.on for r in RULES} for path in locations(model)}
     assert carrying, "no rule's model occurs in the spec"
     for path, model in carrying.items():
         expected = [r.validation() for r in RULES if r.on is model]
         assert _node(schema, path).get("x-kubernetes-validations") == expected, f"{path} ({model.__name__})"
-    with_cel = {path for path, node in _all_nodes(schema, "") if "x-kubernetes-validations" in node}
+    with_cel = {path for path, node in schema_nodes(schema, "") if "x-kubernetes-validations" in node}
     assert with_cel == {f".{p}" for p in carrying}, "CEL in the CRD that the table did not put there"
     # a model used in several places carries its rules in each
     pools = [p for p, model in carrying.items() if model is PoolSpec]

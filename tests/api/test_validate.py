@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from tests.api.cases import ACCEPTED, BASE, INVALID, INVALID_OBJECTS, OPERATOR_ONLY, RULE_CASES, spec
+from tests.api.schema import crd_schema
 from tests.paths import EXAMPLES
 
 from disagg.api import GROUP, PLURAL, VERSION
@@ -219,14 +220,7 @@ def _leaves(node: dict[str, Any], path: tuple[str, ...]) -> list[tuple[tuple[str
     return [leaf for name, sub in node.get("properties", {}).items() for leaf in _leaves(sub, (*path, name))]
 
 
-def _spec_schema() -> dict[str, Any]:
-    from disagg.api.crd import build_crd
-
-    schema: dict[str, Any] = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    return schema
-
-
-LEAVES = _leaves(_spec_schema(), ())
+LEAVES = _leaves(crd_schema()["properties"]["spec"], ())
 # no integral floats: the Python client sends 2.0 as 2.0, kubectl as 2 (see the integral-float test above)
 ANY = st.one_of(st.integers(-3, 70_000), st.text("aZ09-/._: \n", max_size=6), st.booleans())
 

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from disagg.api.models import DisaggregatedModelSpec
-from disagg.autoscaling.queries import QUERIES, collect, connect, render
-from disagg.local.controlplane import free_ports
+from disagg.autoscaling.queries import QUERIES, QueryFn, Sample, collect, connect, render
+from disagg.local.procs import free_ports
 from disagg.local.prometheus import LocalPrometheus, Target
+from disagg.poll import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,19 @@ def test_query_is_valid_promql(prometheus, name) -> None:
     assert out["status"] == "success", out
 
 
+def collect_when(query: QueryFn, model: str, spec: DisaggregatedModelSpec, pred: Callable[[Sample], bool],
+                 what: str) -> Sample:
+    """collect() until ``pred`` holds for its sample: Prometheus scrapes a new target on its own schedule."""
+
+    def sample_if_ready() -> Sample | None:
+        sample = collect(query, "ns", model, spec)
+        return sample if pred(sample) else None
+
+    sample = wait_for(sample_if_ready, 30, what, interval=0.5)
+    assert sample is not None  # wait_for returns a truthy value only
+    return sample
+
+
 def test_collect_reads_the_named_series(prometheus) -> None:
     spec = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
     registry = CollectorRegistry()
@@ -72,11 +86,8 @@ def test_collect_reads_the_named_series(prometheus) -> None:
         base = {"namespace": "ns", "model": "m"}
         prometheus.set_targets([Target(f"127.0.0.1:{port}", {**base, "role": "decode"})])
         query = connect(prometheus.url)
-        deadline = time.monotonic() + 30
-        sample = collect(query, "ns", "m", spec)
-        while sample.get("decode_running_per_replica") is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-            sample = collect(query, "ns", "m", spec)
+        sample = collect_when(query, "m", spec, lambda s: s.get("decode_running_per_replica") is not None,
+                              "the decode target to be scraped")
         assert sample.error is None
         assert sample.get("decode_running_per_replica") == 7
         assert sample.get("decode_active_sequences") == 7
@@ -113,29 +124,20 @@ def test_kv_failure_rate_counts_transport_causes_only(prometheus) -> None:
                                        {"namespace": "ns", "model": "kv", "role": "router"})])
         query = connect(prometheus.url)
 
-        def poll(pred, what: str):
-            deadline = time.monotonic() + 30
-            sample = collect(query, "ns", "kv", spec)
-            while not pred(sample):
-                assert time.monotonic() < deadline, f"timed out waiting for {what}: {sample}"
-                time.sleep(0.5)
-                sample = collect(query, "ns", "kv", spec)
-            return sample
-
         # this exporter's own series must be in Prometheus (at 0) before they increase, or no rate can be seen
-        deadline = time.monotonic() + 30
-        while not _api(prometheus, 'disagg_routing_decisions_total{namespace="ns",model="kv"}')["data"]["result"]:
-            assert time.monotonic() < deadline, "the exporter was never scraped"
-            time.sleep(0.5)
+        series = 'disagg_routing_decisions_total{namespace="ns",model="kv"}'
+        wait_for(lambda: _api(prometheus, series)["data"]["result"], 30, "the exporter to be scraped", interval=0.5)
         decisions.labels("remote").inc(100)
         fallbacks.labels("prefill_queue_timeout").inc(50)  # half the remote requests queued past the timeout
-        sample = poll(lambda s: s.get("kv_failure_rate") is not None, "a failure rate")
+        sample = collect_when(query, "kv", spec, lambda s: s.get("kv_failure_rate") is not None, "a failure rate")
         assert sample.get("kv_failure_rate") == 0.0
 
         fallbacks.labels("kv_load_failed").inc(10)
         fallbacks.labels("kv_transfer_timeout").inc(10)
-        sample = poll(lambda s: (s.get("kv_failure_rate") or 0) > 0, "transport failures to count")
-        assert 0 < sample.get("kv_failure_rate") <= 0.2 + 1e-9  # 20 of 100 remote attempts, never the 50 queued
+        sample = collect_when(query, "kv", spec, lambda s: (s.get("kv_failure_rate") or 0) > 0,
+                              "transport failures to count")
+        rate = sample.get("kv_failure_rate")
+        assert rate is not None and 0 < rate <= 0.2 + 1e-9  # 20 of 100 remote attempts, never the 50 queued
     finally:
         server.shutdown()
         prometheus.set_targets([])

@@ -189,7 +189,7 @@ def test_operator_can_apply_every_child(example: Path, release: dict[str, Any], 
     children = build_children(parse_model(created))
     assert children
     as_operator = api_client(control_plane.kubeconfig)
-    as_operator.set_default_header("Impersonate-User",  # type: ignore[no-untyped-call]
+    as_operator.set_default_header("Impersonate-User",
                                    f"system:serviceaccount:{namespace}:{release['name']}-disagg-operator")
     for child in children:
         server_side_apply(as_operator, child)  # raises ApiException(403) when RBAC falls short

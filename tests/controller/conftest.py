@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import kopf
 import pytest
@@ -14,36 +13,37 @@ import yaml
 from kopf.testing import KopfRunner
 from kubernetes import client
 
+from disagg import poll
 from disagg.api.models import GROUP, PLURAL, VERSION
 from disagg.builders import BuildSettings
 from disagg.controller.handlers import ControllerConfig, operator_settings, register
 from disagg.controller.reconcile import Reconciler
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+TEST_BUILD = BuildSettings(router_image="disagg:test")
+
 EXAMPLES = {p.stem: p for p in sorted((REPO / "docs" / "examples").glob("*.yaml"))}
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition", interval: float = 0.2) -> Any:
-    """Poll until check() returns something truthy; fail with the last value after the deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except client.ApiException as exc:
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+def wait_for(check: Callable[[], T | None], timeout: float = 30.0, what: str = "condition",
+             interval: float = 0.2) -> T:
+    """Poll until check() returns something truthy and return it (disagg.poll.wait_for: WaitTimeoutError with the
+    last value at the deadline); an ApiException means "not yet" (the apiserver starting, an object not there)."""
+    got = poll.wait_for(check, timeout, what, interval=interval, retry_on=(client.ApiException,))
+    assert got is not None  # wait_for returns a truthy value only
+    return got
 
 
 @contextlib.contextmanager
-def running_operator(kubeconfig: str, namespace: str, autoscaler: bool = False) -> Iterator[Reconciler]:
+def running_operator(kubeconfig: str, namespace: str, autoscaler: bool = False, *,
+                     reconciler: Reconciler | None = None, **config: Any) -> Iterator[Reconciler]:
+    """The operator's kopf handlers running in this process; ``reconciler``: one of the test's own (a fake clock, a
+    different rendering); ``config``: more ControllerConfig fields."""
     registry = kopf.OperatorRegistry()
     # By default the reconciler alone: the autoscaler daemon (which needs a Prometheus) has its own suite.
-    rec = register(registry, ControllerConfig(kubeconfig=kubeconfig, build=BuildSettings(router_image="disagg:test"),
-                                              autoscaler=autoscaler))
+    rec = register(registry, ControllerConfig(kubeconfig=kubeconfig, build=TEST_BUILD, autoscaler=autoscaler, **config),
+                   reconciler=reconciler)
     settings = operator_settings()
     settings.watching.server_timeout = 60
     with KopfRunner(["run", "--standalone", "--namespace", namespace], registry=registry, settings=settings,

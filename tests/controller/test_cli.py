@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -12,6 +11,7 @@ import pytest
 import yaml
 
 from disagg.cli import main
+from disagg.local.procs import free_ports, stop_group
 
 from .conftest import EXAMPLES, load_example, wait_for
 
@@ -46,15 +46,9 @@ def test_render_refuses_invalid_specs_naming_the_field(tmp_path, capsys):
     assert "--kv-transfer-config: spec.kvTransfer" in captured.err
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.apiserver
 def test_operator_command_runs_and_serves_liveness(control_plane, namespace, cluster, tmp_path):
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_ports(2)
     log = (tmp_path / "operator.log").open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "disagg.cli", "operator", "--kubeconfig", str(control_plane.kubeconfig),
@@ -72,12 +66,7 @@ def test_operator_command_runs_and_serves_liveness(control_plane, namespace, clu
         wait_for(lambda: "disagg_operator_applies_total 12.0" in urllib.request.urlopen(
             f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode(), 10, "operator metrics")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_group(proc, grace=20, group=False)  # SIGTERM, SIGKILL after the grace period
         log.close()
     text = (tmp_path / "operator.log").read_text()
     assert '"event": "reconciled"' in text or '"event":"reconciled"' in text, text[-2000:]

@@ -51,6 +51,12 @@ def _router_config(cluster, model: str) -> dict:
                                                                                                   mode="json")
 
 
+def _model_with_condition(cluster, name: str, condition: str) -> dict[str, Any] | None:
+    """The model once its status has the condition, else None (a wait_for check)."""
+    m = cluster.model(name)
+    return m if condition in _conditions(m) else None
+
+
 def _event_reasons(cluster, name: str) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for e in cluster.events(name):
@@ -160,7 +166,7 @@ def test_drift_is_corrected_and_spec_changes_follow(operator, cluster):
     # kubectl scale is reverted while autoscaling is off (spec replicas win), with a Warning Event.
     cluster.apps.patch_namespaced_deployment_scale("llama-8b-decode", ns, {"spec": {"replicas": 3}})
     wait_for(lambda: cluster.deployment("llama-8b-decode").spec.replicas == 1, 20, "replicas reverted")
-    reasons = wait_for(lambda: (r := _event_reasons(cluster, "llama-8b")) and "ReplicasReverted" in r and r, 15,
+    reasons = wait_for(lambda: r if "ReplicasReverted" in (r := _event_reasons(cluster, "llama-8b")) else None, 15,
                        "ReplicasReverted event")
     assert "spec.decode.replicas" in reasons["ReplicasReverted"][0]
     assert "Restored" in reasons
@@ -248,16 +254,18 @@ def _versions(cluster, name: str) -> dict[str, str]:
 
 def _quiescent(cluster, name: str, quiet: float = 2.0, timeout: float = 30.0) -> dict[str, str]:
     """Wait until neither the model nor its children change for `quiet` seconds; their resourceVersions."""
-    deadline = time.monotonic() + timeout
     last, since = _versions(cluster, name), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(0.25)
+
+    def unchanged_for_quiet() -> dict[str, str] | None:
+        nonlocal last, since
         now = _versions(cluster, name)
         if now != last:
             last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
-            return now
-    raise AssertionError(f"{name} and its children kept changing for {timeout}s")
+            return None
+        return now if time.monotonic() - since >= quiet else None
+
+    return wait_for(unchanged_for_quiet, timeout, f"{name} and its children to stay unchanged for {quiet}s",
+                    interval=0.25)
 
 
 def test_unsatisfiable_spec_is_reported_and_builds_nothing(operator, cluster):
@@ -265,7 +273,7 @@ def test_unsatisfiable_spec_is_reported_and_builds_nothing(operator, cluster):
     name = "a" * 50 + "-too-long"  # valid object name, but "<name>-prefill" exceeds a Service name's 63 characters
     body["metadata"]["name"] = name
     cluster.create_model(body)
-    m = wait_for(lambda: (m := cluster.model(name)) and _conditions(m).get("Ready") and m, 30, "Ready condition")
+    m = wait_for(lambda: _model_with_condition(cluster, name, "Ready"), 30, "Ready condition")
     ready = _conditions(m)["Ready"]
     assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
     assert "metadata.name" in ready["message"] and "63" in ready["message"]
@@ -277,7 +285,7 @@ def test_unsatisfiable_spec_is_reported_and_builds_nothing(operator, cluster):
     body = load_example("llama-8b-nvlink")
     body["spec"]["decode"]["tolerations"] = [{"key": "gpu", "operator": "Bogus"}]
     cluster.create_model(body)
-    m = wait_for(lambda: (m := cluster.model("llama-8b")) and _conditions(m).get("Ready") and m, 30, "Ready")
+    m = wait_for(lambda: _model_with_condition(cluster, "llama-8b", "Ready"), 30, "Ready")
     ready = _conditions(m)["Ready"]
     assert ready["reason"] == "ApplyFailed" and "Deployment/llama-8b-decode" in ready["message"]
     assert cluster.deployment("llama-8b-decode") is None
@@ -337,7 +345,7 @@ def test_autoscaler_daemon_is_wired_for_models_with_prometheus(start_operator, c
         body["spec"]["autoscaling"]["intervalSeconds"] = 5
         cluster.create_model(body)
         cluster.create_model(load_example("llama-8b-nvlink"))
-        m = wait_for(lambda: (m := cluster.model("llama-70b")) and "SLOMet" in _conditions(m) and m, 30, "SLOMet")
+        m = wait_for(lambda: _model_with_condition(cluster, "llama-70b", "SLOMet"), 30, "SLOMet")
         assert _conditions(m)["SLOMet"]["status"] == "Unknown"
         assert "serving.disagg.dev/autoscaler" in m["metadata"].get("finalizers", [])
         assert cluster.deployment("llama-70b-prefill").spec.replicas == 2  # no metrics: no scaling

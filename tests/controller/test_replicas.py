@@ -17,13 +17,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from disagg.api.models import DisaggregatedModel
-from disagg.builders import BuildSettings
 from disagg.controller.autoscaler import Autoscaler
 from disagg.controller.clock import FakeClock
 from disagg.controller.handlers import CHILD_RESOURCES, MODELS_INDEX, ControllerConfig, child_index_name, register
 from disagg.controller.reconcile import replicas_managers
 
-from .conftest import load_example, scale, step_result, wait_for
+from .conftest import TEST_BUILD, load_example, scale, step_result, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -76,7 +75,7 @@ def test_a_drift_event_with_a_stale_parent_cannot_revert_the_autoscaler(control_
     Deployment from that stale parent and "restored" spec.replicas to 2."""
     registry = kopf.OperatorRegistry()
     rec = register(registry, ControllerConfig(kubeconfig=str(control_plane.kubeconfig), autoscaler=False,
-                                              build=BuildSettings(router_image="disagg:test")))
+                                              build=TEST_BUILD))
     handlers = _handlers(registry)
     ns = cluster.ns
     cluster.create_model(load_example("llama-70b-rdma"))
@@ -248,8 +247,7 @@ def test_the_reconciler_reads_time_from_its_clock(control_plane, cluster):
     from disagg.kube import api_client
 
     clock = FakeClock(start=dt.datetime(2030, 5, 1, 12, 0, 0, tzinfo=dt.UTC))
-    rec = Reconciler(Kube(api_client(str(control_plane.kubeconfig))), BuildSettings(router_image="disagg:test"),
-                     clock=clock)
+    rec = Reconciler(Kube(api_client(str(control_plane.kubeconfig))), TEST_BUILD, clock=clock)
     cluster.create_model(load_example("llama-70b-rdma"))
     first = rec.reconcile(cluster.ns, MODEL, {}, trigger="create")
     assert len(first.applied) == 12

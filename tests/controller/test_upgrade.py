@@ -18,9 +18,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import kopf
 import pytest
-from kopf.testing import KopfRunner
 from kubernetes import watch
 
 from disagg.api.contract import LABEL_MODEL, LABEL_ROLE
@@ -28,16 +26,15 @@ from disagg.api.models import DisaggregatedModel
 from disagg.builders import BuildSettings, build_children
 from disagg.builders.meta import ANNOTATION_TEMPLATE_HASH, stamp_spec_hash
 from disagg.controller.clock import FakeClock
-from disagg.controller.handlers import ControllerConfig, _emit, operator_settings, register
+from disagg.controller.handlers import _emit
 from disagg.controller.kubeio import Kube
 from disagg.controller.reconcile import Reconciler, rolled_out
 from disagg.kube import api_client
 
-from .conftest import load_example, wait_for
+from .conftest import TEST_BUILD, load_example, running_operator, wait_for
 
 pytestmark = pytest.mark.apiserver
 
-SETTINGS = BuildSettings(router_image="disagg:test")
 MODELS = ("m-a", "m-b", "m-c")
 POOLS = ("prefill", "decode")
 NEW_ENV = {"name": "DISAGG_NEW_RENDERING", "value": "2"}
@@ -56,21 +53,24 @@ def new_rendering(dm: DisaggregatedModel, settings: BuildSettings) -> list[dict[
     return objs
 
 
-@contextlib.contextmanager
-def operator_with(kubeconfig: str, namespace: str, rec: Reconciler, poll: float = 0.5) -> Iterator[Reconciler]:
-    registry = kopf.OperatorRegistry()
-    register(registry, ControllerConfig(kubeconfig=kubeconfig, build=SETTINGS, autoscaler=False,
-                                        upgrade_poll_seconds=poll), reconciler=rec)
-    settings = operator_settings()
-    settings.watching.server_timeout = 60
-    with KopfRunner(["run", "--standalone", "--namespace", namespace], registry=registry, settings=settings,
-                    timeout=30) as runner:
-        yield rec
-    assert runner.exception is None, runner.exception
+def operator_with(kubeconfig: str, namespace: str, rec: Reconciler) -> contextlib.AbstractContextManager[Reconciler]:
+    """The operator with the test's reconciler, its held models checking their turn every 0.5 s."""
+    return running_operator(kubeconfig, namespace, reconciler=rec, upgrade_poll_seconds=0.5)
 
 
 def reconciler(kubeconfig: str, **kwargs: Any) -> Reconciler:
-    return Reconciler(Kube(api_client(kubeconfig)), SETTINGS, emit=_emit, **kwargs)
+    return Reconciler(Kube(api_client(kubeconfig)), TEST_BUILD, emit=_emit, **kwargs)
+
+
+@contextlib.contextmanager
+def old_operator(kubeconfig: str, cluster: Any, replicas: int) -> Iterator[None]:
+    """The operator before the upgrade, running, with MODELS created (``replicas`` per pool) and reconciled."""
+    for name in MODELS:
+        cluster.create_model(model(name, replicas))
+    with operator_with(kubeconfig, cluster.ns, reconciler(kubeconfig)):
+        for name in MODELS:
+            wait_for(functools.partial(converged, cluster, name), 30, f"{name} reconciled")
+        yield
 
 
 def model(name: str, replicas: int) -> dict[str, Any]:
@@ -106,11 +106,7 @@ def test_an_operator_upgrade_rolls_one_model_at_a_time(control_plane, cluster):
     after the upgrade every model rolls, and in the apiserver's own order of events no model's pods start to
     change before the previous model's Deployments report the rollout finished."""
     kubeconfig = str(control_plane.kubeconfig)
-    for name in MODELS:
-        cluster.create_model(model(name, 0))
-    with operator_with(kubeconfig, cluster.ns, reconciler(kubeconfig)):
-        for name in MODELS:
-            wait_for(functools.partial(converged, cluster, name), 30, f"{name} reconciled")
+    with old_operator(kubeconfig, cluster, replicas=0):
         wait_for(lambda: all(rolled_out(cluster.api.sanitize_for_serialization(cluster.deployment(f"{m}-{p}")))
                              for m in MODELS for p in POOLS), 30, "initial rollouts finished")
     before = templates(cluster)
@@ -183,11 +179,8 @@ def test_held_rollouts_wait_for_the_bound_and_a_spec_change_rolls_at_once(contro
     never finishes, so the others stay held — with RolloutPending=True and the new Deployment label applied at
     once — until the bound passes on the operator's clock. A user's spec change to a held model rolls it at once."""
     kubeconfig = str(control_plane.kubeconfig)
-    for name in MODELS:
-        cluster.create_model(model(name, 1))
-    with operator_with(kubeconfig, cluster.ns, reconciler(kubeconfig)):
-        for name in MODELS:
-            wait_for(functools.partial(converged, cluster, name), 30, f"{name} reconciled")
+    with old_operator(kubeconfig, cluster, replicas=1):
+        pass  # reconciled by the old operator, which then stops
     before = templates(cluster)
 
     clock = FakeClock()

@@ -4,17 +4,17 @@
   protocol (prefill answers with opaque kv_transfer_params, decode streams tokens) and records what it got,
   with simple faults. For fast proxy tests only; the end-to-end tests use real ``disagg sim`` processes.
 * ``router_factory``: an in-process Router (disagg.router.server) on a free loopback port.
-* ``free_port``, ``wait_http``: helpers for subprocess tests (poll with deadlines, never sleep as sync).
+* ``free_port``, ``wait_http`` fixtures: disagg.local.procs's, for subprocess tests; ``processes`` (one
+  disagg.local.procs.Processes per module) with ``start_sim`` / ``start_router``: real sims and routers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 
 from disagg.api.contract import RouterConfig
+from disagg.local.procs import Proc, Processes, free_port, wait_http
 from disagg.router.config import ConfigWatcher
 from disagg.router.load import WorkerSet
 from disagg.router.server import Router, RouterOptions
@@ -36,31 +37,6 @@ OPAQUE_KV = {
     "tp_size": 1,
     "future_field": {"nested": [1, {"x": None}]},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float = 30.0, proc=None) -> None:
-    """Poll ``url`` until it answers 200, with a deadline; fail early if ``proc`` exited."""
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except Exception as e:  # noqa: BLE001
-            last = e
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} not healthy after {timeout}s: {last}")
 
 
 @dataclass
@@ -116,6 +92,7 @@ class FakeWorker:
         if self.fault == "400":
             return web.json_response({"error": {"message": "bad", "code": 400}}, status=400)
         if self.fault == "drop":
+            assert request.transport is not None
             request.transport.close()
             await asyncio.sleep(10)
         try:
@@ -206,7 +183,7 @@ async def router_factory() -> AsyncIterator[Any]:
     runners: list[web.AppRunner] = []
     sessions: list[aiohttp.ClientSession] = []
 
-    async def make(prefill: list[str] = (), decode: list[str] = (), aggregated: list[str] = (),
+    async def make(prefill: Sequence[str] = (), decode: Sequence[str] = (), aggregated: Sequence[str] = (),
                    config: RouterConfig | None = None, **opts: Any) -> RunningRouter:
         from disagg.router.load import parse_worker_arg
 
@@ -258,113 +235,36 @@ def opaque_kv() -> dict[str, Any]:
 
 
 @pytest.fixture(name="free_port")
-def free_port_fixture():
+def free_port_fixture() -> Callable[[], int]:
     return free_port
 
 
 @pytest.fixture(name="wait_http")
-def wait_http_fixture():
+def wait_http_fixture() -> Callable[..., None]:
     return wait_http
-
 
 
 # ------------------------------------------------------------------------------ real processes (sims, router)
 
-SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-SIM_TIME_SCALE = "0.05"
+SIM_TIME_SCALE = 0.05
+# Routers poll fast (tests wait on reloads and scrapes) and log every request at INFO (tests read those lines).
+ROUTER_ARGS = ("--scrape-interval", "0.25", "--config-poll-seconds", "0.1", "--log-level", "INFO")
 
 
-@dataclass
-class Proc:
-    proc: Any
-    url: str
-    log_path: Any
-    side_port: int = 0
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text() if self.log_path.exists() else ""
+def start_sim(procs: Processes, role: str, kv_load_failure_policy: str = "recompute") -> Proc:
+    """A `disagg sim` prefill or decode worker with the simulator's own GPU and model defaults, ready."""
+    return procs.sim(role, time_scale=SIM_TIME_SCALE, gpu=None, model_preset=None,
+                     kv_load_failure_policy=kv_load_failure_policy, wait=True)
 
 
-class ProcessStack:
-    """Real `disagg sim` workers and `disagg router` processes on free loopback ports; all stopped at teardown."""
-
-    def __init__(self, tmp) -> None:
-        self.tmp = tmp
-        self.procs: list[Proc] = []
-
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], url: str, side_port: int = 0) -> Proc:
-        import os
-        import subprocess
-
-        log_path = self.tmp / f"{name}.log"
-        with open(log_path, "wb") as f:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **env})
-        p = Proc(proc, url, log_path, side_port)
-        self.procs.append(p)
-        return p
-
-    def sim(self, role: str, *extra: str, wait: bool = True, kv_load_failure_policy: str = "recompute") -> Proc:
-        import sys
-
-        port, side = free_port(), free_port()
-        kv = {"kv_connector": "NixlConnector",
-              "kv_role": {"prefill": "kv_producer", "decode": "kv_consumer"}[role],
-              "kv_load_failure_policy": kv_load_failure_policy}
-        argv = [sys.executable, "-m", "disagg.sim", SIM_MODEL, "--host", "127.0.0.1", "--port", str(port),
-                "--time-scale", SIM_TIME_SCALE, "--kv-transfer-config", json.dumps(kv), *extra]
-        p = self._spawn(f"sim-{role}-{port}", argv, {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                                                     "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side)},
-                        f"http://127.0.0.1:{port}", side)
-        if wait:
-            self.wait(p)
-        return p
-
-    def router(self, prefill: list[str], decode: list[str], config_path=None, *extra: str, wait: bool = True) -> Proc:
-        import sys
-        from pathlib import Path
-
-        port = free_port()
-        argv = [str(Path(sys.executable).with_name("disagg")), "router", "--port", str(port),
-                "--scrape-interval", "0.25", "--config-poll-seconds", "0.1", *extra]
-        if prefill:
-            argv += ["--prefill", *prefill]
-        if decode:
-            argv += ["--decode", *decode]
-        if config_path is not None:
-            argv += ["--config", str(config_path)]
-        p = self._spawn(f"router-{port}", argv, {}, f"http://127.0.0.1:{port}")
-        if wait:
-            self.wait(p)
-        return p
-
-    def wait(self, p: Proc, timeout: float = 30.0) -> None:
-        try:
-            wait_http(p.url + "/health", timeout, p.proc)
-        except (TimeoutError, RuntimeError) as e:
-            raise AssertionError(f"{p.url} did not come up: {e}\n{p.log()[-3000:]}") from None
-
-    def stop_all(self) -> None:
-        import subprocess
-
-        for p in self.procs:
-            if p.alive():
-                p.proc.terminate()
-        for p in self.procs:
-            try:
-                p.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.proc.kill()
-                p.proc.wait()
+def start_router(procs: Processes, prefill: Sequence[str], decode: Sequence[str],
+                 config_path: Path | None = None) -> Proc:
+    """A `disagg router` over static worker lists (and a --config file), ready."""
+    return procs.router(config_path, prefill=prefill, decode=decode, extra=ROUTER_ARGS, wait=True)
 
 
 @pytest.fixture(scope="module")
-def processes(tmp_path_factory):
-    stack = ProcessStack(tmp_path_factory.mktemp("router-procs"))
-    try:
-        yield stack
-    finally:
-        stack.stop_all()
+def processes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Processes]:
+    """Real `disagg sim` workers and `disagg router` processes on free loopback ports, stopped after the module."""
+    with Processes(tmp_path_factory.mktemp("router-procs")) as procs:
+        yield procs

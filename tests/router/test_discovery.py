@@ -11,6 +11,7 @@ from kubernetes.client.rest import ApiException
 
 from disagg.api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, RouterConfig
 from disagg.local.procs import stop_group
+from disagg.poll import until, wait_for
 from disagg.router.discovery import PodDiscovery, model_name_from_config
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 400
@@ -22,27 +23,23 @@ def make_pod(core: client.CoreV1Api, ns: str, name: str, role: str, compat: str,
         spec=client.V1PodSpec(containers=[client.V1Container(name="w", image="vllm")],
                               automount_service_account_token=False),
     )
-    while True:  # the namespace's default ServiceAccount appears shortly after the namespace
+
+    def created() -> bool:
         try:
             core.create_namespaced_pod(ns, body)
-            return
         except ApiException as e:
-            if e.status != 403 or time.monotonic() > deadline:
+            if e.status != 403:  # 403: the namespace's default ServiceAccount is not there yet (it comes shortly)
                 raise
-            time.sleep(0.1)
+            return False
+        return True
+
+    wait_for(created, max(0.0, deadline - time.monotonic()), f"pod {name} created")
 
 
 def set_ready(core: client.CoreV1Api, ns: str, name: str, ready: bool) -> None:
     core.patch_namespaced_pod_status(name, ns, {"status": {
         "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}})
-
-
-async def until(cond, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.apiserver
@@ -67,7 +64,7 @@ async def test_discovery_pairs_by_compat_hash(kube, namespace, fake_workers, rou
         assert not ws.ready("decode")  # not Ready yet
         await asyncio.to_thread(set_ready, core, namespace, "llama-prefill-a", True)
         await asyncio.to_thread(set_ready, core, namespace, "llama-decode-a", True)
-        await until(lambda: len(ws.ready("prefill")) == 1 and len(ws.ready("decode")) == 1)
+        await until(lambda: len(ws.ready("prefill")) == 1 and len(ws.ready("decode")) == 1, what="both pods ready")
         assert ws.ready("decode")[0].url == d.url and ws.ready("decode")[0].compat == "new"
 
         body = {"prompt": LONG, "max_tokens": 200}
@@ -78,14 +75,14 @@ async def test_discovery_pairs_by_compat_hash(kube, namespace, fake_workers, rou
         # the prefill pod moves to the decode pool's build: now they pair
         await asyncio.to_thread(core.patch_namespaced_pod, "llama-prefill-a", namespace,
                                 {"metadata": {"labels": {LABEL_COMPAT: "new"}}})
-        await until(lambda: ws.ready("prefill") and ws.ready("prefill")[0].compat == "new")
+        await until(lambda: ws.ready("prefill") and ws.ready("prefill")[0].compat == "new", what="the new compat hash")
         other = {"prompt": "A different long prompt about caches. " * 500, "max_tokens": 200}
         assert (await r.post("/v1/completions", other))[0] == 200
         assert len(p.requests) == 1 and "kv_transfer_params" in d.requests[-1]["body"]
 
         # not ready → gone from the pool
         await asyncio.to_thread(set_ready, core, namespace, "llama-prefill-a", False)
-        await until(lambda: not ws.ready("prefill"))
+        await until(lambda: not ws.ready("prefill"), what="the prefill pod gone")
     finally:
         disc.stop()
 

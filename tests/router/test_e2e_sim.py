@@ -16,6 +16,8 @@ import aiohttp
 import pytest
 import yaml
 
+from .conftest import metric_value, start_router, start_sim
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BASE_CONFIG: dict[str, Any] = {"model": MODEL, "mode": "Auto", "transferTimeoutMs": 10000}
 
@@ -30,9 +32,9 @@ def long_prompt(tag: str = "", words: int = 3000) -> str:
 def stack(processes, tmp_path_factory):
     conf = tmp_path_factory.mktemp("router-conf") / "router.yaml"
     conf.write_text(yaml.safe_dump(BASE_CONFIG))
-    p = processes.sim("prefill")
-    d1, d2 = processes.sim("decode"), processes.sim("decode")
-    r = processes.router([p.url], [d1.url, d2.url], conf)
+    p = start_sim(processes, "prefill")
+    d1, d2 = start_sim(processes, "decode"), start_sim(processes, "decode")
+    r = start_router(processes, [p.url], [d1.url, d2.url], conf)
     return {"prefill": p, "decode": [d1, d2], "router": r, "config": conf, "processes": processes}
 
 
@@ -54,6 +56,9 @@ class Client:
     async def text(self, url: str) -> str:
         async with self.session.get(url) as r:
             return await r.text()
+
+    async def router_metric(self, name: str, **labels: str) -> float:
+        return metric_value(await self.text(self.url + "/metrics"), name, **labels)
 
     async def sim_state(self, sim) -> dict:
         return await self.get_json(sim.url + "/sim/state")
@@ -82,14 +87,9 @@ class Client:
 
 
 @pytest.fixture
-async def client(stack, metric):
+async def client(stack):
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
         c = Client(stack, s)
-
-        async def router_metric(name: str, **labels: str) -> float:
-            return metric(await c.text(c.url + "/metrics"), name, **labels)
-
-        c.router_metric = router_metric  # type: ignore[method-assign]
         yield c
         # restore
         if yaml.safe_load(stack["config"].read_text()) != BASE_CONFIG:
@@ -258,8 +258,8 @@ async def test_tenant_never_and_canary_percent(client, stack):
 
 async def test_prefill_sim_killed_zero_client_errors(client, stack, metric):
     processes = stack["processes"]
-    p2 = processes.sim("prefill")
-    r2 = processes.router([p2.url], [d.url for d in stack["decode"]], None)
+    p2 = start_sim(processes, "prefill")
+    r2 = start_router(processes, [p2.url], [d.url for d in stack["decode"]])
     p2.proc.kill()
     p2.proc.wait()
     async with aiohttp.ClientSession() as s:

@@ -20,19 +20,23 @@ import aiohttp
 import pytest
 import yaml
 
+from disagg.local.procs import Proc
+from disagg.poll import until
+
+from .conftest import start_router, start_sim
 from .test_e2e_sim import MODEL, long_prompt
 
 
 @pytest.fixture(scope="module")
 def sims(processes):
-    p = processes.sim("prefill")
-    d1 = processes.sim("decode", kv_load_failure_policy="fail")
-    d2 = processes.sim("decode", kv_load_failure_policy="fail")
+    p = start_sim(processes, "prefill")
+    d1 = start_sim(processes, "decode", kv_load_failure_policy="fail")
+    d2 = start_sim(processes, "decode", kv_load_failure_policy="fail")
     return {"prefill": p, "decode": [d1, d2], "processes": processes}
 
 
 class Router:
-    def __init__(self, proc: Any, session: aiohttp.ClientSession) -> None:
+    def __init__(self, proc: Proc, session: aiohttp.ClientSession) -> None:
         self.proc = proc
         self.url = proc.url
         self.s = session
@@ -48,7 +52,7 @@ class Router:
 
     def log_lines(self, event: str) -> list[dict[str, Any]]:
         out = []
-        for line in self.proc.log().splitlines():
+        for line in self.proc.log_path.read_text(errors="replace").splitlines():  # the whole log, not its tail
             if f'"{event}"' in line:
                 try:
                     obj = json.loads(line)
@@ -60,13 +64,9 @@ class Router:
 
     async def request_log(self, rid: str) -> dict[str, Any]:
         """The router's JSON log line for one request (written as the request finishes: poll with a deadline)."""
-        deadline = time.monotonic() + 10
-        while True:
-            found = [x for x in self.log_lines("request") if x.get("request_id") == rid]
-            if found:
-                return found[0]
-            assert time.monotonic() < deadline, f"no log line for request {rid}"
-            await asyncio.sleep(0.05)
+        found = await until(lambda: [x for x in self.log_lines("request") if x.get("request_id") == rid], 10,
+                            f"the log line for request {rid}")
+        return found[0]
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ async def router(sims, tmp_path):
         async def make(**cfg: Any) -> Router:
             conf = tmp_path / f"router-{uuid.uuid4().hex[:6]}.yaml"
             conf.write_text(yaml.safe_dump({"model": MODEL, "mode": "Auto", **cfg}))
-            proc = sims["processes"].router([sims["prefill"].url], [d.url for d in sims["decode"]], conf)
+            proc = start_router(sims["processes"], [sims["prefill"].url], [d.url for d in sims["decode"]], conf)
             return Router(proc, s)
 
         async def faults(sim: Any, **f: Any) -> None:

@@ -205,25 +205,29 @@ def test_canary_percent_deterministic_and_proportional():
     assert again == remote[:200]
 
 
+def url_of(w: WorkerLoad | None) -> str | None:
+    return w.url if w is not None else None
+
+
 def test_choose_decode_least_loaded_and_prefix_affinity():
     a = WorkerLoad("http://a", inflight=3)
     b = WorkerLoad("http://b", inflight=1)
-    assert choose_decode((a, b)).url == "http://b"
+    assert url_of(choose_decode((a, b))) == "http://b"
     a_pref = WorkerLoad("http://a", inflight=3, prefix_tokens=512)
-    assert choose_decode((a_pref, b)).url == "http://a"  # within slack
+    assert url_of(choose_decode((a_pref, b))) == "http://a"  # within slack
     a_busy = WorkerLoad("http://a", inflight=30, prefix_tokens=512)
-    assert choose_decode((a_busy, b)).url == "http://b"
-    assert choose_decode((a_pref, b), Tuning(prefix_affinity_slack=0)).url == "http://b"
+    assert url_of(choose_decode((a_busy, b))) == "http://b"
+    assert url_of(choose_decode((a_pref, b), Tuning(prefix_affinity_slack=0))) == "http://b"
     assert choose_decode(()) is None
     # scraped load counts too
     c = WorkerLoad("http://c", inflight=0, running=10, waiting=5)
-    assert choose_decode((c, a)).url == "http://a"
+    assert url_of(choose_decode((c, a))) == "http://a"
 
 
 def test_choose_prefill_least_wait():
     ws = (WorkerLoad("http://p1", est_wait_ms=50), WorkerLoad("http://p2", est_wait_ms=10, compat="x"))
-    assert choose_prefill(ws, None).url == "http://p2"
-    assert choose_prefill(ws, "").url == "http://p1"
+    assert url_of(choose_prefill(ws, None)) == "http://p2"
+    assert url_of(choose_prefill(ws, "")) == "http://p1"
     assert choose_prefill(ws, "zzz") is None
 
 
@@ -275,6 +279,6 @@ def test_scrape_averages_and_parser():
                      "vllm:request_prefill_time_seconds_sum": 3.0, "vllm:request_prompt_tokens_sum": 11000})
     w.update_scrape(v2)
     assert w.avg["vllm:request_queue_time_seconds"] == 0.5
-    assert abs(w.sec_per_token - 0.0001) < 1e-12
+    assert w.sec_per_token is not None and abs(w.sec_per_token - 0.0001) < 1e-12
     load = w.load(prefix_tokens=32)
     assert (load.waiting, load.kv_usage, load.prefix_tokens) == (5, 0.25, 32)

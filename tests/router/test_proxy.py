@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import aiohttp
 
 from disagg.api.contract import RouterConfig
+from disagg.poll import until
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 400
 SHORT = "Hello there, how are you?"
@@ -128,11 +130,8 @@ async def test_prefill_timeout_falls_back_and_cancels(fake_workers, router_facto
     assert 0.25 < asyncio.get_running_loop().time() - t < 3
     m = await r.metrics()
     assert metric(m, "disagg_fallbacks_total", cause="prefill_timeout") == 1
-    for _ in range(100):
-        if p.cancelled:
-            break
-        await asyncio.sleep(0.02)
-    assert p.cancelled == 1  # the prefill request was cancelled upstream
+    await until(lambda: p.cancelled, 5, "the prefill request cancelled upstream")
+    assert p.cancelled == 1
 
 
 async def test_kv_transfer_timeout_on_decode_first_token(fake_workers, router_factory, metric):
@@ -181,16 +180,9 @@ async def test_client_disconnect_cancels_upstream(fake_workers, router_factory):
         resp = await s.post(r.url + "/v1/completions", json={"prompt": SHORT, "max_tokens": 1000, "stream": True})
         await resp.content.readany()
         resp.close()
-    for _ in range(200):
-        if d.cancelled:
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: d.cancelled, 5, "the decode request cancelled upstream")
     assert d.cancelled == 1 and d.completed == 0
-    for _ in range(100):
-        if r.router.workers.get(d.url).inflight == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert r.router.workers.get(d.url).inflight == 0
+    await until(lambda: r.router.workers.get(d.url).inflight == 0, 5, "no request in flight on the decode worker")
 
 
 async def test_mode_flip_applies_to_next_request(fake_workers, router_factory):
@@ -269,8 +261,9 @@ async def test_bad_input(fake_workers, router_factory):
         assert status == want, (data[:40], out)
         err = json.loads(out)["error"]
         assert err["code"] == want and err["message"]
-    for body in ({"messages": "hi"}, {"messages": []}, {"messages": [5]}, {"messages": [{"content": "x"}]},
-                 {"messages": [{"role": "user", "content": 5}]}):
+    bad_chats: list[dict[str, Any]] = [{"messages": "hi"}, {"messages": []}, {"messages": [5]},
+                                       {"messages": [{"content": "x"}]}, {"messages": [{"role": "user", "content": 5}]}]
+    for body in bad_chats:
         status, _ = await r.post("/v1/chat/completions", body)
         assert status == 400, body
     assert d.requests == []

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from disagg.poll import until
 from disagg.router.proxy import StreamAccount
 from disagg.router.rawstream import RawDisconnectedError, RawPool, RawResponse
 
@@ -28,9 +29,9 @@ class ReferenceAccount:
     def __init__(self, chat: bool) -> None:
         self.events = 0
         self.done = False
-        self.first_at = None
-        self.last_at = None
-        self.usage_tokens = None
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.usage_tokens: int | None = None
         self._tail = b""
         self._etail = b""
         self.error = False
@@ -225,7 +226,9 @@ class RawWorker:
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
                     continue
                 self.heads.append(head)
-                n = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                assert length is not None, head
+                n = int(length.group(1))
                 await reader.readexactly(n)
                 evs = [self.payload + b'data: {"choices":[{"text":"t%d"}]}\n\n' % i for i in range(self.events)]
                 if self.mode == "length":
@@ -322,9 +325,7 @@ async def test_relay_drops_a_client_that_stops_reading(raw_worker, router_factor
                 break
             await asyncio.sleep(0.05)
         assert metric(await r.metrics(), "disagg_requests_total", outcome="cancelled") == 1
-        while w.closed < 1 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert w.closed >= 1  # the upstream stream was closed, not left running
+        await until(lambda: w.closed >= 1, 20, "the upstream stream closed, not left running")
     finally:
         sock.close()
 

@@ -16,6 +16,7 @@ import aiohttp
 
 from disagg.api.contract import RouterConfig
 from disagg.cli import build_parser
+from disagg.poll import until
 from disagg.router.load import Worker
 from disagg.router.policy import LoadSnapshot, RequestFeatures, Tuning, decide
 from disagg.router.prefork import child_argv
@@ -53,14 +54,14 @@ async def test_workers_share_the_port_sum_metrics_and_stop_on_sigterm(tmp_path, 
                              "--workers", "2", "--scrape-interval", "0.2"],
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
-    pids: set[int] = set()
+
+    def listening() -> set[int]:
+        assert proc.poll() is None, log_path.read_text()  # exited: fail at once
+        return {x["pid"] for x in _log_lines(log_path) if x.get("event") == "router_listening"}
+
     try:
-        deadline = time.monotonic() + 30
-        while len(pids) < 2:
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            pids = {x["pid"] for x in _log_lines(log_path) if x.get("event") == "router_listening"}
-            await asyncio.sleep(0.05)
+        await until(lambda: len(listening()) >= 2, 30, "both workers listening")
+        pids = listening()
         t_listening = time.monotonic()
         started = next(x for x in _log_lines(log_path) if x.get("event") == "router_workers_started")
         metrics_dir = Path(started["metrics_dir"])
@@ -108,16 +109,10 @@ async def test_workers_share_the_port_sum_metrics_and_stop_on_sigterm(tmp_path, 
             await asyncio.sleep(0.1)
         victim = min(pids)
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while True:
-            listening = {x["pid"] for x in _log_lines(log_path) if x.get("event") == "router_listening"}
-            if listening - pids:
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            await asyncio.sleep(0.05)
+        restarted = await until(lambda: listening() - pids, 30, "the restarted worker listening")
         exited = [x for x in _log_lines(log_path) if x.get("event") == "router_worker_exited"]
         assert [(x["pid"], x["restart"]) for x in exited] == [(victim, True)]
-        pids = (pids - {victim}) | (listening - pids)
+        pids = (pids - {victim}) | restarted
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
             assert (await one_more(s, url)).endswith(b"data: [DONE]\n\n")
             async with s.get(url + "/metrics") as r:

@@ -12,11 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests here import si
 
 from simtest_util import SimFactory
 
+from disagg.local.procs import Processes
+
 
 @pytest.fixture(scope="module")
 def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFactory]:
-    f = SimFactory(tmp_path_factory.mktemp("sims"))
-    try:
-        yield f
-    finally:
-        f.stop_all()
+    with Processes(tmp_path_factory.mktemp("sims")) as procs:
+        yield SimFactory(procs)

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import re
 import subprocess
-import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from disagg.local.procs import free_port, free_port_block, wait_http
-from disagg.poll import wait_for
+from disagg.local.procs import HOST, Processes, disagg_argv, free_port, free_port_block, wait_http
 
-__all__ = ["MODEL", "SimFactory", "SimProc", "free_port", "kv_config", "metric", "prompt_of", "wait_for"]
+__all__ = ["MODEL", "SimFactory", "SimProc", "kv_config", "metric", "prompt_of"]
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -31,7 +31,7 @@ def _dp_size(args: tuple[str, ...]) -> int:
 
 @dataclass
 class SimProc:
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     port: int
     side_port: int
     log_path: Path
@@ -39,7 +39,7 @@ class SimProc:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{HOST}:{self.port}"
 
     def get(self, path: str) -> tuple[int, bytes]:
         try:
@@ -76,6 +76,16 @@ class SimProc:
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
+    @contextlib.contextmanager
+    def faults(self, **faults: Any) -> Iterator[None]:
+        """Inject runtime faults (POST /sim/faults) for the block; switch them off again (0 / False) after it."""
+        status, body = self.post("/sim/faults", faults)
+        assert status == 200, body
+        try:
+            yield
+        finally:
+            self.post("/sim/faults", {k: False if isinstance(v, bool) else 0 for k, v in faults.items()})
+
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
@@ -107,9 +117,11 @@ def metric(ms: dict[str, float], name: str, **labels: str) -> float:
 
 
 class SimFactory:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.procs: list[SimProc] = []
+    """Starts `disagg sim` processes through disagg.local.procs.Processes (each in its own process group, its log
+    in a file, all stopped when the Processes context ends)."""
+
+    def __init__(self, procs: Processes) -> None:
+        self.procs = procs
 
     def start(self, *args: str, env: dict[str, str] | None = None, model: str = MODEL, time_scale: float = 0.2,
               expect_ready: bool = True) -> SimProc:
@@ -118,35 +130,18 @@ class SimFactory:
         side = free_port_block(dp)
         while side <= port < side + dp:
             side = free_port_block(dp)
-        argv = [sys.executable, "-m", "disagg.sim", model, "--host", "127.0.0.1", "--port", str(port),
-                "--time-scale", str(time_scale), *args]
-        full_env = {**os.environ, "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                    "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side), **(env or {})}
-        log_path = self.tmp / f"sim-{port}.log"
-        with open(log_path, "wb") as f:
-            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=full_env)
-        sp = SimProc(proc, port, side, log_path, argv)
-        self.procs.append(sp)
+        argv = [*disagg_argv(), "sim", model, "--host", HOST, "--port", str(port), "--time-scale", str(time_scale),
+                *args]
+        p = self.procs.spawn(f"sim-{port}", argv, f"http://{HOST}:{port}",
+                             env={"VLLM_NIXL_SIDE_CHANNEL_HOST": HOST, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side),
+                                  **(env or {})})
+        sp = SimProc(p.proc, port, side, p.log_path, argv)
         if expect_ready:
-            self.wait_ready(sp)
-        return sp
-
-    def wait_ready(self, sp: SimProc, timeout: float = 30.0) -> None:
-        try:
-            wait_http(sp.url + "/health", timeout, sp.proc)
-        except (RuntimeError, TimeoutError) as e:
-            raise AssertionError(f"disagg sim not healthy ({e}):\n{sp.log()}") from None
-
-    def stop_all(self) -> None:
-        for sp in self.procs:
-            if sp.proc.poll() is None:
-                sp.proc.terminate()
-        for sp in self.procs:
             try:
-                sp.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                sp.proc.kill()
-                sp.proc.wait()
+                wait_http(sp.url + "/health", 30, sp.proc)
+            except (RuntimeError, TimeoutError) as e:
+                raise AssertionError(f"disagg sim not healthy ({e}):\n{sp.log()}") from None
+        return sp
 
 
 def kv_config(role: str, policy: str = "recompute", **extra) -> str:

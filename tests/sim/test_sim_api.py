@@ -6,8 +6,9 @@ import json
 import urllib.request
 
 import pytest
-from simtest_util import MODEL, SimProc, metric, prompt_of, wait_for
+from simtest_util import MODEL, SimProc, metric, prompt_of
 
+from disagg.poll import wait_for
 from disagg.sim.args import VLLM_VERSION
 
 REQUIRED_METRICS = [
@@ -178,11 +179,8 @@ def test_runtime_faults_endpoint(sim):
     assert sim.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
     bad, body = sim.post("/sim/faults", {"error_rate": 3})
     assert bad == 400 and "error_rate" in body["error"]["message"]
-    sim.post("/sim/faults", {"health_fail": True})
-    try:
+    with sim.faults(health_fail=True):
         assert sim.get("/health")[0] == 503
-    finally:
-        sim.post("/sim/faults", {"health_fail": False})
     assert sim.get("/health")[0] == 200
 
 

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from simtest_util import SimProc, prompt_of
 
+from disagg.poll import until
 from disagg.sim.perf import percentile
 
 SCALE = 1.0
@@ -41,10 +42,8 @@ async def scenario(sim: SimProc, long_prompts: int) -> tuple[list[float], dict[s
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
         tasks = [asyncio.create_task(stream(s, sim, prompt_of(60, f"short{i}-{long_prompts}-{time.time()}"),
                                             progress, i)) for i in range(STREAMS)]
-        deadline = time.monotonic() + 30
-        while min(progress) < 10:  # every stream is decoding before the long prompts arrive
-            assert time.monotonic() < deadline, "streams did not start"
-            await asyncio.sleep(0.01)
+        # every stream is decoding before the long prompts arrive
+        await until(lambda: min(progress) >= 10, 30, "every stream decoding", interval=0.01)
         for j in range(long_prompts):
             async with s.post(sim.url + "/v1/completions",
                               json={"prompt": prompt_of(LONG, f"long{j}-{time.time()}"), "max_tokens": 1}) as r:

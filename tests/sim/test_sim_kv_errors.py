@@ -14,7 +14,9 @@ import json
 import uuid
 
 import pytest
-from simtest_util import MODEL, SimProc, free_port, kv_config, metric, prompt_of
+from simtest_util import MODEL, SimProc, kv_config, metric, prompt_of
+
+from disagg.local.procs import free_port
 
 CHAT_ERROR = (b'data: {"error":{"message":"Internal server error","type":"InternalServerError","param":null,'
               b'"code":500}}\n\n')

@@ -10,7 +10,9 @@ import threading
 import time
 from typing import Any
 
-from simtest_util import metric, prompt_of, wait_for
+from simtest_util import metric, prompt_of
+
+from disagg.poll import wait_for
 
 
 def test_kv_pressure_preempts_and_everyone_finishes(sims):
@@ -90,14 +92,12 @@ def test_prefill_faults(sims):
     body = {"prompt": prompt_of(1000, "stall"), "max_tokens": 2}
     s.post("/v1/completions", body)
     ttft0 = s.metrics()["vllm:time_to_first_token_seconds_sum"]
-    s.post("/sim/faults", {"prefill_stall_ms": 500})
-    s.post("/v1/completions", {**body, "prompt": prompt_of(1000, "stall2")})
-    s.post("/sim/faults", {"prefill_stall_ms": 0})
+    with s.faults(prefill_stall_ms=500):
+        s.post("/v1/completions", {**body, "prompt": prompt_of(1000, "stall2")})
     ttft1 = s.metrics()["vllm:time_to_first_token_seconds_sum"] - ttft0
     assert 0.5 < ttft1 < 1.0  # one prefill step (~25 ms) + the injected 500 ms, in simulated seconds
-    s.post("/sim/faults", {"prefill_error_rate": 1.0})
-    status, resp = s.post("/v1/completions", body)
-    s.post("/sim/faults", {"prefill_error_rate": 0.0})
+    with s.faults(prefill_error_rate=1.0):
+        status, resp = s.post("/v1/completions", body)
     assert status == 500 and "prefill" in resp["error"]["message"]
 
 

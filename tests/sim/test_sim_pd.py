@@ -13,7 +13,9 @@ import uuid
 from typing import Any
 
 import pytest
-from simtest_util import SimProc, kv_config, metric, prompt_of, wait_for
+from simtest_util import SimProc, kv_config, metric, prompt_of
+
+from disagg.poll import wait_for
 
 KV_KEYS = {"do_remote_prefill", "do_remote_decode", "remote_engine_id", "remote_request_id", "remote_block_ids",
            "remote_host", "remote_port", "tp_size"}
@@ -170,15 +172,12 @@ def test_injected_transfer_failure_recomputes(pd):
     prod, dec = pd["P"], pd["D"]
     body = {"prompt": prompt_of(800, uuid.uuid4().hex), "max_tokens": 3}
     kv = prefill(prod, body, uuid.uuid4().hex)["kv_transfer_params"]
-    dec.post("/sim/faults", {"kv_transfer_fail_rate": 1.0})
-    try:
+    with dec.faults(kv_transfer_fail_rate=1.0):
         f0, s0 = dec.metrics()["vllm:nixl_num_failed_transfers_total"], dec.state()
         status, resp = dec.post("/v1/completions", {**body, "kv_transfer_params": kv})
         assert status == 200
         assert dec.metrics()["vllm:nixl_num_failed_transfers_total"] == f0 + 1
         assert dec.state()["computed_prompt_tokens"] - s0["computed_prompt_tokens"] == resp["usage"]["prompt_tokens"]
-    finally:
-        dec.post("/sim/faults", {"kv_transfer_fail_rate": 0.0})
     # nobody pulled: the prefill side keeps the blocks until the lease expires (60 s simulated here)
     assert kv["remote_request_id"] in prod.state()["held_requests"]
 
@@ -198,20 +197,21 @@ def test_request_waiting_for_remote_kv_counts_as_deferred(pd):
     prod, dec = pd["P"], pd["D"]
     body = {"prompt": prompt_of(500, uuid.uuid4().hex), "max_tokens": 2}
     kv = prefill(prod, body, uuid.uuid4().hex)["kv_transfer_params"]
-    dec.post("/sim/faults", {"kv_transfer_delay_ms": 4000})
-    try:
+    with dec.faults(kv_transfer_delay_ms=4000):
         result: dict[str, Any] = {}
         t = threading.Thread(target=lambda: result.update(r=dec.post("/v1/completions", {**body,
                                                                                       "kv_transfer_params": kv})))
         t.start()
-        m = wait_for(lambda: (lambda ms: ms if metric(ms, "vllm:num_requests_waiting_by_reason",
-                                                      reason="deferred") == 1 else None)(dec.metrics()),
-                     what="a deferred request")
+
+        def deferred() -> dict[str, float] | None:  # one snapshot of the metrics, once the request is deferred
+            ms = dec.metrics()
+            return ms if metric(ms, "vllm:num_requests_waiting_by_reason", reason="deferred") == 1 else None
+
+        m = wait_for(deferred, what="a deferred request")
+        assert m is not None  # wait_for returns a truthy value only
         assert m["vllm:num_requests_waiting"] >= 1 and m["vllm:num_requests_running"] == 0
         t.join(timeout=30)
         assert result["r"][0] == 200
-    finally:
-        dec.post("/sim/faults", {"kv_transfer_delay_ms": 0})
     after = dec.metrics()
     assert metric(after, "vllm:num_requests_waiting_by_reason", reason="deferred") == 0
     wait_for(lambda: kv["remote_request_id"] not in prod.state()["held_requests"], what="blocks freed")

@@ -11,8 +11,9 @@ import uuid
 from typing import Any
 
 import pytest
-from simtest_util import MODEL, kv_config, prompt_of, wait_for
+from simtest_util import MODEL, kv_config, prompt_of
 
+from disagg.poll import wait_for
 from disagg.sim.args import VLLM_VERSION
 from disagg.sim.config import parse
 from disagg.sim.metrics import Metrics
