@@ -8,9 +8,10 @@ operator's kube helpers, load generation, the local substrate, tests).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable, Generator
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar, cast
 
 T = TypeVar("T")
 
@@ -26,46 +27,53 @@ def _timeout(timeout: float, what: str, last: object) -> WaitTimeoutError:
     return WaitTimeoutError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
 
 
-def _attempts(pred: Callable[[], T], timeout: float, what: str, interval: float,
-              retry_on: tuple[type[BaseException], ...]) -> Generator[float, None, T]:
-    """The polling loop, shared by both waits: yields how long to pause before the next try; returns the first
-    truthy value of ``pred()``; raises :class:`WaitTimeoutError` at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            got = pred()
-        except retry_on as e:
-            last = e
-        else:
-            if got:
-                return got
-            last = got
-        remaining = deadline - time.monotonic()
+class _Deadline:
+    """The polling state shared by both waits: the deadline, the last value seen, the pause before the next try."""
+
+    def __init__(self, timeout: float, what: str, interval: float) -> None:
+        self.timeout, self.what, self.interval = timeout, what, interval
+        self.end = time.monotonic() + timeout
+        self.last: object = None
+
+    def pause(self, got: object) -> float:
+        """Record a falsy result (or a retried exception); the seconds to wait, or raise at the deadline."""
+        self.last = got
+        remaining = self.end - time.monotonic()
         if remaining <= 0:
-            raise _timeout(timeout, what, last)
-        yield min(interval, remaining)
+            raise _timeout(self.timeout, self.what, self.last)
+        return min(self.interval, remaining)
 
 
-def wait_for(pred: Callable[[], T], timeout: float = 30.0, what: str = "condition", *, interval: float = 0.1,
-             retry_on: tuple[type[BaseException], ...] = ()) -> T:
+def wait_for(pred: Callable[[], T | None], timeout: float = 30.0, what: str = "condition", *,
+             interval: float = 0.1, retry_on: tuple[type[BaseException], ...] = ()) -> T:
     """Poll ``pred()`` until it returns something truthy and return that; raise :class:`WaitTimeoutError` (with the
     last value) when ``timeout`` seconds pass first. An exception from ``pred`` ends the wait at once, unless it is
     one of ``retry_on`` (then it counts as a falsy value: an apiserver still starting, say)."""
-    attempts = _attempts(pred, timeout, what, interval, retry_on)
-    try:
-        while True:
-            time.sleep(next(attempts))
-    except StopIteration as done:
-        return done.value
+    d = _Deadline(timeout, what, interval)
+    while True:
+        try:
+            got: object = pred()
+        except retry_on as e:
+            got = e
+        else:
+            if got:
+                return cast(T, got)
+        time.sleep(d.pause(got))
 
 
-async def until(pred: Callable[[], T], timeout: float = 15.0, what: str = "condition", *,
-                interval: float = 0.05, retry_on: tuple[type[BaseException], ...] = ()) -> T:
-    """:func:`wait_for` for coroutines: poll ``pred()`` without blocking the event loop."""
-    attempts = _attempts(pred, timeout, what, interval, retry_on)
-    try:
-        while True:
-            await asyncio.sleep(next(attempts))
-    except StopIteration as done:
-        return done.value
+async def until(pred: Callable[[], T | Awaitable[T | None] | None], timeout: float = 15.0, what: str = "condition",
+                *, interval: float = 0.05, retry_on: tuple[type[BaseException], ...] = ()) -> T:
+    """:func:`wait_for` for coroutines: poll ``pred()`` without blocking the event loop. ``pred`` may be a plain
+    function or return an awaitable (``lambda: client.metric(...)``), which is awaited each try."""
+    d = _Deadline(timeout, what, interval)
+    while True:
+        try:
+            got: object = pred()
+            if inspect.isawaitable(got):
+                got = await got
+        except retry_on as e:
+            got = e
+        else:
+            if got:
+                return cast(T, got)
+        await asyncio.sleep(d.pause(got))

@@ -126,7 +126,7 @@ def test_stop_group_reaches_grandchildren(tmp_path: Path) -> None:
             "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
-    grandchild = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, "the grandchild's pid"))
+    grandchild = int(wait_for(lambda: pidfile.read_text() if pidfile.exists() else None, 20, "the grandchild's pid"))
     assert stop_group(proc, grace=5) is not None
     wait_for(lambda: not _alive(grandchild), 10, "the grandchild to be gone")
 
