@@ -1,5 +1,5 @@
-"""``disagg bench goodput|router|sim|autoscale|operator`` (argument definitions only; heavy imports happen inside the
-handlers)."""
+"""``disagg bench goodput|router|sim|autoscale|operator|soak`` (argument definitions only; heavy imports happen
+inside the handlers)."""
 
 from __future__ import annotations
 
@@ -83,6 +83,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     a.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
     a.set_defaults(func=_cmd_autoscale)
 
+    k = sub.add_parser("soak", help="every component fails once under steady mixed load (local stack); issue 12 §7",
+                       description="Starts the local stack, deploys the demo model (two decode replicas) and, under "
+                       "steady mixed load, kills a prefill pod, kills a decode pod with streams in flight, stalls KV "
+                       "pulls, stops Prometheus for two intervals, restarts the operator and the router; see "
+                       "disagg.local.soak and docs/benchmarks.md R2.")
+    k.add_argument("--rate", type=float, default=1.5, help="req/s of the soak mix")
+    k.add_argument("--seed", type=int, default=7)
+    k.add_argument("--out", type=Path, default=Path("results/bench-soak.json"))
+    k.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
+    k.set_defaults(func=_cmd_soak)
+
 
 def _kv(items: list[str], what: str) -> dict[str, str]:
     out = {}
@@ -151,6 +162,15 @@ def _cmd_autoscale(args: argparse.Namespace) -> int:
                            scale_down_stabilization_s=args.scale_down_stabilization, seed=args.seed,
                            parts=tuple(args.parts))
     return _run_and_report(lambda: autoscale.run(s, out=args.out, log_dir=args.log_dir), autoscale.table, args.out)
+
+
+def _cmd_soak(args: argparse.Namespace) -> int:
+    from ..local import soak
+
+    s = soak.Settings(rate=args.rate, seed=args.seed)
+    return _run_and_report(lambda: soak.run_bench(s, out=args.out, log_dir=args.log_dir,
+                                                  say=lambda m: print(f"soak: {m}", flush=True)),
+                           soak.table, args.out)
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:

@@ -51,6 +51,16 @@ MIXES: dict[str, Mix] = {
     )),
 }
 
+# not in MIXES (the goodput benchmark's table): e2e/test_soak.py's steady load
+SOAK = Mix("soak", "the soak's steady mix: long prompts and short chats, streamed and not, and long streams", (
+    RequestClass("rag", 0.2, (4000, 9000), (96, 256), tenant="rag", shared_prefix_tokens=3000),
+    RequestClass("rag-whole", 0.1, (4000, 9000), (64, 160), tenant="rag", shared_prefix_tokens=3000,
+                 stream=False),
+    RequestClass("chat", 0.25, (64, 512), (32, 192), tenant="chat"),
+    RequestClass("completion", 0.2, (64, 512), (32, 128), tenant="chat", stream=False, chat=False),
+    RequestClass("stream", 0.25, (128, 1024), (400, 800), tenant="stream"),
+))
+
 
 @dataclass(frozen=True)
 class Request:

@@ -179,6 +179,7 @@ class ModelHarness:
             "t": round(time.monotonic() - self.t0, 2), "mode": st.get("activeMode"),
             **{f"{p}_{k}": (pools.get(p) or {}).get(f"{k}Replicas", 0)
                for p in POOLS for k in ("ready", "desired")},
+            **{f"{p}_last_scale": ((pools.get(p) or {}).get("lastScale") or {}).get("time") for p in POOLS},
             "ttft_p95_ms": (st.get("observed") or {}).get("ttftP95Ms"),
             "goodput": (st.get("observed") or {}).get("goodput"),
         })

@@ -62,7 +62,7 @@ class LocalPrometheus:
         return self._tmp / "targets.json"
 
     def start(self, targets: list[Target] | None = None, timeout: float = 60.0) -> None:
-        binary = prometheus_binary()
+        prometheus_binary()  # installed (hack/ensure-prometheus.sh) before anything else
         self._tmp = Path(tempfile.mkdtemp(prefix="disagg-prom-"))
         atexit.register(self.stop)
         self.set_targets(targets or [])
@@ -78,9 +78,14 @@ class LocalPrometheus:
         (self._tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         (port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{port}"
-        with open(self._tmp / "prometheus.log", "wb") as log:
+        self._launch(timeout)
+
+    def _launch(self, timeout: float) -> None:
+        assert self._tmp is not None
+        port = self.url.rsplit(":", 1)[1]
+        with open(self._tmp / "prometheus.log", "ab") as log:
             self._proc = subprocess.Popen(
-                [binary, f"--config.file={self._tmp / 'prometheus.yml'}",
+                [prometheus_binary(), f"--config.file={self._tmp / 'prometheus.yml'}",
                  f"--storage.tsdb.path={self._tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
                  "--web.enable-lifecycle", "--log.level=warn", "--storage.tsdb.retention.time=2h"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -90,6 +95,20 @@ class LocalPrometheus:
             raise RuntimeError(f"prometheus exited {self._proc.returncode}: {self.log_tail()}") from e
         except WaitTimeoutError as e:
             raise RuntimeError(f"prometheus not ready after {timeout}s: {self.log_tail()}") from e
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def pause(self) -> None:
+        """Stop the server (an outage), keeping its URL, config and data: :meth:`resume` starts it again."""
+        stop_group(self._proc, grace=10)
+        self._proc = None
+
+    def resume(self, timeout: float = 60.0) -> None:
+        """Start the server again after :meth:`pause`, on the same address and with the same data."""
+        assert self._tmp is not None and self.url, "start() first"
+        self._launch(timeout)
 
     def set_targets(self, targets: list[Target]) -> None:
         groups = [{"targets": [t.address], "labels": t.labels} for t in targets]

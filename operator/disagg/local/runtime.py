@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -146,6 +147,34 @@ class LocalRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # ------------------------------------------------------------------ faults and logs (soak, e2e)
+    def _find(self, namespace: str, name: str) -> LocalPod:
+        found = [p for p in self.pods.values() if p.namespace == namespace and p.name == name]
+        if not found:
+            raise KeyError(f"no local pod {namespace}/{name}")
+        return found[0]
+
+    def kill_container(self, namespace: str, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
+        """Send ``sig`` (SIGKILL: a crash) to the process group of a running pod's container, as a node's OOM kill
+        or a segfault would end it; the runtime then restarts it (restartPolicy Always). Returns the pid killed."""
+        with self._lock:
+            local = self._find(namespace, name)
+            if local.proc is None or local.proc.poll() is not None:
+                raise RuntimeError(f"pod {namespace}/{name} has no running container")
+            pid = local.proc.pid
+            os.killpg(pid, sig)
+        log.warning("container killed", pod=f"{namespace}/{name}", signal=sig.name)
+        return pid
+
+    def restarts(self, namespace: str, name: str) -> int:
+        """How often the runtime restarted the pod's container."""
+        with self._lock:
+            return self._find(namespace, name).restarts
+
+    def log_path(self, namespace: str, name: str) -> Path:
+        """The pod's container log (kept after the pod is deleted, until the runtime stops)."""
+        return self.root / f"{namespace}_{name}" / "container.log"
 
     # ------------------------------------------------------------------ node
     def _ensure_node(self) -> None:

@@ -79,6 +79,12 @@ class LocalStack:
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "KUBECONFIG": str(self.cp.kubeconfig)})
 
+    def restart_operator(self, crash: bool = True) -> None:
+        """Stop the operator — SIGKILL with ``crash`` (an OOM kill, a node lost), else SIGTERM with a grace
+        period — and start a new one, as its Deployment would."""
+        stop_group(self.operator, grace=0 if crash else 10)
+        self._start_operator()
+
     def stop(self) -> None:
         self._stop.set()
         stop_group(self.operator, grace=10)
@@ -147,6 +153,35 @@ class LocalStack:
     def ready_pod_ips(self, model: str, role: str) -> list[str]:
         return [ip for p in self.pods(model, role)
                 if (ip := pod_ip(p)) and not (p.metadata and p.metadata.deletion_timestamp) and pod_ready(p)]
+
+    def children(self, model: str) -> dict[str, list[tuple[str, str]]]:
+        """The model's labelled children by ``Kind/role``: (name, uid) of each, for duplicate and re-creation
+        checks (Deployments, Services, ConfigMaps, PodDisruptionBudgets, ServiceAccounts)."""
+        sel = f"{LABEL_MODEL}={model}"
+        ns = self.namespace
+        apps, core, policy = client.AppsV1Api(self.api), client.CoreV1Api(self.api), client.PolicyV1Api(self.api)
+        lists: list[tuple[str, list[Any]]] = [
+            ("Deployment", apps.list_namespaced_deployment(ns, label_selector=sel).items),
+            ("StatefulSet", apps.list_namespaced_stateful_set(ns, label_selector=sel).items),
+            ("Service", core.list_namespaced_service(ns, label_selector=sel).items),
+            ("ConfigMap", core.list_namespaced_config_map(ns, label_selector=sel).items),
+            ("PodDisruptionBudget", policy.list_namespaced_pod_disruption_budget(ns, label_selector=sel).items),
+            ("ServiceAccount", core.list_namespaced_service_account(ns, label_selector=sel).items),
+        ]
+        out: dict[str, list[tuple[str, str]]] = {}
+        for kind, items in lists:
+            for o in items:
+                if o.metadata.deletion_timestamp:
+                    continue
+                role = (o.metadata.labels or {}).get(LABEL_ROLE, "")
+                out.setdefault(f"{kind}/{role}", []).append((o.metadata.name, o.metadata.uid))
+        return {k: sorted(v) for k, v in sorted(out.items())}
+
+    def events(self, name: str, kind: str = "DisaggregatedModel") -> list[client.CoreV1Event]:
+        """Events about the object ``kind/name`` in the namespace (oldest first, by creation)."""
+        got = client.CoreV1Api(self.api).list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}").items
+        return sorted(got, key=lambda e: (e.metadata.creation_timestamp, e.metadata.resource_version or ""))
 
     def router_url(self, model: str) -> str | None:
         ips = self.ready_pod_ips(model, "router")
