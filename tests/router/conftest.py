@@ -47,6 +47,7 @@ class FakeWorker:
     # None | "500" | "400" | "hang" | "drop" | "no_kv" | "error_first" (vLLM 0.33.0's in-stream error before any
     # token: the chat role chunk, then data: {"error": ...}) | "error_mid_stream" (two tokens, then the error)
     # | "error_finish" (non-streamed: 200 with a finish_reason "error" choice, as older servers answer)
+    # | "cut_mid_stream" (two tokens, then the connection closes: a worker killed mid-stream)
     fault: str | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
@@ -136,6 +137,10 @@ class FakeWorker:
                 await asyncio.sleep(self.token_delay)
                 ev = {"id": "cmpl-d", "choices": [{"index": 0, "text": f" t{i}"}]}
                 await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+                if self.fault == "cut_mid_stream" and i == 1:
+                    assert request.transport is not None
+                    request.transport.abort()
+                    return resp
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             self.completed += 1

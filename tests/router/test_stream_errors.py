@@ -21,10 +21,26 @@ async def test_error_after_tokens_is_upstream_error_mid_stream(fake_workers, rou
             **({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"})}
     status, out = await r.post(path, body)
     assert status == 200 and b" t0" in out and b" t1" in out  # the tokens reached the client, then the error
+    assert out.count(b'"error"') == 1  # the worker's own error event, not a second one from the router
     m = await r.metrics()
     assert metric(m, "disagg_requests_total", outcome="upstream_error_mid_stream") == 1
     assert metric(m, "disagg_requests_total", outcome="ok") == 0
     assert metric(m, "disagg_slo_requests_total") == 0
+
+
+async def test_a_worker_cut_off_mid_stream_ends_the_clients_stream_with_an_error(fake_workers, router_factory, metric):
+    """A decode worker that dies after tokens were relayed: the client gets vLLM's in-stream error shape (so an
+    OpenAI client raises) rather than a stream that looks complete, and the request counts as a mid-stream loss."""
+    d = await fake_workers("decode", fault="cut_mid_stream", tokens=10)
+    r = await router_factory([], [d.url])
+    status, out = await r.post("/v1/completions", {"prompt": "hi", "max_tokens": 10, "stream": True})
+    assert status == 200 and b" t1" in out and b" t2" not in out
+    events = [e for e in out.split(b"\n\n") if e]
+    assert json.loads(events[-2].removeprefix(b"data: "))["error"]["type"] == "upstream_error"
+    assert events[-1] == b"data: [DONE]"
+    m = await r.metrics()
+    assert metric(m, "disagg_requests_total", outcome="upstream_error_mid_stream") == 1
+    assert metric(m, "disagg_requests_total", outcome="ok") == 0
 
 
 async def test_error_before_the_first_token_on_the_local_path_retries_on_another_worker(

@@ -42,6 +42,12 @@ from .proxy import (
 from .rawstream import RawConnectError, RawDisconnectedError, RawPool, RawResponse
 from .request import Ctx, decision_headers, fwd_headers
 
+# What a client sees when the worker fails after tokens were relayed: vLLM's own in-stream error shape (an SSE event
+# with an OpenAI error object, then [DONE]; see docs/simulator.md for vLLM 0.33.0's), so that an OpenAI client raises
+# instead of taking a truncated answer for a complete one.
+MID_STREAM_ERROR = (b'data: {"error": {"message": "the worker failed mid-stream; the answer is incomplete", '
+                    b'"type": "upstream_error", "param": null, "code": 502}}\n\ndata: [DONE]\n\n')
+
 OnCommit = Callable[[], None]
 
 
@@ -362,6 +368,8 @@ class Upstream:
             ctx.output_tokens = acct.tokens
             resp.close()
             with contextlib.suppress(Exception):
+                if not client_side and not acct.error:
+                    await out.write(MID_STREAM_ERROR)
                 await out.write_eof()
             return out
         ctx.output_tokens = acct.tokens
@@ -370,6 +378,8 @@ class Upstream:
         derive_phases(ctx, w, remote, ttfb=ctx.timings.get("decode_ttfb"))
         ctx.outcome, ctx.status = ("ok" if acct.done and not acct.error else "upstream_error_mid_stream"), 200
         with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+            if not acct.done and not acct.error:  # the worker closed the stream without finishing it
+                await out.write(MID_STREAM_ERROR)
             await out.write_eof()
         return out
 
@@ -410,6 +420,8 @@ class Upstream:
             ctx.output_tokens = acct.tokens
             resp.close()
             with contextlib.suppress(Exception):
+                if not client_side and not acct.error:
+                    await out.write(MID_STREAM_ERROR)
                 await out.write_eof()
             return out
         ctx.output_tokens = acct.tokens
@@ -418,5 +430,7 @@ class Upstream:
         derive_phases(ctx, w, remote, ttfb=ctx.timings.get("decode_ttfb"))
         ctx.outcome, ctx.status = ("ok" if acct.done and not acct.error else "upstream_error_mid_stream"), 200
         with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+            if not acct.done and not acct.error:  # the worker closed the stream without finishing it
+                await out.write(MID_STREAM_ERROR)
             await out.write_eof()
         return out
