@@ -76,7 +76,11 @@ def test_starting_prefill_pool_does_not_flip() -> None:
     out = step(spec(), pools, Sample({"targets_up": 1}), LoopState(), 0, "t")
     assert out.mode.active == ActiveMode.DISAGGREGATED and not out.mode_changed
     failed = {"prefill": PoolReplicas(2, 0, starting=False), "decode": PoolReplicas(2, 2)}
-    out = step(spec(), failed, Sample({"targets_up": 1}), LoopState(), 0, "t")
+    state = LoopState()
+    out = step(spec(), failed, Sample({"targets_up": 1}), state, 0, "t")
+    assert out.mode.active == ActiveMode.DISAGGREGATED  # a restart may bring it back within the window
+    window = spec().mode_policy.window_seconds
+    out = step(spec(), failed, Sample({"targets_up": 1}), state, window, "t")
     assert out.mode.active == ActiveMode.AGGREGATED and "no ready prefill" in out.mode.reason
 
 

@@ -78,8 +78,10 @@ def test_a_starting_prefill_pool_is_not_a_fault() -> None:
     for t in range(0, 600, 30):  # minutes of weight loading: no flip, no backoff
         st = next_state(s, st, ModeSignals(time=t, prefill_ready=0, prefill_desired=2, prefill_starting=True))
     assert st.active == ActiveMode.DISAGGREGATED and st.flips == 0 and st.backoff == 1
-    # the same readiness after the pool had been ready is a failure
+    # the same readiness after the pool had been ready is a failure, once it lasts a window (60 s)
     st = next_state(s, st, ModeSignals(time=600, prefill_ready=0, prefill_desired=2, prefill_starting=False))
+    assert st.active == ActiveMode.DISAGGREGATED
+    st = next_state(s, st, ModeSignals(time=660, prefill_ready=0, prefill_desired=2, prefill_starting=False))
     assert st.active == ActiveMode.AGGREGATED and "no ready prefill" in st.reason
 
 
@@ -140,3 +142,21 @@ def test_probing_off_returns_on_the_hold_alone() -> None:
     st = next_state(s, st, healthy(30))
     st = next_state(s, st, healthy(150))  # no probe data at all
     assert st.active == ActiveMode.DISAGGREGATED
+
+
+def test_a_prefill_restart_within_the_window_does_not_flip() -> None:
+    """The soak's finding: a prefill pod that restarts in a few seconds (the router keeps requests local meanwhile)
+    must not flip the model; a prefill pool without a ready replica for a whole window does."""
+    s, st = spec(), ModeState()  # windowSeconds 60 (the default)
+    out = ModeSignals(time=0, kv_failure_rate=0.0, prefill_ready=0, prefill_desired=1)
+    st = next_state(s, st, healthy(0))
+    for t in (5, 10, 30, 59):
+        st = next_state(s, st, ModeSignals(**{**out.__dict__, "time": t}))
+        assert st.active == ActiveMode.DISAGGREGATED, t
+    st = next_state(s, st, healthy(62))  # back within the window: the outage is forgotten
+    assert st.active == ActiveMode.DISAGGREGATED and st.prefill_down_since is None
+    for t in (70, 100):
+        st = next_state(s, st, ModeSignals(**{**out.__dict__, "time": t}))
+        assert st.active == ActiveMode.DISAGGREGATED
+    st = next_state(s, st, ModeSignals(**{**out.__dict__, "time": 130}))  # 60 s without a ready prefill replica
+    assert st.active == ActiveMode.AGGREGATED and "no ready prefill replica for 60s" in st.reason

@@ -68,9 +68,7 @@ def collect_when(query: QueryFn, model: str, spec: DisaggregatedModelSpec, pred:
         sample = collect(query, "ns", model, spec)
         return sample if pred(sample) else None
 
-    sample = wait_for(sample_if_ready, 30, what, interval=0.5)
-    assert sample is not None  # wait_for returns a truthy value only
-    return sample
+    return wait_for(sample_if_ready, 30, what, interval=0.5)
 
 
 def test_collect_reads_the_named_series(prometheus) -> None:

@@ -5,9 +5,11 @@ To Aggregated (immediately, it is the safe side) when any of:
   count (router fallback causes ``kv_*``: KV pull failed, transfer timeout after the prefill finished), over
   remote attempts; a prefill leg that queued or failed for capacity (``prefill_*``) is the autoscaler's and the
   overload policy's business, never the mode's;
-- no prefill replica is ready while the prefill pool should have some — unless the pool is *starting* (created,
-  scaled from zero or rolled to a new generation, and not ready since: status.pools.prefill.starting). Starting
-  is not failing: no flip, no backoff;
+- no prefill replica is ready while the prefill pool should have some, for at least modePolicy.windowSeconds (the
+  window every other signal is measured over) — unless the pool is *starting* (created, scaled from zero or rolled
+  to a new generation, and not ready since: status.pools.prefill.starting). Starting is not failing: no flip, no
+  backoff; and a pod that restarts within the window (the router keeps requests local meanwhile, reason
+  ``no_prefill_worker``) is not a reason to leave disaggregation either;
 - TTFT p95 breaches the SLO and the KV transfer is at least modePolicy.transferShareOfTTFT of it.
 
 Back to Disaggregated on evidence, not on silence: while the controller holds the model Aggregated no request
@@ -44,6 +46,8 @@ class ModeSignals:
     probes_ok: float | None = None  # successful remote-path probes in the window (None: no data)
     probes_failed: float | None = None
     stale_reason: str | None = None
+    # how long the prefill pool has had no ready replica (next_state fills it in from ModeState); None: unknown
+    prefill_outage_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class ModeState:
     healthy_since: float | None = None  # while Aggregated: when signals became healthy
     backoff: int = 1  # multiplier of the hold period
     flips: int = 0
+    prefill_down_since: float | None = None  # when the prefill pool last lost its last ready replica
 
 
 def unhealthy_reason(spec: DisaggregatedModelSpec, s: ModeSignals) -> str | None:
@@ -61,8 +66,9 @@ def unhealthy_reason(spec: DisaggregatedModelSpec, s: ModeSignals) -> str | None
     p = spec.mode_policy
     if s.kv_failure_rate is not None and s.kv_failure_rate > p.kv_transfer_failure_rate:
         return f"KV transfer failure rate {s.kv_failure_rate:.1%} > {p.kv_transfer_failure_rate:.1%}"
-    if s.prefill_desired > 0 and s.prefill_ready == 0 and not s.prefill_starting:
-        return "no ready prefill replica"
+    if prefill_out(s) and (s.prefill_outage_seconds is None or s.prefill_outage_seconds >= p.window_seconds):
+        return ("no ready prefill replica" if s.prefill_outage_seconds is None
+                else f"no ready prefill replica for {s.prefill_outage_seconds:.0f}s")
     if (
         s.ttft_p95_ms is not None
         and s.kv_transfer_p95_ms is not None
@@ -74,7 +80,21 @@ def unhealthy_reason(spec: DisaggregatedModelSpec, s: ModeSignals) -> str | None
     return None
 
 
+def prefill_out(s: ModeSignals) -> bool:
+    """The prefill pool should have replicas, has none ready, and is not starting."""
+    return s.prefill_desired > 0 and s.prefill_ready == 0 and not s.prefill_starting
+
+
 def next_state(spec: DisaggregatedModelSpec, state: ModeState, s: ModeSignals) -> ModeState:
+    """The next mode state; also remembers since when the prefill pool has had no ready replica."""
+    down_since = (state.prefill_down_since if state.prefill_down_since is not None else s.time) \
+        if prefill_out(s) else None
+    outage = None if down_since is None else s.time - down_since
+    after = _next_state(spec, state, replace(s, prefill_outage_seconds=outage if outage is not None else 0.0))
+    return replace(after, prefill_down_since=down_since)
+
+
+def _next_state(spec: DisaggregatedModelSpec, state: ModeState, s: ModeSignals) -> ModeState:
     if spec.mode == Mode.AGGREGATED:
         return _to(state, ActiveMode.AGGREGATED, s.time, "pinned by spec.mode Aggregated")
     if spec.mode == Mode.DISAGGREGATED:
