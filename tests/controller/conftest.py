@@ -30,9 +30,7 @@ def wait_for(check: Callable[[], T | None], timeout: float = 30.0, what: str = "
              interval: float = 0.2) -> T:
     """Poll until check() returns something truthy and return it (disagg.poll.wait_for: WaitTimeoutError with the
     last value at the deadline); an ApiException means "not yet" (the apiserver starting, an object not there)."""
-    got = poll.wait_for(check, timeout, what, interval=interval, retry_on=(client.ApiException,))
-    assert got is not None  # wait_for returns a truthy value only
-    return got
+    return poll.wait_for(check, timeout, what, interval=interval, retry_on=(client.ApiException,))
 
 
 @contextlib.contextmanager

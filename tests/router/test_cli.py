@@ -7,30 +7,25 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 import yaml
 
 from disagg.local.procs import stop_group
+from disagg.poll import until
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 400
 DISAGG = str(Path(sys.executable).with_name("disagg"))
 
 
 async def wait_health(session: aiohttp.ClientSession, url: str, proc: subprocess.Popen, timeout: float = 20) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"router exited with {proc.returncode}"
-        try:
-            async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
-                if r.status == 200:
-                    return await r.json()
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{url}/health")
+    async def health() -> dict | None:
+        assert proc.poll() is None, f"router exited with {proc.returncode}"  # exited: fail at once
+        async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
+            return await r.json() if r.status == 200 else None
+
+    return await until(health, timeout, f"{url}/health", retry_on=(aiohttp.ClientError,))
 
 
 async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
@@ -60,10 +55,11 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
             first = asyncio.gather(*(one() for _ in range(4)))
             await asyncio.sleep(0)
             conf.write_text(yaml.safe_dump({"mode": "Aggregated"}))
-            deadline = time.monotonic() + 10
-            while (await wait_health(s, url, proc))["mode"] != "Aggregated":
-                assert time.monotonic() < deadline, "config not reloaded"
-                await asyncio.sleep(0.05)
+            async def aggregated() -> bool:
+                return (await wait_health(s, url, proc))["mode"] == "Aggregated"
+
+            # annotated: mypy infers until's result type from an async predicate only with a type context
+            _aggregated: bool = await until(aggregated, 10, "the config reloaded to Aggregated")
             assert await first == [200] * 4
             n_prefill = len(p.requests)
             assert await one() == 200
@@ -71,14 +67,11 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
 
             # a broken file keeps the last good config
             conf.write_text("mode: [not, a, mode")
-            deadline = time.monotonic() + 10
-            while True:
+            async def reload_failed() -> bool:
                 async with s.get(url + "/metrics") as r:
-                    text = await r.text()
-                if 'disagg_config_reloads_total{result="error"} 1.0' in text:
-                    break
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.05)
+                    return 'disagg_config_reloads_total{result="error"} 1.0' in await r.text()
+
+            _failed: bool = await until(reload_failed, 10, "the broken config counted as a reload error")
             assert (await wait_health(s, url, proc))["mode"] == "Aggregated"
     finally:
         stop_group(proc, grace=10, group=False)

@@ -8,6 +8,8 @@ import time
 
 import aiohttp
 
+from disagg.poll import until
+
 LONG = "The quick brown fox jumps over the lazy dog. " * 10
 
 
@@ -75,14 +77,9 @@ async def test_connection_cap_refuses_new_connections_until_one_closes(fake_work
     assert data == b""  # closed without an answer
     for _, w in idle:
         w.close()
-    deadline = time.monotonic() + 10
-    while True:  # the router sees the ten close (asynchronously): then it serves again
-        try:
-            status, _ = await r.post("/v1/completions", {"prompt": LONG, "max_tokens": 3})
-            break
-        except aiohttp.ClientConnectionError:
-            assert time.monotonic() < deadline, "router never accepted again"
-            await asyncio.sleep(0.05)
+    # the router sees the ten close (asynchronously): then it serves again
+    status, _ = await until(lambda: r.post("/v1/completions", {"prompt": LONG, "max_tokens": 3}), 10,
+                            "the router accepting again", retry_on=(aiohttp.ClientConnectionError,))
     assert status == 200
     m = await r.metrics()
     assert metric(m, "disagg_connections_closed_total", reason="limit") >= 1

@@ -11,7 +11,7 @@ from kubernetes.client.rest import ApiException
 
 from disagg.api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, RouterConfig
 from disagg.local.procs import stop_group
-from disagg.poll import until, wait_for
+from disagg.poll import WaitTimeoutError, until, wait_for
 from disagg.router.discovery import PodDiscovery, model_name_from_config
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 400
@@ -117,18 +117,18 @@ async def test_router_process_cluster_mode(kube, namespace, control_plane, fake_
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as s:
-            deadline = time.monotonic() + 20
-            while True:
-                assert proc.poll() is None, (tmp_path / "router.log").read_text()
-                try:
-                    async with s.get(url + "/health") as r:
-                        if r.status == 200 and (await r.json())["workers"] == {"prefill": 1, "decode": 1,
-                                                                                 "aggregated": 0}:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()
-                await asyncio.sleep(0.05)
+            async def both_pods_discovered() -> bool:
+                assert proc.poll() is None, (tmp_path / "router.log").read_text()  # exited: fail at once
+                async with s.get(url + "/health") as r:
+                    return r.status == 200 and (await r.json())["workers"] == {"prefill": 1, "decode": 1,
+                                                                                "aggregated": 0}
+
+            try:
+                # annotated: mypy infers until's result type from an async predicate only with a type context
+                _found: bool = await until(both_pods_discovered, 20, "the router discovering both pods",
+                                           retry_on=(aiohttp.ClientError,))
+            except WaitTimeoutError as e:
+                raise AssertionError(f"{e}\n{(tmp_path / 'router.log').read_text()}") from e
             async with s.post(url + "/v1/completions", json={"prompt": LONG, "max_tokens": 200}) as r:
                 assert r.status == 200
             assert len(p.requests) == 1 and len(d.requests) == 1

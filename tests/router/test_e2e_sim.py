@@ -16,6 +16,8 @@ import aiohttp
 import pytest
 import yaml
 
+from disagg.poll import until
+
 from .conftest import metric_value, start_router, start_sim
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -71,10 +73,12 @@ class Client:
         """Write the router config (BASE_CONFIG + cfg) and wait until the router has loaded it."""
         before = (await self.get_json(self.url + "/health"))["config_generation"]
         self.s["config"].write_text(yaml.safe_dump({**BASE_CONFIG, **cfg}))
-        deadline = time.monotonic() + 10
-        while (await self.get_json(self.url + "/health"))["config_generation"] == before:
-            assert time.monotonic() < deadline, "router did not reload its config"
-            await asyncio.sleep(0.05)
+
+        async def reloaded() -> bool:
+            return (await self.get_json(self.url + "/health"))["config_generation"] != before
+
+        # annotated: mypy infers until's result type from an async predicate only with a type context
+        _reloaded: bool = await until(reloaded, 10, "the router reloading its config")
 
     async def decode_totals(self) -> dict[str, float]:
         out = {"computed": 0.0, "transfers_ok": 0.0, "recomputed": 0.0}
@@ -145,10 +149,13 @@ async def test_streaming_chat_relayed_and_phase_metrics(client, stack):
     assert await client.router_metric("disagg_first_token_emit_seconds_count", path="remote") >= 1
     assert await client.router_metric("disagg_per_token_decode_seconds_count", path="remote") >= 1
     # phases measured inside vLLM come from the workers' metrics once the router has scraped them
-    deadline = time.monotonic() + 20
-    while await client.router_metric("disagg_kv_cache_transfer_seconds_count", path="remote") == 0:
-        assert time.monotonic() < deadline, "no kv transfer phase observed"
-        await one()
+    async def transfer_observed() -> bool:
+        if await client.router_metric("disagg_kv_cache_transfer_seconds_count", path="remote") != 0:
+            return True
+        await one()  # not scraped yet: another request, then look again
+        return False
+
+    _observed: bool = await until(transfer_observed, 20, "a kv transfer phase observed")
     m = await client.text(client.url + "/metrics")
     for name in ("request_queue_wait", "prefill_compute", "kv_cache_pack", "kv_cache_transfer", "kv_cache_unpack",
                  "decode_queue_wait", "first_token_emit", "per_token_decode"):

@@ -10,9 +10,7 @@ default) and `disagg router` processes, one router per test (its breakers and pr
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 import uuid
 from typing import Any
 
@@ -172,15 +170,16 @@ async def test_breaker_opens_after_k_stalls_then_requests_go_local_at_once_and_i
     # heal; after the cooldown a half-open trial goes remote, succeeds, and closes the breaker
     for d in sims["decode"]:
         await router.faults(d, kv_transfer_delay_ms=0.0)
-    deadline = time.monotonic() + cooldown + 20
-    while True:
+    async def half_open_trial() -> str | None:
+        """The request id of a request served remote (the half-open trial); None while the breaker is open."""
         status, _, headers, rid = await r.complete({**body, "prompt": long_prompt(words=2500)})
         assert status == 200
         if headers["X-Disagg-Decision"] == "remote":
-            break
+            return rid
         assert headers["X-Disagg-Reason"] == "circuit_open"
-        assert time.monotonic() < deadline, "breaker never half-opened"
-        await asyncio.sleep(0.2)
+        return None
+
+    rid = await until(half_open_trial, cooldown + 20, "the breaker half-opened", interval=0.2)
     line = await r.request_log(rid)
     assert (line["path"], line["fallback"], line["outcome"]) == ("remote", None, "ok")
     moves = {(x["pool"], x["target"], x["from"], x["to"]) for x in r.log_lines("circuit")}
