@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import json as _json
 import logging
 import sys
+from collections.abc import Callable
+from typing import Any
 
+import orjson
 import structlog
 from structlog.typing import Processor
+
+_ORJSON_OPTS = orjson.OPT_NON_STR_KEYS
+
+
+def _dumps(obj: Any, default: Callable[[Any], Any] | None = None, **kw: Any) -> str:
+    """structlog's serializer: orjson (several times cheaper than json.dumps), str out for the text loggers.
+
+    Same keys and values as the stdlib serializer; what orjson refuses (an int beyond 64 bits) goes to json.dumps.
+    """
+    try:
+        return orjson.dumps(obj, default=default, option=_ORJSON_OPTS).decode()
+    except TypeError:
+        return _json.dumps(obj, default=default, **kw)
 
 
 def configure(level: str = "INFO", json: bool = True) -> None:
     """One JSON object per line on stderr; stdlib logging (kopf, aiohttp) routed through the same renderer."""
-    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    renderer = (structlog.processors.JSONRenderer(serializer=_dumps) if json
+                else structlog.dev.ConsoleRenderer(colors=False))
     shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

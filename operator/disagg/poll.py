@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from typing import TypeVar, cast, overload
 
 T = TypeVar("T")
 
@@ -61,10 +61,20 @@ def wait_for(pred: Callable[[], T | None], timeout: float = 30.0, what: str = "c
         time.sleep(d.pause(got))
 
 
-async def until(pred: Callable[[], T | Awaitable[T | None] | None], timeout: float = 15.0, what: str = "condition",
-                *, interval: float = 0.05, retry_on: tuple[type[BaseException], ...] = ()) -> T:
+@overload
+async def until(pred: Callable[[], Awaitable[T | None]], timeout: float = ..., what: str = ..., *,
+                interval: float = ..., retry_on: tuple[type[BaseException], ...] = ...) -> T: ...
+
+
+@overload
+async def until(pred: Callable[[], T | None], timeout: float = ..., what: str = ..., *,
+                interval: float = ..., retry_on: tuple[type[BaseException], ...] = ...) -> T: ...
+
+
+async def until(pred: Callable[[], object], timeout: float = 15.0, what: str = "condition", *,
+                interval: float = 0.05, retry_on: tuple[type[BaseException], ...] = ()) -> object:
     """:func:`wait_for` for coroutines: poll ``pred()`` without blocking the event loop. ``pred`` may be a plain
-    function or return an awaitable (``lambda: client.metric(...)``), which is awaited each try."""
+    function or return an awaitable (``lambda: client.metric(...)``, an ``async def``), which is awaited each try."""
     d = _Deadline(timeout, what, interval)
     while True:
         try:
@@ -75,5 +85,5 @@ async def until(pred: Callable[[], T | Awaitable[T | None] | None], timeout: flo
             got = e
         else:
             if got:
-                return cast(T, got)
+                return got
         await asyncio.sleep(d.pause(got))

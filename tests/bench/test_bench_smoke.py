@@ -63,18 +63,50 @@ def test_router_bench_smoke(tmp_path: Path) -> None:
     assert router_bench.find_nginx(), "nginx missing: `make test` installs it (hack/ensure-nginx.sh)"
     targets = ["direct", "router", "nginx"]
     res = router_bench.run(streams=8, rounds=2, tokens=6, time_scale=1.0, targets=targets, out=tmp_path / "rb.json",
-                progress=lambda *_: None)
+                           progress=lambda *_: None)
+    assert json.loads((tmp_path / "rb.json").read_text())["rows"] == res["rows"]
     rows = res["rows"]
-    assert set(rows) == set(targets)
-    for name in targets[1:]:
+    router_rows = ["router", "router-w2", "router-remote", "router-remote-w2"]
+    assert list(rows) == ["direct", *router_rows, "nginx"]
+    assert res["settings"]["router_log_level"] == "INFO" and res["command"].startswith("disagg bench router")
+    assert res["machine"]["nproc"] and res["machine"]["nginx_version"]
+    for name in [*router_rows, "nginx"]:
         r = rows[name]
         assert r["pairs"] == 16 and r["errors"] == 0, r["errors_sample"]
-        # added latency of a loopback proxy at 8 streams: positive-ish and well below a second
-        assert -50 < r["added_ttft_p50_ms"] < 1000 and -50 < r["added_chunk_p50_ms"] < 1000
-        assert r["chunks_per_s"] > 0 and r["proxy_us_per_chunk"] is not None and r["proxy_us_per_chunk"] >= 0
-    assert "added_p50_le_1ms" in res["targets"]
-    assert "router" in router_bench.table(res)
+        # added latency of a loopback proxy at 8 streams: positive-ish and well below a second (the remote path
+        # adds the prefill worker's step and the KV hand-off)
+        assert -50 < r["added_chunk_p50_ms"] < 1000
+        assert -50 < r["added_ttft_p50_ms"] < (3000 if r["path"] == "remote" else 1000)
+        assert r["chunks"] == 16 * 6 and r["chunks_per_s"] > 0 and r["direct_chunks_per_s"] > 0
+        assert r["proxy_us_per_chunk"] is not None and r["proxy_us_per_chunk"] >= 0
+    # each router row took the path it names, with the workers it names
+    for name in router_rows:
+        r = rows[name]
+        assert r["workers"] == (2 if name.endswith("-w2") else 1)
+        want = "remote:tenant_always" if r["path"] == "remote" else "local:"
+        assert r["decisions"] and all(k.startswith(want) for k in r["decisions"]), r["decisions"]
+        assert sum(r["decisions"].values()) == 16 and not r["fallbacks"], r
+    # the direct row is measured (its own chunks), not copied from a proxied row
+    assert rows["direct"]["chunks_per_s"] > 0 and set(rows["direct"]["chunks_per_s_by_phase"]) == set(rows) - {"direct"}
+    assert set(res["targets"]) == set(router_rows)
+    assert {"added_ttft_p50_le_2ms", "cpu_per_chunk_le_1.5x_nginx", "added_chunk_p50_le_2x_nginx"} \
+        <= set(res["targets"]["router"])
+    assert "added_ttft_p50_le_2ms" not in res["targets"]["router-remote"]
+    assert set(res["targets"]["router-remote"]) == {"cpu_per_chunk_le_1.5x_nginx"}
+    assert all(r["added_chunk_aligned_p50_ms"] is not None for n, r in rows.items() if n != "direct")
+    assert "router-remote-w2" in router_bench.table(res)
+    md = router_bench.markdown(res)
+    assert md.startswith(router_bench.DOC_BEGIN) and md.endswith(router_bench.DOC_END) and "| router-w2 | 2 |" in md
     assert _children() <= before
+
+
+def test_router_doc_matches_results() -> None:
+    """docs/benchmarks.md's router results block is the one generated from docs/results/router.json."""
+    root = Path(__file__).resolve().parents[2]
+    result = json.loads((root / "docs/results/router.json").read_text())
+    assert router_bench.doc_block(root / "docs/benchmarks.md") == router_bench.markdown(result), \
+        "regenerate: .venv/bin/python -m disagg.bench.router_bench"
+    assert result["command"].startswith("disagg bench router") and result["machine"]["nproc"]
 
 
 def test_cli_wiring() -> None:

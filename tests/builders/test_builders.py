@@ -336,7 +336,10 @@ def test_router_objects() -> None:
     cont = dep["spec"]["template"]["spec"]["containers"][0]
     assert cont["image"] == "r:1" and dep["spec"]["replicas"] == 2
     assert cont["command"] == ["disagg", "router", "--config", "/etc/disagg/router.yaml", "--host", "0.0.0.0",
-                               "--port", str(c.ROUTER_PORT)]
+                               "--port", str(c.ROUTER_PORT), "--workers", "1"]
+    # in the Service only once it knows a worker to send to (the soak saw 503s from a new router otherwise)
+    assert cont["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert cont["livenessProbe"]["httpGet"]["path"] == "/health"
     env = env_of(cont)
     assert env == {"POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}}, "DISAGG_MODEL_NAME": "llama-70b"}
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "llama-70b-router"

@@ -58,8 +58,7 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
             async def aggregated() -> bool:
                 return (await wait_health(s, url, proc))["mode"] == "Aggregated"
 
-            # annotated: mypy infers until's result type from an async predicate only with a type context
-            _aggregated: bool = await until(aggregated, 10, "the config reloaded to Aggregated")
+            await until(aggregated, 10, "the config reloaded to Aggregated")
             assert await first == [200] * 4
             n_prefill = len(p.requests)
             assert await one() == 200
@@ -71,7 +70,7 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
                 async with s.get(url + "/metrics") as r:
                     return 'disagg_config_reloads_total{result="error"} 1.0' in await r.text()
 
-            _failed: bool = await until(reload_failed, 10, "the broken config counted as a reload error")
+            await until(reload_failed, 10, "the broken config counted as a reload error")
             assert (await wait_health(s, url, proc))["mode"] == "Aggregated"
     finally:
         stop_group(proc, grace=10, group=False)

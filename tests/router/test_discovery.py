@@ -124,8 +124,7 @@ async def test_router_process_cluster_mode(kube, namespace, control_plane, fake_
                                                                                 "aggregated": 0}
 
             try:
-                # annotated: mypy infers until's result type from an async predicate only with a type context
-                _found: bool = await until(both_pods_discovered, 20, "the router discovering both pods",
+                await until(both_pods_discovered, 20, "the router discovering both pods",
                                            retry_on=(aiohttp.ClientError,))
             except WaitTimeoutError as e:
                 raise AssertionError(f"{e}\n{(tmp_path / 'router.log').read_text()}") from e

@@ -77,8 +77,7 @@ class Client:
         async def reloaded() -> bool:
             return (await self.get_json(self.url + "/health"))["config_generation"] != before
 
-        # annotated: mypy infers until's result type from an async predicate only with a type context
-        _reloaded: bool = await until(reloaded, 10, "the router reloading its config")
+        await until(reloaded, 10, "the router reloading its config")
 
     async def decode_totals(self) -> dict[str, float]:
         out = {"computed": 0.0, "transfers_ok": 0.0, "recomputed": 0.0}
@@ -155,7 +154,7 @@ async def test_streaming_chat_relayed_and_phase_metrics(client, stack):
         await one()  # not scraped yet: another request, then look again
         return False
 
-    _observed: bool = await until(transfer_observed, 20, "a kv transfer phase observed")
+    await until(transfer_observed, 20, "a kv transfer phase observed")
     m = await client.text(client.url + "/metrics")
     for name in ("request_queue_wait", "prefill_compute", "kv_cache_pack", "kv_cache_transfer", "kv_cache_unpack",
                  "decode_queue_wait", "first_token_emit", "per_token_decode"):

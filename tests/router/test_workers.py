@@ -73,8 +73,7 @@ async def test_workers_share_the_port_sum_metrics_and_stop_on_sigterm(tmp_path, 
                 async with s.get(url + "/metrics") as r:
                     return metric_value(await r.text(), "disagg_workers", pool="decode") == 1
 
-            # annotated: mypy infers until's result type from an async predicate only with a type context
-            _scraped: bool = await until(decode_pool_scraped, 30, "every worker scraped its view of the pools")
+            await until(decode_pool_scraped, 30, "every worker scraped its view of the pools")
 
             async def one(prompt: str) -> bytes:
                 async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 200,

@@ -634,6 +634,19 @@ class ModePolicySpec(ApiModel):
     )
 
 
+# --------------------------------------------------------------------------------------------- router
+
+
+class RouterSpec(ApiModel):
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Router processes per router pod (`disagg router --workers N`: one port, SO_REUSEPORT, one "
+        "process per core). Omitted: the router container's CPU request rounded down, at least 1.",
+    )
+
+
 # ----------------------------------------------------------------------------------------------- spec
 
 
@@ -661,6 +674,9 @@ class DisaggregatedModelSpec(ApiModel):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec, description="SLO-driven scaling per pool.")
     mode_policy: ModePolicySpec = Field(
         default_factory=ModePolicySpec, description="When spec.mode Auto flips to Aggregated and back."
+    )
+    router: RouterSpec = Field(
+        default_factory=RouterSpec, description="The router Deployment (the OpenAI endpoint in front of the pools)."
     )
 
     @model_validator(mode="after")

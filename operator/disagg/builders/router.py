@@ -8,9 +8,10 @@ import yaml
 
 from ..api import contract as c
 from ..api.models import ActiveMode, DisaggregatedModel, Mode
+from ..api.spec import RouterSpec
 from .meta import model_name, namespace_of, object_meta, role_labels, selector_labels
 from .security import container_security_context, pod_security_context
-from .settings import BuildSettings
+from .settings import BuildSettings, cpu_cores
 from .workers import served_name, worker_roles
 
 ROUTER_CONFIG_DIR = "/etc/disagg"
@@ -69,27 +70,42 @@ def router_configmap(dm: DisaggregatedModel) -> dict[str, Any]:
     }
 
 
+MAX_ROUTER_WORKERS = 64  # spec.router.workers' bound
+
+
+def router_workers(spec_router: RouterSpec, cpu_request: str) -> int:
+    """`disagg router --workers N`: spec.router.workers, else the CPU request rounded down, in [1, 64]."""
+    if spec_router.workers is not None:
+        return spec_router.workers
+    return max(1, min(MAX_ROUTER_WORKERS, int(cpu_cores(cpu_request) + 1e-9)))
+
+
 def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[str, Any]:
     model = model_name(dm)
     name = c.router_name(model)
     labels = role_labels(model, "router")
-    probe = {"httpGet": {"path": "/health", "port": c.WORKER_PORT_NAME}, "periodSeconds": 5, "timeoutSeconds": 3,
-             "failureThreshold": 3}
+    # Ready (in the Service) only once the router knows a decode or aggregated worker (/ready), so a new router pod
+    # never takes traffic it can only answer with 503; alive while the process answers at all (/health).
+    liveness = {"httpGet": {"path": "/health", "port": c.WORKER_PORT_NAME}, "periodSeconds": 10, "timeoutSeconds": 3,
+                "failureThreshold": 6}
+    readiness = {"httpGet": {"path": "/ready", "port": c.WORKER_PORT_NAME}, "periodSeconds": 2, "timeoutSeconds": 3,
+                 "failureThreshold": 3}
     container = {
         "name": ROUTER_CONTAINER_NAME,
         "image": settings.router_image,
         "imagePullPolicy": settings.router_image_pull_policy,
         "command": ["disagg", "router", "--config", ROUTER_CONFIG_PATH, "--host", "0.0.0.0",
-                    "--port", str(c.ROUTER_PORT)],
+                    "--port", str(c.ROUTER_PORT),
+                    "--workers", str(router_workers(dm.spec.router, settings.router_cpu_request))],
         "ports": [{"name": c.WORKER_PORT_NAME, "containerPort": c.ROUTER_PORT, "protocol": "TCP"}],
         "env": [
             {"name": ENV_POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": ENV_MODEL_NAME, "value": model},
         ],
         "volumeMounts": [{"name": ROUTER_CONFIG_VOLUME, "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
-        "readinessProbe": probe,
-        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
-        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "readinessProbe": readiness,
+        "livenessProbe": liveness,
+        "resources": {"requests": {"cpu": settings.router_cpu_request, "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "securityContext": container_security_context(read_only_root_filesystem=True),
     }
     return {

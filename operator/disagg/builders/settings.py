@@ -11,6 +11,25 @@ DEFAULT_ROUTER_IMAGE = "ghcr.io/disagg/disagg:0.1.0"
 ENV_ROUTER_IMAGE = "DISAGG_ROUTER_IMAGE"
 ENV_ROUTER_IMAGE_PULL_POLICY = "DISAGG_ROUTER_IMAGE_PULL_POLICY"
 ENV_ROUTER_REPLICAS = "DISAGG_ROUTER_REPLICAS"
+ENV_ROUTER_CPU_REQUEST = "DISAGG_ROUTER_CPU_REQUEST"
+
+DEFAULT_ROUTER_CPU_REQUEST = "250m"
+
+
+def cpu_cores(quantity: str) -> float:
+    """A Kubernetes CPU quantity in cores: "250m" → 0.25, "2" → 2.0, "1.5" → 1.5, "2k" → 2000.0."""
+    q = quantity.strip()
+    suffixes = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9}
+    scale = 1.0
+    if q and q[-1] in suffixes:
+        q, scale = q[:-1], suffixes[q[-1]]
+    try:
+        value = float(q) * scale
+    except ValueError:
+        raise ValueError(f"not a CPU quantity: {quantity!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"not a CPU quantity: {quantity!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -23,6 +42,12 @@ class BuildSettings:
     router_image: str = DEFAULT_ROUTER_IMAGE
     router_image_pull_policy: str = "IfNotPresent"
     router_replicas: int = 1
+    # The router container's CPU request (a Kubernetes quantity). Without spec.router.workers it also sets the
+    # router processes per pod: this rounded down, at least 1.
+    router_cpu_request: str = DEFAULT_ROUTER_CPU_REQUEST
+
+    def __post_init__(self) -> None:
+        cpu_cores(self.router_cpu_request)  # a bad quantity fails at start-up, not at every reconcile
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BuildSettings:
@@ -31,4 +56,5 @@ class BuildSettings:
             router_image=env.get(ENV_ROUTER_IMAGE) or DEFAULT_ROUTER_IMAGE,
             router_image_pull_policy=env.get(ENV_ROUTER_IMAGE_PULL_POLICY) or "IfNotPresent",
             router_replicas=int(env.get(ENV_ROUTER_REPLICAS) or 1),
+            router_cpu_request=env.get(ENV_ROUTER_CPU_REQUEST) or DEFAULT_ROUTER_CPU_REQUEST,
         )
