@@ -49,13 +49,8 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoakReport]:
 
 def test_nothing_lost_before_the_first_token(soak: SoakReport) -> None:
     """Every request that failed before a token reached its client should have had a fallback or a retry."""
-    # PRODUCT BUG (reported, docs/benchmarks.md R2): the router Deployment's readinessProbe is /health, not /ready
-    # (builders/router.py), so the new router pod of a restart is Ready — and gets traffic — before its pod
-    # discovery knows a decode worker, and answers 503 "no ready worker for this model" for about a second. Those
-    # requests, and only those (503, that message, the new router, inside the restart), are left out here; every
-    # other failure before the first token fails the test.
-    failed = [(r.id, r.cls, r.status, r.error, r.path, r.router) for r in soak.failed_before_stream()
-              if not soak.known_bug_router_ready(r)]
+    # (a new router pod is Ready only once it knows a decode worker: its readinessProbe is /ready)
+    failed = [(r.id, r.cls, r.status, r.error, r.path, r.router) for r in soak.failed_before_stream()]
     assert failed == []
     assert soak.short_answers() == []  # no answer came back shorter than asked (every request sets ignore_eos)
     # the load was mixed, and the faults were exercised
@@ -97,11 +92,7 @@ def test_scaling_does_not_thrash(soak: SoakReport) -> None:
 
 
 def test_mode_history_has_only_the_flips_the_faults_explain(soak: SoakReport) -> None:
-    # PRODUCT BUG (reported, docs/benchmarks.md R2): killing the only prefill pod's container flips the model to
-    # Aggregated ("no ready prefill replica" is one readiness sample in autoscaling/mode.py, with no window) though
-    # the kubelet restarts it within seconds and the router already sends requests local meanwhile. explained_flips()
-    # names that flip (and its return) as the known bug, only with that reason and only right after the kill;
-    # any other flip is unexplained and fails the test.
+    # the prefill kill explains no flip: its pod is back within the mode window (autoscaling/mode.py)
     assert soak.unexplained_flips() == [], (soak.explained_flips(), [(f.name, f.start, f.end) for f in soak.faults])
     assert soak.timeline_modes == ["Disaggregated"] + [m for _, m in soak.flips()]
     stall = soak.fault("kv-stall")

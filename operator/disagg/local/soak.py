@@ -211,9 +211,9 @@ class SoakReport:
     def explained_flips(self) -> list[tuple[float, str, str, str | None]]:
         """Each mode change with what explains it (None: nothing). The KV stall explains one flip to Aggregated
         while KV pulls stalled (Event timestamps have 1 s resolution); a flip to Disaggregated is explained as the
-        return from an explained flip to Aggregated. :data:`KNOWN_BUG_PREFILL_FLIP` names the other flip the soak
-        sees today (a product bug, reported, not a fault's intended effect)."""
-        stall, kill = self.fault("kv-stall"), self.fault("kill-prefill")
+        return from an explained flip to Aggregated. Nothing else explains a flip: a prefill pod restarting within
+        the mode window is not a fault of disaggregation (autoscaling/mode.py)."""
+        stall = self.fault("kv-stall")
         healed = float(stall.detail["healed"])
         out: list[tuple[float, str, str, str | None]] = []
         stall_used = False
@@ -223,8 +223,6 @@ class SoakReport:
             if mode == "Aggregated":
                 if not stall_used and stall.start - 1 <= t <= healed + 1:
                     why, stall_used = "kv-stall", True
-                elif KNOWN_BUG_PREFILL_FLIP in msg and kill.start - 1 <= t <= kill.end + self.interval_s + 1:
-                    why = f"known bug: {KNOWN_BUG_PREFILL_FLIP!r} on kill-prefill"
             elif prev is not None and prev[1] == "Aggregated" and prev[3] is not None:
                 why = f"return after {prev[3]}"
             out.append((t, mode, msg, why))
@@ -232,13 +230,6 @@ class SoakReport:
 
     def unexplained_flips(self) -> list[tuple[float, str, str]]:
         return [(t, m, msg) for t, m, msg, why in self.explained_flips() if why is None]
-
-    def known_bug_router_ready(self, r: loadgen.Result) -> bool:
-        """The router restart's known bug: the new router pod is Ready (its probe is /health) before its pod
-        discovery knows a decode worker, and answers 503 ``no ready worker for this model`` meanwhile."""
-        restart = self.fault("router-restart")
-        return (r.status == 503 and KNOWN_BUG_ROUTER_READY in r.error and r.router != restart.detail["url"]
-                and restart.start <= r.sent_at <= restart.end)
 
     def short_answers(self) -> list[tuple[str, int, int]]:
         """Successful answers with fewer tokens than asked for (every request sets ignore_eos): (id, got, asked)."""
@@ -299,8 +290,6 @@ class SoakReport:
             "requests": len(res), "ok": len(ok), "streamed_requests": len(streamed),
             "non_streamed_requests": len(res) - len(streamed),
             "failed_before_first_token": len(self.failed_before_stream()),
-            "failed_before_first_token_known_bug_router_ready": sum(map(self.known_bug_router_ready,
-                                                                        self.failed_before_stream())),
             "short_answers": len(self.short_answers()),
             "mid_stream_losses": len(self.mid_stream_losses()),
             "mid_stream_losses_unexplained": len(self.unexplained_mid_stream()),
@@ -353,15 +342,6 @@ def _event_time(e: client.CoreV1Event) -> float:
     t: datetime | None = e.last_timestamp or e.event_time or e.first_timestamp or e.metadata.creation_timestamp
     return t.timestamp() if t else 0.0
 
-
-# Product bugs the soak found (reported; see docs/benchmarks.md R2). The report names what they explain rather
-# than letting them pass as a fault's intended effect:
-# - the mode controller flips to Aggregated on one sample of "no ready prefill replica" (autoscaling/mode.py
-#   unhealthy_reason: no window, no grace) when the only prefill pod's container is restarted;
-KNOWN_BUG_PREFILL_FLIP = "no ready prefill replica"
-# - the router Deployment's readinessProbe is /health (builders/router.py), not /ready: a new router pod is Ready
-#   before it knows a decode worker and answers 503 meanwhile.
-KNOWN_BUG_ROUTER_READY = "no ready worker for this model"
 
 _MODE = re.compile(r"\b(Aggregated|Disaggregated)\b")
 _SCALED = re.compile(r"^(\w+) (\d+) → (\d+)")
@@ -664,9 +644,7 @@ def table(f: dict[str, Any]) -> str:
     """The figures as the lines of docs/benchmarks.md R2."""
     lines = [f"requests {f['requests']} ({f['streamed_requests']} streamed, {f['non_streamed_requests']} not) in "
              f"{f['duration_s']} s; ok {f['ok']}",
-             f"failed before the first token: {f['failed_before_first_token']} (of which the known bug, a new "
-             f"router Ready before it knows a decode worker: {f['failed_before_first_token_known_bug_router_ready']})"
-             f"; short answers: {f['short_answers']}",
+             f"failed before the first token: {f['failed_before_first_token']}; short answers: {f['short_answers']}",
              f"mid-stream losses: {f['mid_stream_losses']} (unexplained: {f['mid_stream_losses_unexplained']}): "
              f"{f['mid_stream_loss_errors']}",
              f"connect retries: {f['connect_retries']} over {f['requests_retried']} requests",
