@@ -362,26 +362,9 @@ class Upstream:
                     raise relay.exc
                 break
         except (TimeoutError, aiohttp.ClientError, ConnectionResetError, RawDisconnectedError) as e:
-            client_side = isinstance(e, (TimeoutError, ConnectionResetError, aiohttp.ClientConnectionResetError))
-            ctx.outcome = "cancelled" if client_side else "upstream_error_mid_stream"
-            ctx.status = 200
-            ctx.output_tokens = acct.tokens
             resp.close()
-            with contextlib.suppress(Exception):
-                if not client_side and not acct.error:
-                    await out.write(MID_STREAM_ERROR)
-                await out.write_eof()
-            return out
-        ctx.output_tokens = acct.tokens
-        if (tpot := acct.tpot()) is not None:
-            ctx.timings["tpot"] = tpot
-        derive_phases(ctx, w, remote, ttfb=ctx.timings.get("decode_ttfb"))
-        ctx.outcome, ctx.status = ("ok" if acct.done and not acct.error else "upstream_error_mid_stream"), 200
-        with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
-            if not acct.done and not acct.error:  # the worker closed the stream without finishing it
-                await out.write(MID_STREAM_ERROR)
-            await out.write_eof()
-        return out
+            return await _broken_stream(ctx, acct, out, e)
+        return await _finished_stream(ctx, acct, out, w, remote)
 
     async def _stream(self, request: web.Request, ctx: Ctx, resp: aiohttp.ClientResponse, first: bytes,
                       t_first: float, w: Worker | None, remote: bool) -> web.StreamResponse:
@@ -414,23 +397,36 @@ class Upstream:
                     await write(chunk)
                     dl.writing = False
         except (TimeoutError, aiohttp.ClientError, ConnectionResetError) as e:
-            client_side = isinstance(e, (TimeoutError, ConnectionResetError, aiohttp.ClientConnectionResetError))
-            ctx.outcome = "cancelled" if client_side else "upstream_error_mid_stream"
-            ctx.status = 200
-            ctx.output_tokens = acct.tokens
             resp.close()
-            with contextlib.suppress(Exception):
-                if not client_side and not acct.error:
-                    await out.write(MID_STREAM_ERROR)
-                await out.write_eof()
-            return out
-        ctx.output_tokens = acct.tokens
-        if (tpot := acct.tpot()) is not None:
-            ctx.timings["tpot"] = tpot
-        derive_phases(ctx, w, remote, ttfb=ctx.timings.get("decode_ttfb"))
-        ctx.outcome, ctx.status = ("ok" if acct.done and not acct.error else "upstream_error_mid_stream"), 200
-        with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
-            if not acct.done and not acct.error:  # the worker closed the stream without finishing it
-                await out.write(MID_STREAM_ERROR)
-            await out.write_eof()
-        return out
+            return await _broken_stream(ctx, acct, out, e)
+        return await _finished_stream(ctx, acct, out, w, remote)
+
+
+async def _broken_stream(ctx: Ctx, acct: StreamAccount, out: web.StreamResponse,
+                         e: BaseException) -> web.StreamResponse:
+    """A relay that stopped early: the client went away (cancelled), or the worker did after tokens were relayed
+    (upstream_error_mid_stream; the client gets vLLM's in-stream error event unless the worker sent one)."""
+    client_side = isinstance(e, (TimeoutError, ConnectionResetError, aiohttp.ClientConnectionResetError))
+    ctx.outcome, ctx.status = ("cancelled" if client_side else "upstream_error_mid_stream"), 200
+    ctx.output_tokens = acct.tokens
+    with contextlib.suppress(Exception):
+        if not client_side and not acct.error:
+            await out.write(MID_STREAM_ERROR)
+        await out.write_eof()
+    return out
+
+
+async def _finished_stream(ctx: Ctx, acct: StreamAccount, out: web.StreamResponse, w: Worker | None,
+                           remote: bool) -> web.StreamResponse:
+    """The worker ended the stream: ok when it finished it ([DONE], no error event); else a mid-stream loss that
+    the client learns of from an error event."""
+    ctx.output_tokens = acct.tokens
+    if (tpot := acct.tpot()) is not None:
+        ctx.timings["tpot"] = tpot
+    derive_phases(ctx, w, remote, ttfb=ctx.timings.get("decode_ttfb"))
+    ctx.outcome, ctx.status = ("ok" if acct.done and not acct.error else "upstream_error_mid_stream"), 200
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+        if not acct.done and not acct.error:  # the worker closed the stream without finishing it
+            await out.write(MID_STREAM_ERROR)
+        await out.write_eof()
+    return out
