@@ -75,3 +75,41 @@ bench-sim: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# ---------------------------------------------------------------------------------------------------- images
+# The three images (images/README.md), tagged for your registry: `make images`, then
+# `make push-images REGISTRY=registry.example.com/ml`. Needs docker (BuildKit) or podman; CONTAINER_ENGINE picks one.
+# REGISTRY        where the images go (default ghcr.io/disagg, the chart's and the operator's defaults)
+# VERSION         tag of the disagg and disagg-sim images (default: the chart's appVersion)
+# VLLM_IMAGE_TAG  tag of the vLLM worker image (vLLM release + NIXL version)
+# PLATFORM        target platform (GPU nodes are usually linux/amd64; set it when building on an arm64 laptop)
+REGISTRY ?= ghcr.io/disagg
+VERSION ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' charts/disagg-operator/Chart.yaml)
+VLLM_IMAGE_TAG ?= v0.33.0-nixl1.5.2
+PLATFORM ?= linux/amd64
+CONTAINER_ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+IMAGE_DISAGG := $(REGISTRY)/disagg:$(VERSION)
+IMAGE_SIM := $(REGISTRY)/disagg-sim:$(VERSION)
+IMAGE_VLLM := $(REGISTRY)/vllm:$(VLLM_IMAGE_TAG)
+
+.PHONY: images push-images check-container-engine
+
+check-container-engine:
+	@if [ -z "$(CONTAINER_ENGINE)" ]; then \
+	  echo "error: neither docker nor podman is on PATH: install one (docker with BuildKit, or podman), or set CONTAINER_ENGINE=/path/to/it." >&2; \
+	  echo "       The build commands are in images/README.md; docs/install.md step 1 says what to push where." >&2; \
+	  exit 1; \
+	fi
+
+images: check-container-engine
+	DOCKER_BUILDKIT=1 $(CONTAINER_ENGINE) build --platform $(PLATFORM) -f images/operator/Dockerfile -t $(IMAGE_DISAGG) .
+	DOCKER_BUILDKIT=1 $(CONTAINER_ENGINE) build --platform $(PLATFORM) -f images/sim/Dockerfile -t $(IMAGE_SIM) .
+	DOCKER_BUILDKIT=1 $(CONTAINER_ENGINE) build --platform $(PLATFORM) -f images/vllm/Dockerfile -t $(IMAGE_VLLM) images/vllm
+	@echo "built: $(IMAGE_DISAGG) $(IMAGE_SIM) $(IMAGE_VLLM)"
+
+push-images: images
+	$(CONTAINER_ENGINE) push $(IMAGE_DISAGG)
+	$(CONTAINER_ENGINE) push $(IMAGE_SIM)
+	$(CONTAINER_ENGINE) push $(IMAGE_VLLM)
+	@echo "pushed: $(IMAGE_DISAGG) $(IMAGE_SIM) $(IMAGE_VLLM)"
+	@echo "chart values: --set image.repository=$(REGISTRY)/disagg --set image.tag=$(VERSION); models: spec.engine.image: $(IMAGE_VLLM)"

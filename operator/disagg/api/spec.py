@@ -445,7 +445,9 @@ class TenantPolicy(ApiModel):
     name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL, description="Tenant name (metrics label).")
     match: TenantMatch = Field(description="How requests are attributed to this tenant.")
     priority: Literal["Interactive", "Batch", "Background"] = Field(
-        default="Interactive", description="Scheduling class; Interactive requests are served first."
+        default="Interactive",
+        description="Scheduling class, recorded for a future router queue: the router does not yet order, "
+        "reserve capacity for or shed requests by it.",
     )
     disaggregation: Literal["Auto", "Never", "Always"] = Field(
         default="Auto",
