@@ -54,12 +54,18 @@ def test_cel_rules_come_from_the_table() -> None:
 def test_printer_columns() -> None:
     version = build_crd()["spec"]["versions"][0]
     names = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert names == ["Mode", "Prefill", "Decode", "TTFT-P95", "TPOT-P95", "Goodput", "Age"]
+    assert names == ["Mode", "Ready", "Prefill", "Decode", "TTFT-P95", "TPOT-P95", "Goodput", "Reason", "Spec-Mode",
+                     "Transport", "Prefill-Scaled", "Decode-Scaled", "Age"]
+    wide = [c["name"] for c in version["additionalPrinterColumns"] if c.get("priority", 0) > 0]
+    assert wide == ["Reason", "Spec-Mode", "Transport", "Prefill-Scaled", "Decode-Scaled"]
     assert version["subresources"] == {"status": {}}
-    status = crd_schema()["properties"]["status"]["properties"]
-    for col in version["additionalPrinterColumns"][:-1]:
-        node: dict[str, Any] = {"properties": status}
-        for part in col["jsonPath"].removeprefix(".status.").split("."):
+    root = crd_schema()
+    for col in version["additionalPrinterColumns"][:-1]:  # every path exists in the schema, with a printable type
+        path = col["jsonPath"].lstrip(".")
+        if path.startswith("status.conditions["):
+            continue  # a condition's status/reason (Condition's fields are strings)
+        node: dict[str, Any] = root
+        for part in path.split("."):
             node = node["properties"][part]
         assert node["type"] in ("string", "number", "integer"), col
 

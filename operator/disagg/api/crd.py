@@ -134,8 +134,11 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     return structural
 
 
+_READY = '.status.conditions[?(@.type=="Ready")]'
+# What an on-call engineer reads first; priority 1 columns show with `kubectl get dm -o wide`.
 PRINTER_COLUMNS = [
     {"name": "Mode", "type": "string", "jsonPath": ".status.activeMode", "description": "Active serving mode."},
+    {"name": "Ready", "type": "string", "jsonPath": f"{_READY}.status", "description": "The Ready condition."},
     {
         "name": "Prefill",
         "type": "string",
@@ -166,6 +169,16 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.observed.goodput",
         "description": "Share of requests meeting both SLOs.",
     },
+    {"name": "Reason", "type": "string", "priority": 1, "jsonPath": f"{_READY}.reason",
+     "description": "Why Ready is what it is."},
+    {"name": "Spec-Mode", "type": "string", "priority": 1, "jsonPath": ".spec.mode",
+     "description": "The requested mode (Mode is the one in force)."},
+    {"name": "Transport", "type": "string", "priority": 1, "jsonPath": ".spec.kvTransfer.transport",
+     "description": "KV-cache transport."},
+    {"name": "Prefill-Scaled", "type": "date", "priority": 1, "jsonPath": ".status.pools.prefill.lastScale.time",
+     "description": "When the prefill pool was last scaled."},
+    {"name": "Decode-Scaled", "type": "date", "priority": 1, "jsonPath": ".status.pools.decode.lastScale.time",
+     "description": "When the decode pool was last scaled."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
