@@ -167,6 +167,12 @@ class LocalRuntime:
         log.warning("container killed", pod=f"{namespace}/{name}", signal=sig.name)
         return pid
 
+    def process(self, namespace: str, name: str) -> subprocess.Popen[bytes] | None:
+        """The pod's current container process (None before it started); it stays valid after the pod is gone, so
+        a test can see when and how a terminated pod's process exited."""
+        with self._lock:
+            return self._find(namespace, name).proc
+
     def restarts(self, namespace: str, name: str) -> int:
         """How often the runtime restarted the pod's container."""
         with self._lock:
