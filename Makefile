@@ -14,6 +14,9 @@ help:
 	@echo "make setup  - .venv with disagg installed (editable) and pinned dependencies"
 	@echo "make control-plane - build kube-apiserver, kube-controller-manager and etcd (cached)"
 	@echo "make crds   - regenerate crds/ from the API models"
+	@echo "make test-vllm - vLLM's own parser checks the rendered worker args (its own .venv-vllm, ~7 GB)"
+	@echo "make bench  - every benchmark (results under results/ and docs/results/)"
+	@echo "make images / make push-images REGISTRY=... - build / push the operator, sim and vLLM worker images"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -3,7 +3,7 @@
 Every series is selected by the labels the scrape configuration attaches to a model's pods (the chart's
 PodMonitor/ServiceMonitor relabelings; the local demo's file_sd labels):
 
-    namespace="<ns>", disagg_model="<DisaggregatedModel name>", role="prefill|decode|aggregated|router"
+    namespace="<ns>", model="<DisaggregatedModel name>", role="prefill|decode|aggregated|router"
 
 docs/autoscaling.md lists each query with its meaning. Queries run through prometheus-api-client (sync, with
 retries), off the event loop.
