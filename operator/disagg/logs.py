@@ -26,6 +26,25 @@ def _dumps(obj: Any, default: Callable[[Any], Any] | None = None, **kw: Any) -> 
         return _json.dumps(obj, default=default, **kw)
 
 
+class LineLogger(structlog.PrintLogger):
+    """structlog's PrintLogger, but each line goes out in ONE write (message and newline together). ``print`` writes
+    them separately, so with an unbuffered stream (PYTHONUNBUFFERED, as our images set) processes that share it —
+    the workers of ``disagg router --workers N`` — interleave their lines into invalid JSON."""
+
+    def msg(self, message: str) -> None:
+        with self._lock:
+            self._file.write(message + "\n")
+            self._file.flush()
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+class LineLoggerFactory(structlog.PrintLoggerFactory):
+    def __call__(self, *_args: Any) -> LineLogger:  # structlog passes the logger's name; one stream serves all
+        return LineLogger(self._file)
+
+
 def configure(level: str = "INFO", json: bool = True) -> None:
     """One JSON object per line on stderr; stdlib logging (kopf, aiohttp) routed through the same renderer."""
     renderer = (structlog.processors.JSONRenderer(serializer=_dumps) if json
@@ -38,7 +57,7 @@ def configure(level: str = "INFO", json: bool = True) -> None:
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=LineLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)

@@ -153,7 +153,7 @@ def router_service(dm: DisaggregatedModel) -> dict[str, Any]:
 
 
 def router_rbac(dm: DisaggregatedModel) -> list[dict[str, Any]]:
-    """ServiceAccount + Role + RoleBinding: read pods, EndpointSlices and ConfigMaps in this namespace only."""
+    """ServiceAccount + Role + RoleBinding: read pods and EndpointSlices in this namespace, and its own ConfigMap."""
     model = model_name(dm)
     name = c.router_name(model)
     labels = role_labels(model, "router")
@@ -170,7 +170,10 @@ def router_rbac(dm: DisaggregatedModel) -> list[dict[str, Any]]:
             "metadata": object_meta(dm, name, labels),
             "rules": [
                 {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": read},
-                {"apiGroups": [""], "resources": ["pods", "configmaps"], "verbs": read},
+                {"apiGroups": [""], "resources": ["pods"], "verbs": read},
+                # Only its own ConfigMap (watched through the API for immediate reloads; list/watch with
+                # fieldSelector metadata.name=<name> is authorised by resourceNames).
+                {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [name], "verbs": read},
             ],
         },
         {

@@ -1,4 +1,5 @@
-"""Wiring: config watcher + workers (static flags or pod discovery) + Router + aiohttp server, until SIGTERM."""
+"""Wiring: config watcher (and its ConfigMap watch in cluster mode), workers (static flags or pod discovery),
+Router and aiohttp server, until SIGTERM."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class RouterApp:
 
     def _start_discovery(self) -> None:
         from ..kube import api_client
+        from .configwatch import ConfigMapWatch
         from .discovery import PodDiscovery, model_name_from_config
 
         d = self.discovery_args or {}
@@ -66,8 +68,12 @@ class RouterApp:
             raise SystemExit("disagg router: cluster mode needs --model-name or `pools` services in the config")
         ports = {role: getattr(cfg.pools, role).port if getattr(cfg.pools, role) else 8000
                  for role in ("prefill", "decode", "aggregated")}
-        disc = PodDiscovery(self.router.workers, d["namespace"], model, ports, asyncio.get_running_loop(),
-                            api_client(d.get("kubeconfig")))
+        kube = api_client(d.get("kubeconfig"))
+        loop = asyncio.get_running_loop()
+        # The router's own ConfigMap through the API: a new router.yaml applies in well under a second, not when
+        # the kubelet refreshes the mounted file (up to about a minute); the file poll is the fallback.
+        ConfigMapWatch(self.router.watcher, d["namespace"], model, loop, kube).start()
+        disc = PodDiscovery(self.router.workers, d["namespace"], model, ports, loop, kube)
         disc.start()
         log.info("discovery_started", namespace=d["namespace"], model=model)
 

@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--host", default="127.0.0.1", help="listen address (0.0.0.0 in a pod)")
     p.add_argument("--port", type=int, default=ROUTER_PORT, help="listen port")
     p.add_argument("--config", help="RouterConfig YAML (the operator's ConfigMap key router.yaml); "
-                   "reloaded on change")
+                   "reloaded on change (cluster mode: its ConfigMap is also watched through the API)")
     p.add_argument("--prefill", nargs="+", default=[], metavar="URL", help="prefill worker base URLs")
     p.add_argument("--decode", nargs="+", default=[], metavar="URL", help="decode worker base URLs")
     p.add_argument("--aggregated", nargs="+", default=[], metavar="URL",

@@ -4,6 +4,11 @@ The file is what the operator writes into the router's ConfigMap (key ``router.y
 mounted ConfigMap (the kubelet swaps a symlink, so the router polls the file's content, not only its mtime).
 A bad file keeps the last good config (and counts a failed reload). Requests read the config once, at
 decision time: a reload never affects a request in flight.
+
+In cluster mode the router also watches its ConfigMap through the API (configwatch.py) and hands each new
+``router.yaml`` to :meth:`ConfigWatcher.apply_text`, the same validation path. While that watch is live
+(``api_active``) the file is only tracked, not applied: the kubelet refreshes the mount up to about a minute
+late, and a stale file must not undo a newer config. When the watch is down the file poll applies changes again.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ class ConfigWatcher:
         self.interval = interval
         self.on_reload = on_reload
         self._stamp: tuple[int, int] | None = None
-        self._digest: str | None = None
+        self._digest: str | None = None  # the file's content, as last read
+        self._applied: str | None = None  # the content behind self.config (or the last rejected one), any source
+        self.api_active = False  # the ConfigMap watch is live: it, not the file, is the source
         self.config = initial or RouterConfig()
         self.generation = 0
         if self.path is not None:
@@ -54,6 +61,7 @@ class ConfigWatcher:
         st = self.path.stat()
         self._stamp = (st.st_mtime_ns, st.st_size)
         self._digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        self._applied = self._digest
 
     def check(self) -> bool:
         """Reload if the file changed; True when a new config took effect."""
@@ -72,19 +80,31 @@ class ConfigWatcher:
         self._stamp = stamp
         if digest == self._digest:
             return False
+        self._digest = digest
+        if self.api_active:
+            return False  # the API watch is the source; the mount lags behind it
+        return self._apply(data, digest, str(self.path))
+
+    def apply_text(self, text: str, source: str = "api") -> bool:
+        """Apply a ``router.yaml`` from another source (the ConfigMap watch); True when a new config took effect.
+        The same content twice is applied once; a bad one keeps the last good config and counts a failed reload."""
+        data = text.encode()
+        return self._apply(data, hashlib.sha256(data).hexdigest(), source)
+
+    def _apply(self, data: bytes, digest: str, source: str) -> bool:
+        if digest == self._applied:
+            return False
+        self._applied = digest
         try:
             cfg = parse_config(data.decode())
         except Exception as e:  # noqa: BLE001 - keep the last good config on any error
-            self._digest = digest
-            log.error("config_reload_failed", path=str(self.path), error=str(e))
+            log.error("config_reload_failed", source=source, error=str(e))
             if self.on_reload:
                 self.on_reload(False)
             return False
-        self._digest = digest
         self.config = cfg
         self.generation += 1
-        log.info("config_reloaded", path=str(self.path), generation=self.generation,
-                 mode=cfg.effective_mode().value)
+        log.info("config_reloaded", source=source, generation=self.generation, mode=cfg.effective_mode().value)
         if self.on_reload:
             self.on_reload(True)
         return True
