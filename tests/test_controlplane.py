@@ -60,4 +60,7 @@ def test_kubectl_get_shows_printer_columns(kubectl: Kubectl, namespace: str) -> 
     kubectl("apply", "--server-side", "-n", namespace, "-f", str(EXAMPLES[0]), check=True)
     r = kubectl("get", "dm", "-n", namespace)
     header = r.stdout.splitlines()[0].split()
-    assert header == ["NAME", "MODE", "PREFILL", "DECODE", "TTFT-P95", "TPOT-P95", "GOODPUT", "AGE"]
+    assert header == ["NAME", "MODE", "READY", "PREFILL", "DECODE", "TTFT-P95", "TPOT-P95", "GOODPUT", "AGE"]
+    wide = kubectl("get", "dm", "-n", namespace, "-o", "wide").stdout.splitlines()[0].split()
+    assert wide == ["NAME", "MODE", "READY", "PREFILL", "DECODE", "TTFT-P95", "TPOT-P95", "GOODPUT", "REASON",
+                    "SPEC-MODE", "TRANSPORT", "PREFILL-SCALED", "DECODE-SCALED", "AGE"]
