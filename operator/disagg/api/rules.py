@@ -173,10 +173,13 @@ RULES: tuple[Rule, ...] = (
     rule(
         "pool-gpu-count-multiple",
         on=PoolSpec,
-        cel="!has(self.gpu.count) || self.gpu.count % (self.parallelism.tensor * self.parallelism.pipeline) == 0",
+        # a zero size breaks the schema's minimum (reported there); the rule then holds rather than divide by zero
+        cel="!has(self.gpu.count) || self.parallelism.tensor * self.parallelism.pipeline == 0 "
+            "|| self.gpu.count % (self.parallelism.tensor * self.parallelism.pipeline) == 0",
         message="gpu.count must be a multiple of parallelism.tensor × parallelism.pipeline",
         field_path=".gpu.count",
-        holds=lambda p: p.gpu.count is None or p.gpu.count % (p.parallelism.tensor * p.parallelism.pipeline) == 0,
+        holds=lambda p: p.gpu.count is None or p.parallelism.tensor * p.parallelism.pipeline == 0
+        or p.gpu.count % (p.parallelism.tensor * p.parallelism.pipeline) == 0,
     ),
     rule(
         "rolling-update-max-surge-format",
