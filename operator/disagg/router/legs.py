@@ -334,13 +334,7 @@ class Upstream:
         """Phase B on the lean client: every later chunk is accounted and written to the client socket inside
         the upstream connection's data callback (SinkRelay); this coroutine only waits for the end, and for the
         client when its socket buffer is full (then the upstream is paused, under --client-write-timeout)."""
-        acct = StreamAccount(chat=ctx.endpoint.endswith("chat/completions"))
-        acct.feed(first, t_first)
-        out = web.StreamResponse(status=200, headers={
-            "Content-Type": resp.headers.get("content-type", "text/event-stream"),
-            "Cache-Control": "no-cache", **decision_headers(ctx)})
-        if acct.first_at is not None:
-            ctx.timings["ttft"] = acct.first_at - ctx.t0
+        acct, out = _open_stream(ctx, first, t_first, resp.headers.get("content-type", "text/event-stream"))
         try:
             await out.prepare(request)
             async with asyncio.timeout(self.client_write_timeout):
@@ -369,13 +363,7 @@ class Upstream:
     async def _stream(self, request: web.Request, ctx: Ctx, resp: aiohttp.ClientResponse, first: bytes,
                       t_first: float, w: Worker | None, remote: bool) -> web.StreamResponse:
         """Phase B: committed to the client; relay chunks as they come, count tokens, watch for errors."""
-        acct = StreamAccount(chat=ctx.endpoint.endswith("chat/completions"))
-        acct.feed(first, t_first)
-        out = web.StreamResponse(status=200, headers={
-            "Content-Type": resp.headers.get("Content-Type", "text/event-stream"),
-            "Cache-Control": "no-cache", **decision_headers(ctx)})
-        if acct.first_at is not None:
-            ctx.timings["ttft"] = acct.first_at - ctx.t0
+        acct, out = _open_stream(ctx, first, t_first, resp.headers.get("Content-Type", "text/event-stream"))
         content = resp.content
         feed = acct.feed
         write = out.write
@@ -430,3 +418,15 @@ async def _finished_stream(ctx: Ctx, acct: StreamAccount, out: web.StreamRespons
             await out.write(MID_STREAM_ERROR)
         await out.write_eof()
     return out
+
+
+def _open_stream(ctx: Ctx, first: bytes, t_first: float, content_type: str) -> tuple[StreamAccount, web.StreamResponse]:
+    """Phase B's start, for both relays: account the first chunk (TTFT when it carries a token) and the client's
+    response with the decision headers."""
+    acct = StreamAccount(chat=ctx.endpoint.endswith("chat/completions"))
+    acct.feed(first, t_first)
+    out = web.StreamResponse(status=200, headers={
+        "Content-Type": content_type, "Cache-Control": "no-cache", **decision_headers(ctx)})
+    if acct.first_at is not None:
+        ctx.timings["ttft"] = acct.first_at - ctx.t0
+    return acct, out
