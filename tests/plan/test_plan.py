@@ -202,9 +202,10 @@ def test_impossible_slo_is_an_answer_with_the_closest_candidates() -> None:
     assert all(not c.feasible for c in r.ranked)
     text = render(r)
     assert "No feasible plan within 16 GPUs" in text and "closest candidates:" in text
-    # the closest candidate is listed first: the one whose TPOT needs the SLO relaxed least (TP8 decode)
+    # the closest candidate is listed first: the one whose TPOT needs the SLO relaxed least (a wide-TP decode; with
+    # ring all-reduce costs TP4 and TP8 come within a few percent of each other for an 8B model)
     best = r.ranked[0]
-    assert best.label() in text and best.decode.tp == 8
+    assert best.label() in text and best.decode.tp >= 4
     assert best.tpot_p95_ms == min(c.tpot_p95_ms for c in r.ranked if not math.isnan(c.tpot_p95_ms))
     assert f"TPOT target of {math.ceil(best.tpot_p95_ms)} ms" in text
 

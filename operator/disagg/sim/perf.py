@@ -9,9 +9,12 @@ up to the chunk for a prefill) on top of ``context`` tokens already in its KV ca
     step = max(compute, memory) + communication + overhead
     compute = (2·active_params·T + 2·lm_head·S + attention FLOPs) / (tp · peak · compute_eff)
     memory  = (weights read + KV read + KV written) per GPU / (HBM bandwidth · memory_eff)
+    communication = 2·layers·ring_allreduce(T·hidden·2 B over tp)  [+ MoE all-to-all with ep > 1]
+    overhead = CPU step cost + per-layer kernel gaps + per-sequence CPU cost
 
 T = tokens in the step, S = sequences that sample a token. Pipeline parallelism splits memory but not a
 step's latency (stages run one after another for one batch; micro-batch overlap is not modelled).
+Per request, ``eff.request_overhead_s`` (HTTP, tokenisation, detokenisation) adds to TTFT outside the steps.
 """
 
 from __future__ import annotations
@@ -26,13 +29,20 @@ from .presets import GiB, GPUPreset, ModelPreset, TransportPreset
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Achievable fractions of the datasheet peaks, and fixed costs (argued in docs/simulator.md)."""
+    """Achievable fractions of the datasheet peaks, and fixed costs (argued in docs/simulator.md §5).
+
+    ``step_overhead_s`` is the one constant fitted to measurements (the ``fit`` points of
+    ``disagg bench sim``); the others are set from microbenchmarks (docs/results/h200-microbench.json) or
+    stated assumptions, and checked against the ``held-out`` points.
+    """
 
     compute: float = 0.60  # model FLOPs utilisation of large prefill GEMMs + attention kernels
     memory: float = 0.80  # achieved / peak HBM bandwidth when streaming weights and KV
     link: float = 0.80  # achieved / peak NVLink (or PCIe) bandwidth in all-reduce
-    step_overhead_s: float = 0.6e-3  # scheduler + input prep + kernel launch per step (CUDA graphs)
-    per_seq_overhead_s: float = 4e-6  # per scheduled sequence (sampling, detokenisation bookkeeping)
+    step_overhead_s: float = 0.50e-3  # CPU per step: scheduler, input prep, CUDA-graph launch (FITTED)
+    per_layer_overhead_s: float = 10e-6  # GPU per layer per step: kernel tails/gaps inside the graph
+    per_seq_overhead_s: float = 10e-6  # CPU per scheduled sequence per step (inputs, sampling, detokenise)
+    request_overhead_s: float = 3e-3  # per request, on the TTFT path: HTTP, tokenise, first chunk out
     runtime_reserve_bytes: float = 1.5 * GiB  # CUDA context, NCCL buffers, CUDA graphs
 
 
@@ -72,16 +82,28 @@ class PerfModel:
         tp: int = 1,
         pp: int = 1,
         *,
+        ep: int = 1,
+        dp: int = 1,
         weight_bytes: float = 2.0,
         kv_bytes: float = 2.0,
         fp8_compute: bool = False,
         eff: Efficiency | None = None,
     ) -> None:
-        if tp < 1 or pp < 1:
-            raise ValueError("tensor and pipeline parallel sizes must be >= 1")
+        """``ep`` (expert parallel) shards MoE experts over ``ep`` GPUs instead of splitting each expert over
+        ``tp`` (vLLM ``--enable-expert-parallel``: ep = tp × dp); ``dp`` (data parallel) is the number of
+        engine replicas whose batches meet in the MoE layers, so each step's experts see ``dp`` × its tokens.
+        Dense models ignore both. The step prices one DP rank's batch."""
+        for name, v in (("tensor", tp), ("pipeline", pp), ("expert", ep), ("data", dp)):
+            if v < 1:
+                raise ValueError(f"{name} parallel size must be >= 1, got {v}")
         if model.layers % pp:
             raise ValueError(f"{model.name} has {model.layers} layers, not divisible by pipeline size {pp}")
+        if ep > 1 and model.is_moe and model.num_experts % ep:
+            raise ValueError(f"{model.name} has {model.num_experts} experts, "
+                             f"not divisible by expert-parallel size {ep}")
         self.gpu, self.model, self.tp, self.pp = gpu, model, tp, pp
+        self.ep = ep if model.is_moe else 1
+        self.dp = dp
         self.weight_bytes, self.kv_bytes = weight_bytes, kv_bytes
         self.eff = eff or Efficiency()
         self.peak_flops = gpu.fp8_flops if fp8_compute else gpu.bf16_flops
@@ -106,7 +128,11 @@ class PerfModel:
     # ------------------------------------------------------------------------------- memory / capacity
     @property
     def weight_bytes_per_gpu(self) -> float:
-        return self.model.total_params * self.weight_bytes / (self.tp * self.pp)
+        m = self.model
+        if self.ep > 1:  # experts sharded whole over ep GPUs; attention, router, embeddings over tp
+            experts = m.layers * m.num_experts * m.expert_params
+            return ((m.total_params - experts) / self.tp + experts / self.ep) * self.weight_bytes / self.pp
+        return m.total_params * self.weight_bytes / (self.tp * self.pp)
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -139,19 +165,38 @@ class PerfModel:
         return max(0, int(free // (self.kv_bytes_per_token_per_gpu * block_size)))
 
     # ------------------------------------------------------------------------------------- step time
-    def _weights_read(self, tokens: int, sampled: int) -> float:
-        """Bytes of weights streamed from HBM in one step, summed over the TP group (divide by tp)."""
+    def _weights_read_per_gpu(self, tokens: int, sampled: int) -> float:
+        """Bytes of weights one GPU streams from HBM in one step (all its pipeline stages summed)."""
         m = self.model
-        if m.is_moe:
-            # Each token routes to k of E experts; distinct experts touched by T tokens (uniform routing).
-            e, k = m.num_experts, m.experts_per_token
-            touched = e * (1.0 - (1.0 - k / e) ** max(tokens, 0)) if tokens else 0.0
-            mlp = touched * m.expert_params + m.router_params_per_layer
-        else:
-            mlp = m.mlp_params_per_layer
-        body = m.layers * (m.attn_params_per_layer + mlp)
-        head = m.lm_head_params if sampled else 0
-        return (body + head) * self.weight_bytes
+        head = (m.lm_head_params if sampled else 0) / self.tp
+        if not m.is_moe:
+            return (m.layers * (m.attn_params_per_layer + m.mlp_params_per_layer) / self.tp + head) * self.weight_bytes
+        # Each token routes to k of E experts; distinct experts touched by the T·dp tokens that meet in the
+        # MoE layer (uniform routing). With ep > 1 a GPU reads only the touched experts it holds (1/ep of them).
+        e, k = m.num_experts, m.experts_per_token
+        routed = max(tokens, 0) * self.dp
+        touched = e * (1.0 - (1.0 - k / e) ** routed) if routed else 0.0
+        experts = touched * m.expert_params / (self.ep if self.ep > 1 else self.tp)
+        dense = (m.attn_params_per_layer + m.router_params_per_layer) / self.tp
+        return (m.layers * (dense + experts) + head) * self.weight_bytes
+
+    def allreduce_time(self, nbytes: float) -> float:
+        """Ring all-reduce of ``nbytes`` over the TP group: the preset's per-call latency, then 2(tp−1) ring steps
+        (reduce-scatter + all-gather), each paying one hop's latency and moving nbytes/tp over one link
+        (NVLink/xGMI/PCIe bandwidth × ``eff.link``)."""
+        if self.tp == 1:
+            return 0.0
+        steps = 2 * (self.tp - 1)
+        g = self.gpu
+        return g.link_latency_s + steps * g.link_hop_s + steps / self.tp * nbytes / (g.link_bw * self.eff.link)
+
+    def alltoall_time(self, nbytes: float) -> float:
+        """MoE dispatch or combine over the EP group: the per-call latency, one hop per peer, and each GPU
+        sending (ep−1)/ep of its ``nbytes`` over its link."""
+        if self.ep == 1:
+            return 0.0
+        g, peers = self.gpu, self.ep - 1
+        return g.link_latency_s + peers * g.link_hop_s + peers / self.ep * nbytes / (g.link_bw * self.eff.link)
 
     def step(self, seqs: Iterable[SeqWork]) -> StepCost:
         m = self.model
@@ -171,18 +216,22 @@ class PerfModel:
         kv_tok = self.kv_bytes_per_token_per_gpu * self.pp  # summed over the sequential stages
         kv_read = sum(s.context + s.new_tokens for s in seqs) * kv_tok
         kv_write = tokens * kv_tok
-        bytes_per_gpu = self._weights_read(tokens, sampled) / self.tp + kv_read + kv_write
+        bytes_per_gpu = self._weights_read_per_gpu(tokens, sampled) + kv_read + kv_write
         memory_s = bytes_per_gpu / (self.gpu.hbm_bw * self.eff.memory)
 
         comm_s = 0.0
         link = self.gpu.link_bw * self.eff.link
-        act = tokens * m.hidden * 2.0  # bf16 activations
+        act = tokens * m.hidden * 2.0  # bf16 activations of the step
         if self.tp > 1:
-            per_allreduce = self.gpu.link_latency_s + 2.0 * (self.tp - 1) / self.tp * act / link
-            comm_s += 2 * m.layers * per_allreduce  # after attention and after the MLP, every layer
+            # row-parallel o_proj and down_proj each end in an all-reduce: 2 per layer (vLLM's Llama/Qwen)
+            comm_s += 2 * m.layers * self.allreduce_time(act)
+        if self.ep > 1:
+            # each MoE layer dispatches every token's hidden state to its k experts and combines the results
+            comm_s += m.layers * 2 * self.alltoall_time(act * m.experts_per_token)
         if self.pp > 1:
             comm_s += (self.pp - 1) * (self.gpu.link_latency_s + act / link)
-        overhead_s = self.eff.step_overhead_s + self.eff.per_seq_overhead_s * len(seqs)
+        e = self.eff
+        overhead_s = e.step_overhead_s + e.per_layer_overhead_s * m.layers + e.per_seq_overhead_s * len(seqs)
         return StepCost(compute_s, memory_s, comm_s, overhead_s, flops, bytes_per_gpu, tokens)
 
     # ------------------------------------------------------------------------------- convenience
@@ -196,6 +245,15 @@ class PerfModel:
             total += self.step([SeqWork(n, ctx, samples=todo == 0)]).total_s
             ctx += n
         return total
+
+    @property
+    def request_overhead_s(self) -> float:
+        """Per-request time on the TTFT path outside engine steps (HTTP, tokenisation, first chunk out)."""
+        return self.eff.request_overhead_s
+
+    def ttft_alone(self, prompt_tokens: int, chunk: int | None = None, cached: int = 0) -> float:
+        """TTFT of one request on an idle engine: request overhead + its prefill steps."""
+        return self.request_overhead_s + self.prefill_time(prompt_tokens, chunk, cached)
 
     def decode_step_time(self, batch: int, context: int) -> float:
         return self.step([SeqWork(1, context)] * batch).total_s

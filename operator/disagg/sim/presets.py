@@ -25,8 +25,9 @@ class GPUPreset:
     hbm_bw: float  # bytes/s
     memory_bytes: float  # device memory, bytes
     link_bw: float  # GPU-to-GPU bandwidth per direction (NVLink / xGMI / PCIe), bytes/s
-    link_latency_s: float  # per collective call (small-message all-reduce latency)
+    link_latency_s: float  # per collective call: launch + synchronisation of a small all-reduce (assumption)
     aliases: tuple[str, ...] = ()
+    link_hop_s: float = 1.5e-6  # per ring step (one GPU-to-GPU hop) on NVLink/xGMI; PCIe presets set more
 
 
 # Datasheet figures; see docs/simulator.md "GPU presets".
@@ -44,7 +45,7 @@ GPUS: dict[str, GPUPreset] = {
         GPUPreset("A100-40GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 1.555e12, 40 * GB, 300 * GB, 10e-6,
                   ("a100-sxm4-40gb", "nvidia-a100-sxm4-40gb")),
         GPUPreset("L40S", 362.05 * TFLOPS, 733.0 * TFLOPS, 0.864e12, 48 * GB, 32 * GB, 20e-6,
-                  ("nvidia-l40s",)),
+                  ("nvidia-l40s",), link_hop_s=5e-6),
         GPUPreset("B200", 2250.0 * TFLOPS, 4500.0 * TFLOPS, 8.0e12, 180 * GB, 900 * GB, 8e-6,
                   ("nvidia-b200", "b200-180gb")),
         GPUPreset("MI300X", 1307.4 * TFLOPS, 2614.9 * TFLOPS, 5.3e12, 192 * GB, 448 * GB, 10e-6,
