@@ -111,6 +111,54 @@ NIXL_PUSH_CONNECTOR = Fact("NixlPushConnector", (0, 24, 0), None,
                            "vllm/distributed/kv_transfer/kv_connector/factory.py (0.23.0, 0.24.0, 0.33.0)")
 CONNECTORS = (NIXL_CONNECTOR, NIXL_PUSH_CONNECTOR)
 
+# ------------------------------------------------------------------------------------- multi-node replicas
+
+# The flags a replica spanning several nodes needs (issue 19). Read in the 0.33.0 and 0.11.2 wheels only (not every
+# release between): every flag below is in both, with the same meaning, so each Fact starts at (0, 0, 0).
+#
+# Data parallel across nodes (the wide-EP layout), vllm/engine/arg_utils.py EngineArgs.add_cli_args (0.33.0 lines
+# 1241-1276; 0.11.2 lines 784-806): `--data-parallel-size/-dp` (total DP ranks), `--data-parallel-size-local/-dpl`
+# (ranks on this node), `--data-parallel-start-rank/-dpr` ("Starting data parallel rank for secondary nodes"),
+# `--data-parallel-address/-dpa` ("Address of data parallel cluster head-node"), `--data-parallel-rpc-port/-dpp`
+# ("Fixed port for data parallel RPC communication. All nodes must use the same port"; default 29550,
+# vllm/config/parallel.py line 161). Secondary nodes run `--headless` (vllm/entrypoints/common/cli_args.py line 445;
+# 0.11.2: vllm/entrypoints/openai/cli_args.py line 258): no API server (vllm/entrypoints/cli/serve.py lines 69-77),
+# only their local engines, which hand-shake with the head node at --data-parallel-address:--data-parallel-rpc-port
+# (serve.py run_headless, lines 181-265). The head node, given --data-parallel-size-local and no start rank, is
+# internal load balancing: its API server spreads requests over all DP ranks, local and remote
+# (arg_utils.py lines 2486-2511: hybrid LB is inferred only for a non-headless node with a start rank).
+DATA_PARALLEL_MULTI_NODE = Fact(
+    "--data-parallel-size-local, --data-parallel-start-rank, --data-parallel-address, --data-parallel-rpc-port, "
+    "--headless", (0, 0, 0), None, "vllm/engine/arg_utils.py, vllm/entrypoints/cli/serve.py (0.11.2, 0.33.0)")
+# One tensor × pipeline parallel engine across nodes (a dense model too big for a node): `--nnodes/-n`,
+# `--node-rank/-r`, `--master-addr`, `--master-port` (arg_utils.py 0.33.0 lines 1175-1178, 0.11.2 lines 757-760;
+# defaults 127.0.0.1:29501, vllm/config/parallel.py lines 317-326), with the multiprocessing executor (arg_utils.py
+# lines 2390-2397, config/parallel.py lines 1064-1065). Node rank > 0 runs `--headless`: serve.py line 218 starts
+# only "headless workers (for multi-node PP/TP)" joining the torch.distributed group at master-addr:master-port.
+# --nnodes must divide the world size data × pipeline × tensor (arg_utils.py lines 2399-2413).
+MULTI_NODE_TP_PP = Fact("--nnodes, --node-rank, --master-addr, --master-port", (0, 0, 0), None,
+                        "vllm/engine/arg_utils.py, vllm/config/parallel.py (0.11.2, 0.33.0)")
+# `--enable-expert-parallel/-ep` (arg_utils.py 0.33.0 line 1305, 0.11.2 line 825): the MoE layers use expert
+# parallelism over tensor × data (× prefill-context) GPUs instead of tensor parallelism, and only when that
+# product is > 1: vllm/model_executor/layers/fused_moe/config.py FusedMoEParallelConfig.make (0.33.0 lines
+# 1198-1201 `use_ep = dp_size_ * pcp_size_ * tp_size_ > 1 and …enable_expert_parallel`, line 1230
+# `ep_size = tp_size` after flattening TP across DP).
+EXPERT_PARALLEL = Fact("--enable-expert-parallel", (0, 0, 0), None,
+                       "vllm/engine/arg_utils.py, vllm/model_executor/layers/fused_moe/config.py (0.11.2, 0.33.0)")
+# The NIXL side channel of each DP rank listens on VLLM_NIXL_SIDE_CHANNEL_PORT + its global DP rank, on
+# VLLM_NIXL_SIDE_CHANNEL_HOST, and a prefill response's kv_transfer_params carry that host and port
+# (remote_host/remote_port): vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py (0.33.0 lines
+# 77-80, `+ vllm_config.parallel_config.data_parallel_index`; data_parallel_index = data_parallel_rank,
+# config/parallel.py line 1048), nixl/pull_scheduler.py lines 284-285; 0.11.2 nixl_connector.py lines 352-355
+# (`+ …data_parallel_rank`). So node k of a group, whose ranks start at k × dataParallelSizeLocal, listens on
+# sideChannelPort + k × local … + (k + 1) × local - 1, on its own pod IP.
+NIXL_PORT_PER_DP_RANK = Fact("NIXL side channel port = VLLM_NIXL_SIDE_CHANNEL_PORT + DP rank", (0, 0, 0), None,
+                             "vllm/distributed/kv_transfer/kv_connector/v1/nixl (0.11.2, 0.33.0)")
+MULTI_NODE = (DATA_PARALLEL_MULTI_NODE, MULTI_NODE_TP_PP, EXPERT_PARALLEL, NIXL_PORT_PER_DP_RANK)
+# vLLM's defaults for the two rendezvous ports (vllm/config/parallel.py 0.33.0 lines 161 and 320).
+DEFAULT_DATA_PARALLEL_RPC_PORT = 29550
+DEFAULT_MASTER_PORT = 29501
+
 # -------------------------------------------------------------------------------------------- metrics
 
 # Metric families that changed between 0.11.2 and 0.33.0 and that the router, the autoscaler, the dashboards or
@@ -190,6 +238,11 @@ class VllmProfile:
     @property
     def connectors(self) -> frozenset[str]:
         return frozenset(f.what for f in CONNECTORS if f.holds(self.version))
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether the release has every flag a multi-node replica is rendered with (MULTI_NODE)."""
+        return all(f.holds(self.version) for f in MULTI_NODE)
 
     def has_metric(self, name: str) -> bool:
         """False only for the families the table knows to be absent from this release."""

@@ -250,3 +250,15 @@ ALL_RULES_BROKEN_AT: list[tuple[str, str]] = [
     ("ratio-min-le-max", "spec.autoscaling.prefillDecodeRatio"),
     ("mode-probes-reachable", "spec.modePolicy"),
 ]
+
+# issue 19: the multi-node rules (their cases live with their admission tests)
+from tests.api.test_multinode_admission import (  # noqa: E402 - after the tables they extend
+    MULTINODE_BROKEN,
+    MULTINODE_BROKEN_AT,
+    MULTINODE_RULE_CASES,
+)
+
+RULE_CASES.update(MULTINODE_RULE_CASES)
+ALL_RULES_BROKEN["aggregated"] = MULTINODE_BROKEN["aggregated"]
+ALL_RULES_BROKEN["prefill"]["parallelism"] = MULTINODE_BROKEN["prefill"]["parallelism"]
+ALL_RULES_BROKEN_AT += MULTINODE_BROKEN_AT

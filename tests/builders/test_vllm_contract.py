@@ -27,7 +27,9 @@ the CUDA torch wheel from PyPI imports on a machine without a GPU)::
 
 For every example and every transport, each pool's rendered arguments are parsed by `vllm serve`'s parser and
 turned into EngineArgs; TP/PP/DP sizes, kv_role, connector, kv_load_failure_policy and the drain timeout must be
-the operator's. The version table's flag and key facts are checked against the installed release's parser.
+the operator's. The version table's flag and key facts are checked against the installed release's parser. Every rank
+of a multi-node replica (docs/multinode.md: leader and headless workers, data-parallel and tensor/pipeline layouts)
+is parsed too, and `vllm serve`'s own check of the parsed line (validate_parsed_serve_args) runs on it.
 """
 
 from __future__ import annotations
@@ -217,3 +219,63 @@ def test_table_kv_transfer_fields_match_vllm(vllm: Vllm) -> None:
 
     fields = {f.name for f in dataclasses.fields(KVTransferConfig)}
     assert profile(_version(vllm)).kv_transfer_fields == fields
+
+
+# ------------------------------------------------------------------------- multi-node replicas (issue 19)
+
+MULTINODE_FLAGS = ("--data-parallel-size-local", "--data-parallel-start-rank", "--data-parallel-address",
+                   "--data-parallel-rpc-port", "--headless", "--nnodes", "--node-rank", "--master-addr",
+                   "--master-port", "--enable-expert-parallel")
+
+
+def test_table_multi_node_flags_match_the_parser(vllm: Vllm) -> None:
+    options = vllm.option_strings()
+    assert profile(_version(vllm)).multi_node is all(f in options for f in MULTINODE_FLAGS), (
+        [f for f in MULTINODE_FLAGS if f not in options])
+
+
+def _validate_serve_args(ns: argparse.Namespace) -> None:
+    """`vllm serve`'s own check of a parsed command line (ServeSubcommand.validate)."""
+    try:
+        from vllm.entrypoints.common.cli_args import validate_parsed_serve_args
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+    validate_parsed_serve_args(ns)
+
+
+@pytest.mark.parametrize("example", ["deepseek-wide-ep", "llama-405b-multinode"])
+def test_every_rank_of_a_multi_node_replica_means_the_same_to_vllm(vllm: Vllm, example: str) -> None:
+    from disagg.builders.multinode import group_name, layout, leader_address, multinode_roles, rank_args
+
+    dm = _model(example, "rdma", vllm.version.split("+")[0])
+    roles = multinode_roles(dm)
+    assert roles == ["prefill", "decode"]
+    for role in roles:
+        pool = getattr(dm.spec, role)
+        lay = layout(pool)
+        address = leader_address(dm, group_name(dm, role, 0))
+        for rank in range(lay.nodes):
+            args = rank_args(dm, role, rank, address)
+            ns = vllm.parse(args)
+            _validate_serve_args(ns)
+            ea = vllm.engine(args)
+            where = f"{example} {role} rank {rank}"
+            assert ns.headless is (rank > 0), where
+            assert (ea.tensor_parallel_size, ea.pipeline_parallel_size, ea.data_parallel_size) == (
+                lay.tensor, lay.pipeline, lay.data), where
+            assert ea.enable_expert_parallel is lay.expert, where
+            # never an external or hybrid load-balancing mode: the leader's API server balances over every rank
+            assert ns.data_parallel_rank is None and not ns.data_parallel_external_lb, where
+            assert not ns.data_parallel_hybrid_lb, where
+            if lay.data_parallel:
+                assert ea.data_parallel_size_local == lay.data_local, where
+                assert ea.data_parallel_address == address and ea.data_parallel_rpc_port == 29550, where
+                # the leader has no start rank (vLLM would infer hybrid LB from one, serve.py); node k starts at k × L
+                assert ea.data_parallel_start_rank == (lay.start_rank(rank) if rank else None), where
+                assert ea.nnodes == 1, where
+            else:
+                assert (ea.nnodes, ea.node_rank, ea.master_addr, ea.master_port) == (
+                    lay.nodes, rank, address, 29501), where
+                assert ea.data_parallel_size_local is None and ea.data_parallel_address is None, where
+            kv = ea.kv_transfer_config
+            assert kv.kv_role == KV_ROLES[role], where  # every rank's engines move KV, not only the leader's

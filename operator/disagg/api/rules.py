@@ -31,6 +31,7 @@ from .spec import (
     ModelCacheSpec,
     ModelSourceSpec,
     ModePolicySpec,
+    ParallelismSpec,
     PoolSpec,
     PromptBucket,
     RatioBounds,
@@ -151,6 +152,14 @@ def _zero_cel(field: str) -> str:
     return f"(type(self.{field}) == int ? self.{field} == 0 : self.{field}.matches('{ZERO_PERCENT}'))"
 
 
+_LAYOUT_CEL = "(self.parallelism.tensor * self.parallelism.pipeline * self.parallelism.data)"
+
+
+def _layout(p: PoolSpec) -> int:
+    """GPUs of one replica: tensor × pipeline × data."""
+    return p.parallelism.tensor * p.parallelism.pipeline * p.parallelism.data
+
+
 # ------------------------------------------------------------------------------------------------- table
 
 RULES: tuple[Rule, ...] = (
@@ -174,12 +183,72 @@ RULES: tuple[Rule, ...] = (
         "pool-gpu-count-multiple",
         on=PoolSpec,
         # a zero size breaks the schema's minimum (reported there); the rule then holds rather than divide by zero
-        cel="!has(self.gpu.count) || self.parallelism.tensor * self.parallelism.pipeline == 0 "
+        # one pod per replica; across nodes (nodesPerReplica > 1) tensor × pipeline may span pods, and the
+        # multi-node rules below say what gpu.count must be
+        cel="!has(self.gpu.count) || self.nodesPerReplica > 1 "
+            "|| self.parallelism.tensor * self.parallelism.pipeline == 0 "
             "|| self.gpu.count % (self.parallelism.tensor * self.parallelism.pipeline) == 0",
         message="gpu.count must be a multiple of parallelism.tensor × parallelism.pipeline",
         field_path=".gpu.count",
-        holds=lambda p: p.gpu.count is None or p.parallelism.tensor * p.parallelism.pipeline == 0
+        holds=lambda p: p.gpu.count is None or p.nodes_per_replica > 1
+        or p.parallelism.tensor * p.parallelism.pipeline == 0
         or p.gpu.count % (p.parallelism.tensor * p.parallelism.pipeline) == 0,
+    ),
+    # --------------------------------------------------------------- multi-node replicas (docs/multinode.md)
+    rule(
+        "pool-multinode-layout-divides",
+        on=PoolSpec,
+        # vLLM: --nnodes must divide data × pipeline × tensor (vllm/engine/arg_utils.py 0.33.0 lines 2399-2413);
+        # every node of a group gets the same share of GPUs
+        cel=f"self.nodesPerReplica <= 1 || {_LAYOUT_CEL} % self.nodesPerReplica == 0",
+        message="parallelism.tensor × parallelism.pipeline × parallelism.data must be a multiple of "
+        "nodesPerReplica: every node of a replica runs the same number of GPUs",
+        field_path=".nodesPerReplica",
+        holds=lambda p: p.nodes_per_replica <= 1 or _layout(p) % p.nodes_per_replica == 0,
+    ),
+    rule(
+        "pool-multinode-gpu-count",
+        on=PoolSpec,
+        cel=f"!has(self.gpu.count) || self.nodesPerReplica <= 1 "
+            f"|| self.gpu.count * self.nodesPerReplica == {_LAYOUT_CEL}",
+        message="with nodesPerReplica > 1, gpu.count (per pod) × nodesPerReplica must equal parallelism.tensor × "
+        "parallelism.pipeline × parallelism.data: each GPU of the replica runs one rank",
+        field_path=".gpu.count",
+        holds=lambda p: p.gpu.count is None or p.nodes_per_replica <= 1
+        or p.gpu.count * p.nodes_per_replica == _layout(p),
+    ),
+    rule(
+        "pool-multinode-data-divides",
+        on=PoolSpec,
+        cel="self.nodesPerReplica <= 1 || self.parallelism.data == 1 "
+            "|| self.parallelism.data % self.nodesPerReplica == 0",
+        message="with nodesPerReplica > 1, parallelism.data must be 1 (tensor × pipeline spans the nodes) or a "
+        "multiple of nodesPerReplica (each node runs data ÷ nodesPerReplica data-parallel ranks of tensor × pipeline "
+        "GPUs; a data-parallel rank is not split across nodes)",
+        field_path=".parallelism.data",
+        holds=lambda p: p.nodes_per_replica <= 1 or p.parallelism.data == 1
+        or p.parallelism.data % p.nodes_per_replica == 0,
+    ),
+    rule(
+        "pool-data-parallel-size-local",
+        on=PoolSpec,
+        cel="!has(self.parallelism.dataParallelSizeLocal) "
+            "|| self.parallelism.dataParallelSizeLocal * self.nodesPerReplica == self.parallelism.data",
+        message="parallelism.dataParallelSizeLocal must equal parallelism.data ÷ nodesPerReplica (the data-parallel "
+        "ranks on each node); omit it to take that",
+        field_path=".parallelism.dataParallelSizeLocal",
+        holds=lambda p: p.parallelism.data_parallel_size_local is None
+        or p.parallelism.data_parallel_size_local * p.nodes_per_replica == p.parallelism.data,
+    ),
+    rule(
+        "parallelism-expert-needs-ranks",
+        on=ParallelismSpec,
+        # vllm/model_executor/layers/fused_moe/config.py (0.33.0 lines 1198-1201): EP only when tp × dp > 1
+        cel="!self.expert || self.tensor * self.data > 1",
+        message="expert (--enable-expert-parallel) spreads a MoE model's experts over tensor × data GPUs: it needs "
+        "tensor × data > 1 (vLLM ignores it otherwise)",
+        field_path=".expert",
+        holds=lambda p: not p.expert or p.tensor * p.data > 1,
     ),
     rule(
         "rolling-update-max-surge-format",

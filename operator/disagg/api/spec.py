@@ -191,8 +191,9 @@ class GPUSpec(ApiModel):
         default=None,
         ge=1,
         le=64,
-        description="GPUs per worker pod. Defaults to tensor × pipeline × data parallel size; "
-        "must be a multiple of tensor × pipeline.",
+        description="GPUs per worker pod. Defaults to tensor × pipeline × data parallel size (÷ nodesPerReplica); "
+        "must be a multiple of tensor × pipeline (with nodesPerReplica > 1: × nodesPerReplica equal to "
+        "tensor × pipeline × data).",
     )
     product: str | None = Field(
         default=None,
@@ -210,7 +211,26 @@ class GPUSpec(ApiModel):
 class ParallelismSpec(ApiModel):
     tensor: int = Field(default=1, ge=1, le=64, description="Tensor parallel size (--tensor-parallel-size).")
     pipeline: int = Field(default=1, ge=1, le=64, description="Pipeline parallel size (--pipeline-parallel-size).")
-    data: int = Field(default=1, ge=1, le=64, description="Data parallel size inside one pod (--data-parallel-size).")
+    data: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Data parallel size of one replica (--data-parallel-size): inside one pod, or, with "
+        "nodesPerReplica > 1, the total over the replica's nodes (each node runs data ÷ nodesPerReplica ranks).",
+    )
+    data_parallel_size_local: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Data-parallel ranks per node (--data-parallel-size-local). Defaults to data ÷ "
+        "nodesPerReplica; when set it must equal that.",
+    )
+    expert: bool = Field(
+        default=False,
+        description="Expert parallelism for MoE models (--enable-expert-parallel): the experts are spread over "
+        "tensor × data GPUs (EP size = tensor × data) instead of being sharded by tensor parallelism. Needs "
+        "tensor × data > 1.",
+    )
 
 
 class RollingUpdateSpec(ApiModel):
@@ -245,6 +265,15 @@ class PoolSpec(ApiModel):
     gpu: GPUSpec = Field(default_factory=GPUSpec, description="GPUs per worker pod and where to find them.")
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec, description="Parallelism of each worker; may differ between pools."
+    )
+    nodes_per_replica: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Nodes (pods) one replica spans. Above 1 a replica is a group: a leader pod that serves HTTP "
+        "and headless worker pods, started together, restarted together, scaled and disrupted as one unit; gpu.count "
+        "is then per pod and gpu.count × nodesPerReplica must equal tensor × pipeline × data "
+        "(docs/multinode.md).",
     )
     max_num_seqs: int | None = Field(
         default=None, ge=1, le=65536, description="Concurrent sequences per worker (--max-num-seqs)."
@@ -649,6 +678,64 @@ class RouterSpec(ApiModel):
     )
 
 
+# ------------------------------------------------------------------------------------------ observability
+
+
+class TracingSpec(ApiModel):
+    """OpenTelemetry traces: the router's span per request with its prefill and decode legs, and vLLM's own
+    request spans joined to them through W3C traceparent (docs/observability.md)."""
+
+    endpoint: str = Field(
+        min_length=1,
+        max_length=2048,
+        pattern=r"^https?://[^/\s]+/\S+$",
+        description="OTLP/HTTP (protobuf) traces URL, with its path, e.g. http://jaeger-collector.observability:4318/"
+        "v1/traces or http://tempo.observability:4318/v1/traces. Rendered into the workers' --otlp-traces-endpoint "
+        "(with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf) and the router's --otlp-traces-endpoint.",
+    )
+    sampling_ratio: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Share of requests traced, 0 to 1. The router samples each new trace and the workers follow "
+        "its decision (parent-based); requests sent to a worker directly are sampled at the same ratio.",
+    )
+
+
+class ObservabilitySpec(ApiModel):
+    tracing: TracingSpec | None = Field(
+        default=None, description="OpenTelemetry traces through the router and both pools; off when omitted."
+    )
+
+
+# ------------------------------------------------------------------------------------------ multi-node
+
+
+class MultiNodeSpec(ApiModel):
+    """How pools whose replicas span several nodes (nodesPerReplica > 1) are run (docs/multinode.md)."""
+
+    backend: Literal["LeaderWorkerSet", "StatefulSet", "Auto"] = Field(
+        default="Auto",
+        description="LeaderWorkerSet: one leaderworkerset.x-k8s.io/v1 LeaderWorkerSet per pool (needs its CRD and "
+        "controller). StatefulSet: StatefulSets owned by the operator, one per pod of each group (any cluster). "
+        "Auto: LeaderWorkerSet when its CRD is installed, else StatefulSet.",
+    )
+    data_parallel_rpc_port: int = Field(
+        default=29550,
+        ge=1024,
+        le=65535,
+        description="Port of the leader that a group's data-parallel engines hand-shake on "
+        "(--data-parallel-rpc-port; vLLM's default).",
+    )
+    master_port: int = Field(
+        default=29501,
+        ge=1024,
+        le=65535,
+        description="torch.distributed port of the leader when tensor × pipeline parallelism spans the nodes "
+        "(--master-port; vLLM's default).",
+    )
+
+
 # ----------------------------------------------------------------------------------------------- spec
 
 
@@ -679,6 +766,13 @@ class DisaggregatedModelSpec(ApiModel):
     )
     router: RouterSpec = Field(
         default_factory=RouterSpec, description="The router Deployment (the OpenAI endpoint in front of the pools)."
+    )
+    multi_node: MultiNodeSpec = Field(
+        default_factory=MultiNodeSpec,
+        description="How replicas that span several nodes (a pool's nodesPerReplica > 1) are run.",
+    )
+    observability: ObservabilitySpec = Field(
+        default_factory=ObservabilitySpec, description="Traces (and, later, other signals) of the data path."
     )
 
     @model_validator(mode="after")

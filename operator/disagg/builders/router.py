@@ -12,6 +12,7 @@ from ..api.spec import RouterSpec
 from .meta import model_name, namespace_of, object_meta, role_labels, selector_labels
 from .security import container_security_context, pod_security_context
 from .settings import BuildSettings, cpu_cores
+from .tracing import router_tracing_args
 from .workers import served_name, worker_roles
 
 ROUTER_CONFIG_DIR = "/etc/disagg"
@@ -96,7 +97,8 @@ def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[s
         "imagePullPolicy": settings.router_image_pull_policy,
         "command": ["disagg", "router", "--config", ROUTER_CONFIG_PATH, "--host", "0.0.0.0",
                     "--port", str(c.ROUTER_PORT),
-                    "--workers", str(router_workers(dm.spec.router, settings.router_cpu_request))],
+                    "--workers", str(router_workers(dm.spec.router, settings.router_cpu_request)),
+                    *router_tracing_args(dm.spec)],
         "ports": [{"name": c.WORKER_PORT_NAME, "containerPort": c.ROUTER_PORT, "protocol": "TCP"}],
         "env": [
             {"name": ENV_POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},

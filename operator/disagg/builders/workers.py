@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import posixpath
+from collections.abc import Sequence
 from typing import Any
 
 from ..api import contract as c
@@ -24,6 +25,7 @@ from .meta import (
 )
 from .replicas import desired_replicas
 from .security import NON_ROOT_UID, Level, container_security_context, level_for, pod_security_context, runs_as_root
+from .tracing import worker_tracing_args, worker_tracing_env
 from .transport import KV_ROLES, UCX_TLS, transport_parts
 from .vllm import kv_transfer_config_arg, shutdown_timeout_args
 
@@ -205,7 +207,9 @@ def compat_hash(spec: DisaggregatedModelSpec, role: Role) -> str:
     return short_hash(compat_factors(spec, role))
 
 
-def worker_args(dm: DisaggregatedModel, role: Role) -> list[str]:
+def worker_args(dm: DisaggregatedModel, role: Role, rank_args: Sequence[str] = ()) -> list[str]:
+    """``vllm serve``'s arguments for a pool's workers; ``rank_args``: the flags of one rank of a multi-node replica
+    (builders/multinode.py ``rank_flags``), placed after the operator's flags and before the user's extraArgs."""
     spec = dm.spec
     pool: PoolSpec = getattr(spec, role)
     check_extra_args("spec.engine.extraArgs", spec.engine.extra_args)
@@ -221,6 +225,8 @@ def worker_args(dm: DisaggregatedModel, role: Role) -> list[str]:
         args += ["--pipeline-parallel-size", str(p.pipeline)]
     if p.data > 1:
         args += ["--data-parallel-size", str(p.data)]
+    if p.expert:
+        args += ["--enable-expert-parallel"]
     if spec.model.max_model_len:
         args += ["--max-model-len", str(spec.model.max_model_len)]
     if pool.max_num_seqs:
@@ -230,6 +236,8 @@ def worker_args(dm: DisaggregatedModel, role: Role) -> list[str]:
     if role in KV_ROLES:
         args += ["--kv-transfer-config", kv_transfer_config_arg(spec, role)]
     args += shutdown_timeout_args(spec)  # drain on SIGTERM, where the release has the flag
+    args += worker_tracing_args(spec)  # spec.observability.tracing
+    args += list(rank_args)
     return args + list(spec.engine.extra_args) + list(pool.extra_args)
 
 
@@ -325,6 +333,7 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
     cache = spec.model.cache
     if cache is not None:
         env.append({"name": "HF_HOME", "value": HF_CACHE_DIR})
+    env += worker_tracing_env(spec, name)
     env = merge_env(env, spec.engine.env)
 
     resources = copy.deepcopy(pool.resources)

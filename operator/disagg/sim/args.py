@@ -147,6 +147,7 @@ def _add_vllm_flags(v: argparse._ArgumentGroup) -> None:
     v.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     v.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
     v.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    _add_multinode_flags(v)
     v.add_argument("--max-model-len", type=human_readable_int, default=None)
     v.add_argument("--max-num-seqs", type=int, default=None)
     v.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None)
@@ -166,6 +167,22 @@ def _add_vllm_flags(v: argparse._ArgumentGroup) -> None:
     v.add_argument("--enable-log-requests", action="store_true")
     v.add_argument("--disable-log-requests", action="store_true")
     v.add_argument("--uvicorn-log-level", default="info")
+
+
+def _add_multinode_flags(v: argparse._ArgumentGroup) -> None:
+    """The flags of a replica spanning several nodes, as vLLM 0.33.0 names them (vllm/engine/arg_utils.py lines
+    1175-1178 and 1241-1307; vllm/entrypoints/common/cli_args.py line 445; the version table's MULTI_NODE).
+    disagg.sim.group reads them: the leader serves, ``--headless`` workers join it (docs/simulator.md)."""
+    v.add_argument("--data-parallel-size-local", "-dpl", type=int, default=None)
+    v.add_argument("--data-parallel-start-rank", "-dpr", type=int, default=None)
+    v.add_argument("--data-parallel-address", "-dpa", default=None)
+    v.add_argument("--data-parallel-rpc-port", "-dpp", type=int, default=None)
+    v.add_argument("--headless", action="store_true")
+    v.add_argument("--nnodes", "-n", type=int, default=1)
+    v.add_argument("--node-rank", "-r", type=int, default=0)
+    v.add_argument("--master-addr", default=None)
+    v.add_argument("--master-port", type=int, default=None)
+    v.add_argument("--enable-expert-parallel", "-ep", action="store_true")
 
 
 def build_parser() -> argparse.ArgumentParser:

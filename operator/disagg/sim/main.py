@@ -8,6 +8,7 @@ import sys
 
 from .. import logs
 from .config import SimConfig, parse
+from .group import serve_in_group
 
 log = logs.get("disagg.sim")
 
@@ -89,7 +90,7 @@ def run(argv: list[str]) -> int:
     except ImportError:  # pragma: no cover
         pass
     try:
-        return asyncio.run(serve(cfg))
+        return asyncio.run(serve_in_group(argv, cfg, serve))  # one node, or a multi-node group's leader/worker
     except KeyboardInterrupt:  # pragma: no cover
         return 0
 

@@ -1,0 +1,677 @@
+"""Multi-node pools: a replica that spans several nodes is a *group* of pods (a leader and headless workers).
+
+Pure functions, like the rest of ``builders``: ``DisaggregatedModel`` → manifests and pod facts → decisions; no I/O.
+docs/multinode.md explains the design; the facts about vLLM's flags are in :mod:`disagg.vllm_versions` (``MULTI_NODE``,
+each cited to the vLLM source).
+
+A pool with ``nodesPerReplica`` N > 1 runs each replica as N pods, node ranks 0 … N-1; rank 0 is the leader:
+
+- **data-parallel layout** (``parallelism.data`` D > 1, the wide-EP layout): every node runs L = D ÷ N data-parallel
+  ranks of tensor × pipeline GPUs. All nodes get ``--data-parallel-size D --data-parallel-size-local L
+  --data-parallel-address <leader> --data-parallel-rpc-port P``; node k > 0 adds ``--headless
+  --data-parallel-start-rank k × L``. The leader gets no start rank: it is then vLLM's internal load balancing,
+  its API server spreading requests over all D ranks (hybrid LB would serve only its own).
+- **tensor/pipeline layout** (D = 1): one engine of tensor × pipeline GPUs across the nodes: ``--nnodes N
+  --node-rank k --master-addr <leader> --master-port P``, node k > 0 ``--headless``.
+
+Only the leader serves HTTP, so only the leader is routable: it alone carries the ``serving.disagg.dev/role`` label
+the router's discovery selects on (router/discovery.py) and that the pool Service (``workers.worker_service``)
+selects. Every pod of a group carries ``serving.disagg.dev/pool`` (the PodDisruptionBudget's selector), the group's
+name and its node rank.
+
+Two back ends (``spec.multiNode.backend``, :func:`resolve_backend`):
+
+- **StatefulSet** (any cluster): per group, a headless Service that publishes not-ready addresses (the workers must
+  resolve the leader while the group forms, before anything is Ready) and one StatefulSet of one pod per node rank,
+  each with its rank's literal arguments. Group names carry a generation (a hash of what the pods run), so a group
+  never mixes generations: a change makes new groups, and the operator removes the old ones as a whole.
+- **LeaderWorkerSet** (``leaderworkerset.x-k8s.io/v1``, when its CRD is installed): one LeaderWorkerSet per pool,
+  ``size`` N, ``restartPolicy: RecreateGroupOnPodRestart``, ``startupPolicy: LeaderReady``, rolling updates by group.
+  Its templates are shared by all groups, so the leader address comes from ``$(LWS_LEADER_ADDRESS)`` and a worker's
+  rank from ``LWS_WORKER_INDEX`` (a ``sh -c`` computes the start rank in the data-parallel layout).
+
+Group decisions the controller applies (pure, from pod objects): :func:`group_states` (a group is ready only when
+all its pods are) and :func:`groups_to_restart` (a failed member restarts the whole group).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from ..api import contract as c
+from ..api.contract import Role
+from ..api.flags import option_name
+from ..api.models import DisaggregatedModel, PoolSpec
+from ..api.spec import DisaggregatedModelSpec
+from .meta import BuildError, model_name, namespace_of, object_meta, role_labels, short_hash
+from .replicas import desired_replicas
+from .transport import KV_ROLES
+from .workers import worker_args, worker_deployment
+
+Backend = Literal["LeaderWorkerSet", "StatefulSet"]
+
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_VERSION = "v1"
+LWS_API_VERSION = f"{LWS_GROUP}/{LWS_VERSION}"
+LWS_KIND = "LeaderWorkerSet"
+LWS_PLURAL = "leaderworkersets"
+LWS_CRD = f"{LWS_PLURAL}.{LWS_GROUP}"
+"""The CustomResourceDefinition whose presence makes ``backend: Auto`` pick LeaderWorkerSet."""
+# Set by the LeaderWorkerSet controller in every pod of a group (kubernetes-sigs/lws, pkg/utils/pod/pod_utils.go
+# and api/leaderworkerset/v1/leaderworkerset_types.go): the leader's
+# address `<leader pod>.<lws>.<namespace>`, the pod's index in its group, 0 for the leader; and the group's key
+# label, equal in every pod of one group.
+LWS_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+LWS_WORKER_INDEX = "LWS_WORKER_INDEX"
+LWS_GROUP_KEY_LABEL = "leaderworkerset.sigs.k8s.io/group-key"
+
+LABEL_POOL = "serving.disagg.dev/pool"
+"""On every pod of a multi-node pool (leader and workers): the pool's role. The PodDisruptionBudget selects it."""
+LABEL_GROUP = "serving.disagg.dev/group"
+"""The group (replica) a pod belongs to (StatefulSet back end)."""
+LABEL_GROUP_ROLE = "serving.disagg.dev/group-role"
+"""leader | worker."""
+LABEL_NODE_RANK = "serving.disagg.dev/node-rank"
+LABEL_GENERATION = "serving.disagg.dev/group-generation"
+"""Hash of what a group's pods run: groups of one generation only (StatefulSet back end)."""
+LEADER, WORKER = "leader", "worker"
+
+RPC_PORT_NAME = "dp-rpc"
+MASTER_PORT_NAME = "dist-master"
+# The longest StatefulSet name: its pods get the label controller-revision-hash=<name>-<hash of up to 10
+# characters>, which must fit a label value (63).
+MAX_STATEFULSET_NAME = 52
+
+
+# The flags of a rank that the operator renders for a multi-node pool (vllm_versions.MULTI_NODE), with where it takes
+# them from, and their short aliases (vllm/engine/arg_utils.py 0.33.0 lines 1177-1178, 1244-1306). Refused in the
+# extraArgs of such a pool by the operator (``extra_args_errors``), in every spelling vLLM reads: not by the CRD's CEL
+# rule over extraArgs (api/flags.py), whose pattern with these flags exceeds the apiserver's CEL cost budget.
+RANK_FLAGS: dict[str, str] = {
+    "--data-parallel-start-rank": "spec.<pool>.nodesPerReplica (each node's first data-parallel rank)",
+    "--data-parallel-address": "spec.<pool>.nodesPerReplica (the address of the replica's leader)",
+    "--data-parallel-rpc-port": "spec.multiNode.dataParallelRpcPort",
+    "--nnodes": "spec.<pool>.nodesPerReplica",
+    "--node-rank": "spec.<pool>.nodesPerReplica (each pod's rank in its replica)",
+    "--master-addr": "spec.<pool>.nodesPerReplica (the address of the replica's leader)",
+    "--master-port": "spec.multiNode.masterPort",
+    "--enable-expert-parallel": "spec.<pool>.parallelism.expert",
+    "--data-parallel-rank": "the replica's leader balances its ranks (vLLM's internal load balancing)",
+    "--data-parallel-hybrid-lb": "the replica's leader balances its ranks (vLLM's internal load balancing)",
+    "--data-parallel-external-lb": "the replica's leader balances its ranks (vLLM's internal load balancing)",
+}
+RANK_SHORT_FLAGS: dict[str, str] = {
+    "-dpr": "--data-parallel-start-rank", "-dpa": "--data-parallel-address", "-dpp": "--data-parallel-rpc-port",
+    "-n": "--nnodes", "-r": "--node-rank", "-ep": "--enable-expert-parallel", "-dpn": "--data-parallel-rank",
+    "-dph": "--data-parallel-hybrid-lb", "-dpe": "--data-parallel-external-lb",
+}
+
+
+def _rank_flag(name: str) -> str | None:
+    """The rank flag vLLM reads option ``name`` as: itself, a short alias, or an abbreviation (argparse's
+    allow_abbrev) of one; None otherwise."""
+    if name in RANK_FLAGS:
+        return name
+    if name in RANK_SHORT_FLAGS:
+        return RANK_SHORT_FLAGS[name]
+    if name.startswith("--") and len(name) > 2:
+        longs = sorted(f for f in RANK_FLAGS if f.startswith(name))
+        return longs[0] if longs else None
+    return None
+
+
+def extra_args_errors(dm: DisaggregatedModel, role: Role) -> list[str]:
+    """Every extraArgs item (spec.engine and spec.<role>) that sets a flag the operator renders for the ranks of a
+    multi-node pool."""
+    out: list[str] = []
+    pool: PoolSpec = getattr(dm.spec, role)
+    for field_name, args in (("spec.engine.extraArgs", dm.spec.engine.extra_args),
+                             (f"spec.{role}.extraArgs", pool.extra_args)):
+        for i, arg in enumerate(args):
+            option = option_name(arg)
+            flag = _rank_flag(option[1]) if option else None
+            if option and flag:
+                source = RANK_FLAGS[flag].replace("<pool>", role)
+                owner = (f"is set by the operator from {source}" if source.startswith("spec.")
+                         else f"is owned by the operator: {source}")
+                reads = f" (vLLM reads it as {flag})" if option[1] != flag else ""
+                out.append(f"{field_name}[{i}]: {option[0]}{reads} {owner} in a pool whose replicas span "
+                           f"spec.{role}.nodesPerReplica {pool.nodes_per_replica} nodes; remove it")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one replica of a pool spreads over its nodes."""
+
+    nodes: int
+    tensor: int
+    pipeline: int
+    data: int
+    expert: bool
+
+    @property
+    def data_local(self) -> int:
+        """Data-parallel ranks per node (--data-parallel-size-local)."""
+        return self.data // self.nodes if self.data > 1 else 1
+
+    @property
+    def data_parallel(self) -> bool:
+        """True: the nodes run data-parallel ranks (wide EP); False: one tensor × pipeline engine spans them."""
+        return self.data > 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the whole replica."""
+        return self.tensor * self.pipeline * self.data
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus // self.nodes
+
+    @property
+    def expert_parallel_size(self) -> int:
+        """EP size of the MoE layers with --enable-expert-parallel: tensor × data (1 without it)."""
+        return self.tensor * self.data if self.expert else 1
+
+    def start_rank(self, node_rank: int) -> int:
+        """The first data-parallel rank on node ``node_rank`` (0 in the tensor/pipeline layout)."""
+        return node_rank * self.data_local if self.data_parallel else 0
+
+    def dp_ranks(self, node_rank: int) -> list[int]:
+        """The global data-parallel ranks node ``node_rank`` runs."""
+        start = self.start_rank(node_rank)
+        return list(range(start, start + self.data_local))
+
+    def side_channel_ports(self, base: int, node_rank: int) -> list[int]:
+        """The NIXL side-channel ports node ``node_rank`` listens on: base + each of its DP ranks
+        (vllm_versions.NIXL_PORT_PER_DP_RANK)."""
+        return [base + r for r in self.dp_ranks(node_rank)]
+
+
+def layout(pool: PoolSpec) -> Layout:
+    p = pool.parallelism
+    return Layout(nodes=pool.nodes_per_replica, tensor=p.tensor, pipeline=p.pipeline, data=p.data, expert=p.expert)
+
+
+def is_multinode(pool: PoolSpec | None) -> bool:
+    return pool is not None and pool.nodes_per_replica > 1
+
+
+def multinode_roles(dm: DisaggregatedModel) -> list[Role]:
+    """The worker pools of ``dm`` whose replicas span several nodes."""
+    roles: list[Role] = ["prefill", "decode", "aggregated"]
+    return [r for r in roles if is_multinode(getattr(dm.spec, r))]
+
+
+def check_layout(pool: PoolSpec, field: str) -> Layout:
+    """The pool's layout; BuildError naming the field when it cannot be run (the admission rules refuse these
+    too: spec_errors, rules.py, for a spec that reached the operator another way)."""
+    lay = layout(pool)
+    if lay.gpus % lay.nodes:
+        raise BuildError(f"{field}.nodesPerReplica: tensor × pipeline × data ({lay.gpus}) is not a multiple of "
+                         f"nodesPerReplica ({lay.nodes})")
+    if lay.data_parallel and lay.data % lay.nodes:
+        raise BuildError(f"{field}.parallelism.data: {lay.data} data-parallel ranks do not split evenly over "
+                         f"{lay.nodes} nodes")
+    if pool.gpu.count is not None and pool.gpu.count != lay.gpus_per_node:
+        raise BuildError(f"{field}.gpu.count: {pool.gpu.count} GPUs per pod, but the layout needs "
+                         f"{lay.gpus} ÷ {lay.nodes} = {lay.gpus_per_node}")
+    return lay
+
+
+# --------------------------------------------------------------------------------------------- back end
+
+
+def resolve_backend(spec: DisaggregatedModelSpec, lws_installed: bool) -> Backend:
+    """The back end of the model's multi-node pools: spec.multiNode.backend, Auto → LeaderWorkerSet only when the
+    caller found its CRD (``LWS_CRD``) installed."""
+    wanted = spec.multi_node.backend
+    if wanted == "Auto":
+        return "LeaderWorkerSet" if lws_installed else "StatefulSet"
+    if wanted == "LeaderWorkerSet" and not lws_installed:
+        raise BuildError(f"spec.multiNode.backend: LeaderWorkerSet needs the {LWS_CRD} CRD (and the LeaderWorkerSet "
+                         "controller) installed in the cluster; install it, or use StatefulSet or Auto")
+    return wanted
+
+
+# ------------------------------------------------------------------------------------------------ names
+
+
+def generation(dm: DisaggregatedModel, role: Role) -> str:
+    """Hash of what a group's pods run (the pool's pod template, the layout and the rendezvous ports): part of the
+    StatefulSet back end's group names, so that a group never mixes pods of two generations."""
+    spec = dm.spec
+    pool: PoolSpec = getattr(spec, role)
+    template = worker_deployment(dm, role)["spec"]["template"]
+    return short_hash({"template": template, "layout": layout(pool).__dict__,
+                       "ports": [spec.multi_node.data_parallel_rpc_port, spec.multi_node.master_port]}, 5)
+
+
+def group_name(dm: DisaggregatedModel, role: Role, index: int, gen: str | None = None) -> str:
+    """``<model>-<role>-<generation>-g<index>``: the group's headless Service, and the prefix of its StatefulSets."""
+    return f"{c.pool_name(model_name(dm), role)}-{gen or generation(dm, role)}-g{index}"
+
+
+def member_name(group: str, node_rank: int) -> str:
+    """The StatefulSet of node rank ``node_rank`` of a group; its one pod is ``<this>-0``."""
+    return f"{group}-n{node_rank}"
+
+
+def member_pod(group: str, node_rank: int) -> str:
+    return f"{member_name(group, node_rank)}-0"
+
+
+def leader_address(dm: DisaggregatedModel, group: str) -> str:
+    """The leader's stable DNS name (StatefulSet back end): ``<pod>.<group Service>[.<namespace>.svc]``."""
+    ns = namespace_of(dm)
+    return f"{member_pod(group, 0)}.{group}" + (f".{ns}.svc" if ns else "")
+
+
+def lws_name(dm: DisaggregatedModel, role: Role) -> str:
+    """The pool's LeaderWorkerSet, ``<model>-<role>-lws``: not the pool Service's name, which the LeaderWorkerSet
+    controller would take for the headless Service it creates under the LeaderWorkerSet's own name."""
+    return f"{c.pool_name(model_name(dm), role)}-lws"
+
+
+# ------------------------------------------------------------------------------------------------- args
+
+
+def rank_flags(dm: DisaggregatedModel, role: Role, node_rank: int, address: str) -> list[str]:
+    """The flags that make a pod node ``node_rank`` of a replica whose leader is reachable at ``address``
+    (vllm_versions.MULTI_NODE)."""
+    pool: PoolSpec = getattr(dm.spec, role)
+    lay = layout(pool)
+    mn = dm.spec.multi_node
+    if lay.data_parallel:
+        flags = ["--data-parallel-size-local", str(lay.data_local), "--data-parallel-address", address,
+                 "--data-parallel-rpc-port", str(mn.data_parallel_rpc_port)]
+        if node_rank:
+            flags += ["--headless", "--data-parallel-start-rank", str(lay.start_rank(node_rank))]
+        return flags
+    flags = ["--nnodes", str(lay.nodes), "--node-rank", str(node_rank), "--master-addr", address,
+             "--master-port", str(mn.master_port)]
+    return flags + (["--headless"] if node_rank else [])
+
+
+def rank_args(dm: DisaggregatedModel, role: Role, node_rank: int, address: str) -> list[str]:
+    """``vllm serve``'s full argument list for node ``node_rank`` of a replica (leader: 0)."""
+    pool: PoolSpec = getattr(dm.spec, role)
+    check_layout(pool, f"spec.{role}")
+    if not 0 <= node_rank < pool.nodes_per_replica:
+        raise ValueError(f"node rank {node_rank} outside 0..{pool.nodes_per_replica - 1}")
+    return worker_args(dm, role, rank_flags(dm, role, node_rank, address))
+
+
+# -------------------------------------------------------------------------------------------- templates
+
+
+def _check(dm: DisaggregatedModel, role: Role) -> Layout:
+    spec = dm.spec
+    pool: PoolSpec = getattr(spec, role)
+    lay = check_layout(pool, f"spec.{role}")
+    errors = extra_args_errors(dm, role)
+    if errors:
+        raise BuildError("; ".join(errors))
+    if role in KV_ROLES and spec.kv_transfer.transport == "nvlink":
+        raise BuildError(f"spec.kvTransfer.transport: nvlink keeps every KV-connected pod on one node, which a "
+                         f"{role} replica of spec.{role}.nodesPerReplica {lay.nodes} nodes cannot do; use rdma")
+    mn = spec.multi_node
+    port = mn.data_parallel_rpc_port if lay.data_parallel else mn.master_port
+    flag = "dataParallelRpcPort" if lay.data_parallel else "masterPort"
+    taken = {spec.engine.port: "spec.engine.port"}
+    if role in KV_ROLES:
+        side = spec.kv_transfer.side_channel_port
+        taken.update({p: "spec.kvTransfer.sideChannelPort (+ data-parallel rank)"
+                      for p in range(side, side + lay.data)})
+    if port in taken:
+        raise BuildError(f"spec.multiNode.{flag}: port {port} is also {taken[port]} in the {role} pool; pick another")
+    return lay
+
+
+def _pod_template(dm: DisaggregatedModel, role: Role, node_rank: int, args: list[str],
+                  labels: Mapping[str, str], lay: Layout) -> dict[str, Any]:
+    """The pool's pod template (workers.worker_deployment's: env, volumes, security, podTemplate overrides) turned
+    into node ``node_rank`` of a group: its arguments, its GPUs, its side-channel ports, leader-only HTTP."""
+    spec = dm.spec
+    pool: PoolSpec = getattr(spec, role)
+    template: dict[str, Any] = copy.deepcopy(worker_deployment(dm, role)["spec"]["template"])
+    pod_spec = template["spec"]
+    containers = pod_spec["containers"]
+    i = next(i for i, ctr in enumerate(containers) if ctr["name"] == "vllm")
+    ctr = containers[i]
+    ctr["args"] = args
+    ctr.setdefault("resources", {}).setdefault("limits", {})[pool.gpu.resource_name] = str(lay.gpus_per_node)
+    ports = [p for p in ctr.get("ports", []) if p.get("name") != c.SIDE_CHANNEL_PORT_NAME]
+    if role in KV_ROLES:
+        for j, port in enumerate(lay.side_channel_ports(spec.kv_transfer.side_channel_port, node_rank)):
+            ports.append({"name": c.SIDE_CHANNEL_PORT_NAME if j == 0 else f"{c.SIDE_CHANNEL_PORT_NAME}-{j}",
+                          "containerPort": port, "protocol": "TCP"})
+    mn = spec.multi_node
+    if node_rank == 0:
+        rendezvous = ((RPC_PORT_NAME, mn.data_parallel_rpc_port) if lay.data_parallel
+                      else (MASTER_PORT_NAME, mn.master_port))
+        ports.append({"name": rendezvous[0], "containerPort": rendezvous[1], "protocol": "TCP"})
+    else:
+        # a headless worker serves no HTTP: no HTTP port, no probes, no scrape (its engines report through the
+        # leader's API server, vllm/entrypoints/cli/serve.py run_headless)
+        ports = [p for p in ports if p.get("name") != c.WORKER_PORT_NAME]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            ctr.pop(probe, None)
+        template.get("metadata", {}).pop("annotations", None)
+    ctr["ports"] = ports
+    meta = template.setdefault("metadata", {})
+    pod_labels = dict(meta.get("labels", {}))
+    if node_rank:
+        pod_labels.pop(c.LABEL_ROLE, None)  # only the leader is routable (router/discovery.py selects on it)
+    pod_labels.update(labels)
+    meta["labels"] = pod_labels
+    return template
+
+
+def _group_labels(model: str, role: Role, node_rank: int) -> dict[str, str]:
+    return {c.LABEL_MODEL: model, LABEL_POOL: role, LABEL_GROUP_ROLE: LEADER if node_rank == 0 else WORKER,
+            LABEL_NODE_RANK: str(node_rank)}
+
+
+def _anti_affinity(template: dict[str, Any], selector: dict[str, Any], label_keys: list[str] | None = None) -> None:
+    """One pod of a group per node (a replica spans nodesPerReplica nodes). ``label_keys``: pod labels whose
+    values the scheduler adds to the selector (matchLabelKeys), for a template shared by several groups."""
+    affinity = template["spec"].setdefault("affinity", {})
+    terms = affinity.setdefault("podAntiAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", [])
+    term: dict[str, Any] = {"labelSelector": selector, "topologyKey": "kubernetes.io/hostname"}
+    if label_keys:
+        term["matchLabelKeys"] = list(label_keys)
+    terms.append(term)
+
+
+# ------------------------------------------------------------------------------------------ StatefulSet
+
+
+def group_service(dm: DisaggregatedModel, role: Role, group: str, gen: str, lay: Layout) -> dict[str, Any]:
+    """Headless Service of one group: stable DNS names for its pods, published before they are Ready (the workers
+    reach the leader while the group forms)."""
+    spec = dm.spec
+    model = model_name(dm)
+    mn = spec.multi_node
+    rendezvous = ((RPC_PORT_NAME, mn.data_parallel_rpc_port) if lay.data_parallel
+                  else (MASTER_PORT_NAME, mn.master_port))
+    labels = {**role_labels(model, role), LABEL_POOL: role, LABEL_GROUP: group, LABEL_GENERATION: gen}
+    labels.pop(c.LABEL_ROLE)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(dm, group, labels),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {c.LABEL_MODEL: model, LABEL_GROUP: group},
+            "ports": [
+                {"name": c.WORKER_PORT_NAME, "port": spec.engine.port, "targetPort": spec.engine.port,
+                 "protocol": "TCP"},
+                {"name": rendezvous[0], "port": rendezvous[1], "targetPort": rendezvous[1], "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def group_statefulsets(dm: DisaggregatedModel, role: Role, index: int, gen: str | None = None) -> list[dict[str, Any]]:
+    """The StatefulSets of group ``index``: one per node rank, one pod each, with that rank's literal arguments."""
+    lay = _check(dm, role)
+    model = model_name(dm)
+    gen = gen or generation(dm, role)
+    group = group_name(dm, role, index, gen)
+    address = leader_address(dm, group)
+    out = []
+    for rank in range(lay.nodes):
+        name = member_name(group, rank)
+        if len(name) > MAX_STATEFULSET_NAME:
+            raise BuildError(f"metadata.name: {model!r} is too long for a multi-node {role} pool: StatefulSet "
+                             f"{name!r} has {len(name)} characters (at most {MAX_STATEFULSET_NAME}); use at most "
+                             f"{len(model) - (len(name) - MAX_STATEFULSET_NAME)} characters")
+        labels = {**_group_labels(model, role, rank), LABEL_GROUP: group, LABEL_GENERATION: gen}
+        template = _pod_template(dm, role, rank, rank_args(dm, role, rank, address), labels, lay)
+        _anti_affinity(template, {"matchLabels": {c.LABEL_MODEL: model, LABEL_GROUP: group}})
+        selector = {c.LABEL_MODEL: model, LABEL_GROUP: group, LABEL_NODE_RANK: str(rank)}
+        obj_labels = {**role_labels(model, role), **labels}
+        if rank:
+            obj_labels.pop(c.LABEL_ROLE)
+        out.append({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": object_meta(dm, name, obj_labels),
+            "spec": {
+                "serviceName": group,
+                "replicas": 1,
+                "podManagementPolicy": "Parallel",
+                # the operator replaces whole groups (a new generation is a new group): never a pod on its own
+                "updateStrategy": {"type": "OnDelete"},
+                "selector": {"matchLabels": selector},
+                "template": template,
+            },
+        })
+    return out
+
+
+def pool_pdb(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
+    """Voluntary disruptions take at most one pod of the pool at a time. A disrupted pod breaks its whole group
+    (which then restarts and is unavailable, every pod of it), so no second pod of the pool is evicted until that
+    group is whole again: the budget treats a group as one unit. Replaces workers.worker_pdb for this pool (same
+    name), selecting every pod of the pool rather than the leaders alone."""
+    model = model_name(dm)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(dm, c.pool_name(model, role), role_labels(model, role)),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {c.LABEL_MODEL: model, LABEL_POOL: role}}},
+    }
+
+
+def statefulset_objects(dm: DisaggregatedModel, role: Role, groups: int | None = None) -> list[dict[str, Any]]:
+    """Every object of a multi-node pool on the StatefulSet back end, for ``groups`` groups (default: the pool's
+    desired replicas): per group its headless Service and StatefulSets, then the pool's PDB."""
+    lay = _check(dm, role)
+    gen = generation(dm, role)
+    count = desired_replicas(dm, role) if groups is None else groups
+    out: list[dict[str, Any]] = []
+    for g in range(count):
+        out.append(group_service(dm, role, group_name(dm, role, g, gen), gen, lay))
+        out += group_statefulsets(dm, role, g, gen)
+    out.append(pool_pdb(dm, role))
+    return out
+
+
+# -------------------------------------------------------------------------------------- LeaderWorkerSet
+
+LWS_START_RANK_SCRIPT = 'exec vllm serve "$@" --data-parallel-start-rank "$(({index} * {local}))"'
+"""A data-parallel worker's start rank (LWS_WORKER_INDEX × dataParallelSizeLocal) is arithmetic, which a
+Kubernetes ``$(VAR)`` reference cannot do: the worker template runs ``sh -c`` with this script, the rest of the
+arguments passed through ``"$@"`` untouched (no quoting)."""
+
+
+def lws_worker_command(lay: Layout) -> list[str] | None:
+    """The worker template's command in the data-parallel layout (``sh -c``), None when ``vllm serve`` is run
+    directly (the tensor/pipeline layout: ``--node-rank $(LWS_WORKER_INDEX)`` needs no arithmetic)."""
+    if not lay.data_parallel:
+        return None
+    script = LWS_START_RANK_SCRIPT.format(index="${" + LWS_WORKER_INDEX + "}", local=lay.data_local)
+    return ["/bin/sh", "-c", script, "vllm-serve"]
+
+
+def lws_args(dm: DisaggregatedModel, role: Role, leader: bool) -> list[str]:
+    """The argument list of the LeaderWorkerSet's leader or worker template: the rank flags with the
+    LeaderWorkerSet's variables (expanded by the kubelet) where the StatefulSet back end has literals."""
+    pool: PoolSpec = getattr(dm.spec, role)
+    lay = layout(pool)
+    address = f"$({LWS_LEADER_ADDRESS})"
+    if leader:
+        return rank_args(dm, role, 0, address)
+    if lay.data_parallel:
+        # everything but the start rank, which the worker command appends (LWS_START_RANK_SCRIPT)
+        flags = rank_flags(dm, role, 1, address)
+        flags = flags[: flags.index("--data-parallel-start-rank")]
+    else:
+        flags = rank_flags(dm, role, 1, address)
+        flags[flags.index("--node-rank") + 1] = f"$({LWS_WORKER_INDEX})"
+    return worker_args(dm, role, flags)
+
+
+def leader_worker_set(dm: DisaggregatedModel, role: Role, groups: int | None = None) -> dict[str, Any]:
+    """The pool's LeaderWorkerSet: ``groups`` groups (default: the pool's desired replicas) of nodesPerReplica
+    pods; a restarted pod recreates its whole group (RecreateGroupOnPodRestart); rolling updates replace whole groups.
+
+    startupPolicy is LeaderCreated (workers are created with the leader), not LeaderReady: vLLM's leader answers
+    /health, hence turns Ready, only once every engine of the group has joined (its API server starts after the
+    engines' handshake, vllm/entrypoints/cli/serve.py), so with LeaderReady the workers would never be created."""
+    spec = dm.spec
+    pool: PoolSpec = getattr(spec, role)
+    lay = _check(dm, role)
+    model = model_name(dm)
+    leader = _pod_template(dm, role, 0, lws_args(dm, role, True), _group_labels(model, role, 0), lay)
+    worker = _pod_template(dm, role, 1, lws_args(dm, role, False), _group_labels(model, role, 1), lay)
+    # node rank is per pod, LWS_WORKER_INDEX: not a label of the shared worker template
+    worker["metadata"]["labels"].pop(LABEL_NODE_RANK)
+    command = lws_worker_command(lay)
+    if command:
+        ctr = next(ctr for ctr in worker["spec"]["containers"] if ctr["name"] == "vllm")
+        ctr["command"] = command
+    for template in (leader, worker):
+        _anti_affinity(template, {"matchLabels": {c.LABEL_MODEL: model, LABEL_POOL: role}}, [LWS_GROUP_KEY_LABEL])
+    obj_labels = {**role_labels(model, role), LABEL_POOL: role}
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": LWS_KIND,
+        "metadata": object_meta(dm, lws_name(dm, role), obj_labels),
+        "spec": {
+            "replicas": desired_replicas(dm, role) if groups is None else groups,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": lay.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {
+                "maxSurge": pool.rolling_update.max_surge, "maxUnavailable": pool.rolling_update.max_unavailable}},
+            "networkConfig": {"subdomainPolicy": "Shared"},
+        },
+    }
+
+
+def lws_objects(dm: DisaggregatedModel, role: Role, groups: int | None = None) -> list[dict[str, Any]]:
+    return [leader_worker_set(dm, role, groups), pool_pdb(dm, role)]
+
+
+def pool_objects(dm: DisaggregatedModel, role: Role, backend: Backend, groups: int | None = None,
+                 ) -> list[dict[str, Any]]:
+    """Every object of multi-node pool ``role`` on ``backend`` (:func:`resolve_backend`), instead of
+    workers.worker_deployment and workers.worker_pdb; workers.worker_service (the pool Service, leaders only)
+    stays."""
+    if backend == "LeaderWorkerSet":
+        return lws_objects(dm, role, groups)
+    return statefulset_objects(dm, role, groups)
+
+
+# ------------------------------------------------------------------------------------- group decisions
+
+
+@dataclass
+class GroupState:
+    """What the pods of one group say (StatefulSet back end)."""
+
+    name: str
+    size: int
+    pods: dict[int, Mapping[str, Any]] = field(default_factory=dict)  # node rank → pod
+    reasons: list[str] = field(default_factory=list)  # why the group must restart; empty: it need not
+
+    @property
+    def ready(self) -> bool:
+        """A group is ready only when every one of its pods is."""
+        return len(self.pods) == self.size and all(_pod_ready(p) for p in self.pods.values()) and not self.reasons
+
+    @property
+    def broken(self) -> bool:
+        return bool(self.reasons)
+
+
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    labels: Mapping[str, str] = (pod.get("metadata") or {}).get("labels") or {}
+    return labels
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(cond.get("type") == "Ready" and cond.get("status") == "True" for cond in conditions)
+
+
+def _time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and value:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return None
+
+
+def _restarts(pod: Mapping[str, Any]) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(s.get("restartCount") or 0) for s in statuses)
+
+
+def _running_since(pod: Mapping[str, Any]) -> datetime | None:
+    for s in (pod.get("status") or {}).get("containerStatuses") or []:
+        if s.get("name") == "vllm":
+            return _time(((s.get("state") or {}).get("running") or {}).get("startedAt"))
+    return None
+
+
+def group_states(pods: Iterable[Mapping[str, Any]], size: int) -> dict[str, GroupState]:
+    """The groups of a pool (StatefulSet back end) from its pods (dicts as the API returns them, e.g.
+    ``ApiClient.sanitize_for_serialization(pod)``), by group name. A group must restart (``reasons``) when a pod
+    of it failed or had a container restart (vLLM cannot take a rank back into a running group: the other ranks'
+    collectives and the DP handshake are gone), or when a worker pod is newer than the leader's running engine (it
+    replaced a lost pod, and the leader still runs with the old one)."""
+    out: dict[str, GroupState] = {}
+    for pod in pods:
+        labels = _labels(pod)
+        group, rank_label = labels.get(LABEL_GROUP), labels.get(LABEL_NODE_RANK)
+        if not group or rank_label is None:
+            continue
+        out.setdefault(group, GroupState(group, size)).pods[int(rank_label)] = pod
+    for state in out.values():
+        for rank, pod in sorted(state.pods.items()):
+            name = (pod.get("metadata") or {}).get("name", f"rank {rank}")
+            phase = (pod.get("status") or {}).get("phase")
+            if phase in ("Failed", "Unknown"):
+                state.reasons.append(f"{name} is {phase}")
+            elif _restarts(pod):
+                state.reasons.append(f"{name} restarted ({_restarts(pod)} container restarts)")
+        leader = state.pods.get(0)
+        started = _running_since(leader) if leader is not None else None
+        if started is not None:
+            for rank, pod in sorted(state.pods.items()):
+                created = _time((pod.get("metadata") or {}).get("creationTimestamp"))
+                if rank and created is not None and created > started:
+                    name = (pod.get("metadata") or {}).get("name", f"rank {rank}")
+                    state.reasons.append(f"{name} was created after the leader's engine started")
+    return out
+
+
+def groups_to_restart(pods: Iterable[Mapping[str, Any]], size: int) -> dict[str, list[str]]:
+    """Group name → the pods to delete so that the group starts over as a whole (their StatefulSets recreate them);
+    only groups that must restart (:func:`group_states`)."""
+    return {name: sorted((p.get("metadata") or {}).get("name", "") for p in state.pods.values())
+            for name, state in group_states(pods, size).items() if state.broken}
+
+
+def ready_groups(pods: Iterable[Mapping[str, Any]], size: int) -> int:
+    """How many groups of a pool are ready (every pod Ready, none to restart): the pool's ready replicas."""
+    return sum(1 for s in group_states(pods, size).values() if s.ready)
