@@ -49,6 +49,8 @@ class FakeWorker:
     # | "error_finish" (non-streamed: 200 with a finish_reason "error" choice, as older servers answer)
     # | "cut_mid_stream" (two tokens, then the connection closes: a worker killed mid-stream)
     fault: str | None = None
+    # vLLM's per-request ``metrics`` object (--enable-per-request-metrics) to put in non-streamed answers
+    request_metrics: dict[str, Any] | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     cancelled: int = 0
     completed: int = 0
@@ -105,6 +107,11 @@ class FakeWorker:
                                        "usage": {"prompt_tokens": 10, "completion_tokens": 1}}
                 if self.fault != "no_kv":
                     out["kv_transfer_params"] = OPAQUE_KV
+                if self.request_metrics is not None:
+                    out["metrics"] = self.request_metrics
+                    # the worker's own times lie inside the leg, as on a real worker
+                    await asyncio.sleep(((self.request_metrics.get("queue_time_ms") or 0.0)
+                                         + (self.request_metrics.get("time_to_first_token_ms") or 0.0)) / 1000)
                 self.completed += 1
                 return web.json_response(out)
             n = body.get("max_tokens") or self.tokens

@@ -52,8 +52,10 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
                     return r.status
 
             # requests in flight while the config flips to Aggregated: none is dropped
+            n0 = len(d.requests)
             first = asyncio.gather(*(one() for _ in range(4)))
-            await asyncio.sleep(0)
+            # in flight = all four are streaming from the decode worker (3 tokens, 50 ms apart)
+            await until(lambda: len(d.requests) >= n0 + 4, 10, "the four streams at the decode worker")
             conf.write_text(yaml.safe_dump({"mode": "Aggregated"}))
             async def aggregated() -> bool:
                 return (await wait_health(s, url, proc))["mode"] == "Aggregated"

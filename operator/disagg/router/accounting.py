@@ -70,28 +70,85 @@ PHASE_KEYS = (("prefill_compute", "prefill_compute"), ("kv_cache_pack", "kv_pack
               ("decode_queue_wait", "decode_queue"), ("first_token_emit", "ttft"), ("per_token_decode", "tpot"))
 
 
+_PHASE_OF = {key: phase for phase, key in PHASE_KEYS} | {"prefill_queue": "prefill_queue_wait"}
+
+
+def _trace_id(span: Any) -> str | None:
+    """The request's trace id (hex) when tracing sampled it: the log line links to the trace."""
+    if span is None:
+        return None
+    c = span.get_span_context()
+    return f"{c.trace_id:032x}" if c.trace_flags.sampled else None
+
+
 def derive_phases(ctx: Ctx, w: Worker | None, remote: bool, ttfb: float | None) -> None:
-    """Phases inside vLLM, from the decode worker's recent metric averages (capped by what the router saw)."""
+    """Phases inside vLLM that no per-request source gave: from the decode worker's recent metric averages (capped
+    by what the router saw), each marked in ``ctx.estimated``. A phase already in ``ctx.timings`` came from the
+    request itself (the worker's per-request metrics, ``worker_request_metrics``) and is kept."""
     if w is None:
         return
+    t = ctx.timings
+    est = ctx.estimated
     cap = ttfb if ttfb is not None else float("inf")
-    q = w.avg.get("vllm:request_queue_time_seconds")
-    if q is not None:
-        ctx.timings["decode_queue"] = min(q, cap)
+    if "decode_queue" not in t:
+        q = w.avg.get("vllm:request_queue_time_seconds")
+        if q is not None:
+            ctx.timings["decode_queue"] = min(q, cap)
+            est.add("decode_queue")
     if not remote:
         return
     pack = w.avg.get("vllm:nixl_post_time_seconds")
     xfer = w.avg.get("vllm:nixl_xfer_time_seconds")
     if pack is not None:
         ctx.timings["kv_pack"] = min(pack, cap)
+        est.add("kv_pack")
     if xfer is not None:
-        ctx.timings["kv_transfer"] = min(xfer, max(cap - ctx.timings.get("kv_pack", 0.0), 0.0))
+        ctx.timings["kv_transfer"] = min(xfer, max(cap - t.get("kv_pack", 0.0), 0.0))
+        est.add("kv_transfer")
     if ttfb is not None and xfer is not None:
         step = w.avg.get("vllm:time_per_output_token_seconds") or w.avg.get(
             "vllm:request_time_per_output_token_seconds") or 0.0
-        explained = ctx.timings.get("decode_queue", 0.0) + ctx.timings.get("kv_pack", 0.0) + \
-            ctx.timings["kv_transfer"] + step
+        explained = t.get("decode_queue", 0.0) + t.get("kv_pack", 0.0) + t["kv_transfer"] + step
         ctx.timings["kv_unpack"] = max(ttfb - explained, 0.0)
+        est.add("kv_unpack")
+
+
+def worker_request_metrics(body: Any) -> tuple[float | None, float | None]:
+    """(queue seconds, scheduled-to-first-token seconds) from a response's per-request ``metrics`` object: vLLM
+    0.33.0 adds it to a non-streamed response (and the final usage chunk of a stream) when the server runs with
+    ``--enable-per-request-metrics`` (vllm/entrypoints/generate/base/protocol.py:121-129 PerRequestMetrics;
+    serving.py:45-103: queue_time_ms = scheduled − queued, time_to_first_token_ms = first token − scheduled)."""
+    m = body.get("metrics") if isinstance(body, dict) else None
+    if not isinstance(m, dict):
+        return None, None
+    q, f = m.get("queue_time_ms"), m.get("time_to_first_token_ms")
+    return (q / 1000.0 if isinstance(q, (int, float)) else None,
+            f / 1000.0 if isinstance(f, (int, float)) else None)
+
+
+def end_span(ctx: Ctx) -> None:
+    """End the router's span for this request with what the log line says (decision, path, phases)."""
+    span = ctx.span
+    if span.is_recording():
+        a: dict[str, Any] = {
+            "disagg.request_id": ctx.request_id, "disagg.upstream_request_id": ctx.upstream_id,
+            "disagg.endpoint": ctx.endpoint, "disagg.tenant": ctx.tenant, "disagg.decision": ctx.decision,
+            "disagg.reason": ctx.reason, "disagg.path": ctx.path or "none", "disagg.outcome": ctx.outcome,
+            "http.response.status_code": ctx.status, "disagg.stream": ctx.stream,
+            "disagg.input_tokens": ctx.input_tokens, "disagg.estimated": sorted(ctx.estimated),
+        }
+        for k, v in (("disagg.fallback", ctx.fallback), ("disagg.prefill_worker", ctx.prefill_worker),
+                     ("disagg.decode_worker", ctx.decode_worker), ("disagg.output_tokens", ctx.output_tokens)):
+            if v is not None:
+                a[k] = v
+        for key, secs in ctx.timings.items():
+            a[f"disagg.timing.{key}_ms"] = round(secs * 1000, 3)
+        span.set_attributes(a)
+        if ctx.outcome not in ("ok", "client_error", "rejected"):
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_status(Status(StatusCode.ERROR, ctx.outcome or "unknown"))
+    span.end()
 
 
 def slo_met(ctx: Ctx, slo: SLOSpec, e2e: float) -> bool:
@@ -128,6 +185,8 @@ class Accounting:
             for phase, key in PHASE_KEYS:
                 if key in t:
                     m.phase[phase].labels(*tl).observe(t[key])
+            for key in ctx.estimated:
+                m.phase_estimated.labels(_PHASE_OF.get(key, key)).inc()
             if ctx.output_tokens is not None:
                 self.tenants.observe(ctx.tenant, ctx.output_tokens)
             m.slo_requests.labels(ctx.tenant).inc()
@@ -139,4 +198,6 @@ class Accounting:
             decision=ctx.decision, reason=ctx.reason, path=path, fallback=ctx.fallback, probe=ctx.probe,
             prefill_worker=ctx.prefill_worker, decode_worker=ctx.decode_worker, outcome=ctx.outcome, status=ctx.status,
             timings_ms={k: round(v * 1000, 3) for k, v in ctx.timings.items()},
+            estimated=sorted(ctx.estimated) if ctx.estimated else [],
+            trace_id=None if ctx.span is None else _trace_id(ctx.span),
         )

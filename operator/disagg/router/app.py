@@ -49,6 +49,8 @@ class RouterApp:
                           decode_pressure_running=args.decode_pressure_running),
             tokenize=getattr(args, "tokenize", None),
             workers=getattr(args, "workers", 1),
+            otlp_traces_endpoint=getattr(args, "otlp_traces_endpoint", None),
+            trace_sample_ratio=getattr(args, "trace_sample_ratio", None),
         )
         discovery = None
         if not static:

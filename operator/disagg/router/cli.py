@@ -51,6 +51,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="requireDecodePoolPressure: a decode worker is under pressure at this KV-cache usage")
     p.add_argument("--decode-pressure-running", type=int, default=8,
                    help="… or with this many running + waiting sequences")
+    p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help="send OpenTelemetry traces (OTLP over HTTP/protobuf) to this URL, e.g. "
+                   "http://jaeger:4318/v1/traces; the router's span per request and its legs' spans, with W3C "
+                   "traceparent sent to the workers (default: off, no spans at all)")
+    p.add_argument("--trace-sample-ratio", default=None, metavar="RATIO",
+                   help="share of new traces kept, 0 to 1 (default 0.01); a client's sampled traceparent is "
+                   "always followed. An invalid value falls back to the default with a log line and "
+                   "disagg_tracing_errors_total{reason=\"invalid_sample_ratio\"}, never a failed start or request")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--workers", type=int, default=1,
                    help="router processes sharing the port (SO_REUSEPORT), one per core; each has its own load "

@@ -24,7 +24,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .accounting import derive_phases
+from .. import tracing
+from .accounting import derive_phases, worker_request_metrics
 from .load import Worker, WorkerSet
 from .metrics import RouterMetrics
 from .prefix import PrefixIndex
@@ -173,6 +174,7 @@ class Upstream:
         self.session = session
         self.down_seconds = down_seconds
         self.client_write_timeout = client_write_timeout
+        self.tracing: tracing.Tracing | None = None  # set by the Router when tracing is on
 
     @contextlib.contextmanager
     def track(self, url: str, pool: str, tokens: int = 0) -> Iterator[Worker | None]:
@@ -190,6 +192,18 @@ class Upstream:
                 w.inflight -= 1
                 w.inflight_tokens -= tokens
 
+    def leg_span(self, ctx: Ctx, name: str, url: str, headers: dict[str, str], remote: bool) -> Any:
+        """A child span of the request's for one upstream leg, and its ``traceparent`` in ``headers`` (W3C): the
+        worker's own request span joins the trace (vLLM: tracing/otel.py:125-129). Only called with tracing on."""
+        assert self.tracing is not None
+        span = self.tracing.start(name, ctx.span, "CLIENT", attributes={
+            "disagg.worker": url, "disagg.remote": remote, "disagg.upstream_request_id": ctx.upstream_id})
+        headers["traceparent"] = tracing.traceparent(span)
+        state = span.get_span_context().trace_state  # a client's tracestate, carried by the trace (W3C)
+        if state:
+            headers["tracestate"] = state.to_header()
+        return span
+
     def connect_failed(self, url: str) -> None:
         w = self.workers.get(url)
         if w is not None:
@@ -203,6 +217,21 @@ class Upstream:
         ahead = w.inflight_tokens if w else 0
         waiting = w.scraped.get("vllm:num_requests_waiting", 0.0) if w else 0.0
         ctx.mark_upstream()
+        headers = fwd_headers(request, ctx.upstream_id)
+        span = self.leg_span(ctx, tracing.PREFILL_LEG_SPAN, url, headers, True) if ctx.span is not None else None
+        try:
+            return await self._prefill_leg(ctx, url, payload, headers, deadline, w, ahead, waiting)
+        except UpstreamError as e:
+            if span is not None:
+                span.set_attribute("disagg.error", e.cause)
+                _span_error(span, e.cause)
+            raise
+        finally:
+            if span is not None:
+                span.end()
+
+    async def _prefill_leg(self, ctx: Ctx, url: str, payload: bytes, headers: dict[str, str], deadline: float,
+                           w: Worker | None, ahead: int, waiting: float) -> Any:
         t = time.monotonic()
         with self.track(url, "prefill", ctx.input_tokens):
             if w is not None:
@@ -212,12 +241,11 @@ class Upstream:
             try:
                 async with asyncio.timeout(max(deadline - t, 0.001)):
                     if raw is not None:  # the lean client (rawstream.py): a fraction of aiohttp's cost per leg
-                        rr = await raw.request(url, ctx.endpoint, fwd_headers(request, ctx.upstream_id), payload)
+                        rr = await raw.request(url, ctx.endpoint, headers, payload)
                         data = await rr.read()
                         status = rr.status
                     else:
-                        async with self.session().post(url + ctx.endpoint, data=payload,
-                                                       headers=fwd_headers(request, ctx.upstream_id)) as r:
+                        async with self.session().post(url + ctx.endpoint, data=payload, headers=headers) as r:
                             data = await r.read()
                             status = r.status
             except TimeoutError:
@@ -239,16 +267,23 @@ class Upstream:
         if status != 200:
             raise UpstreamError("prefill_rejected" if status < 500 else "prefill_error", status=status, worker=url)
         try:
-            kv = orjson.loads(data).get("kv_transfer_params")
+            resp_body = orjson.loads(data)
+            kv = resp_body.get("kv_transfer_params")
         except (orjson.JSONDecodeError, AttributeError):
             raise UpstreamError("prefill_bad_response", worker=url) from None
         if not kv:
             raise UpstreamError("prefill_no_kv_params", worker=url)
         if w is not None:
             w.observe_prefill_leg(leg, ahead + ctx.input_tokens)
+        q, compute = worker_request_metrics(resp_body)
+        if q is not None and compute is not None:  # the prefill worker's own numbers for this request: exact
+            ctx.timings["prefill_queue"] = min(q, leg)
+            ctx.timings["prefill_compute"] = min(compute, leg)
+        elif w is not None:
             q = min(w.avg.get("vllm:request_queue_time_seconds", 0.0), leg)
             ctx.timings["prefill_queue"] = q
             ctx.timings["prefill_compute"] = leg - q
+            ctx.estimated.update(("prefill_queue", "prefill_compute"))
         else:
             ctx.timings["prefill_compute"] = leg
         return kv
@@ -286,9 +321,28 @@ class Upstream:
         """Send to a decode/aggregated worker and relay its answer. Raises UpstreamError before the first token;
         ``on_commit`` runs once the first token (or the whole non-streamed answer) has arrived."""
         payload = orjson.dumps(body)
-        role = "aggregated" if (w0 := self.workers.get(url)) is not None and w0.role == "aggregated" else "decode"
         ctx.decode_worker = url
         ctx.mark_upstream()
+        headers = fwd_headers(request, ctx.upstream_id)
+        if ctx.span is None:
+            return await self._relay(request, ctx, url, payload, headers, hashes, deadline, remote, on_commit)
+        span = self.leg_span(ctx, tracing.DECODE_LEG_SPAN, url, headers, remote)
+        try:
+            out = await self._relay(request, ctx, url, payload, headers, hashes, deadline, remote, on_commit)
+            if ctx.outcome not in ("ok", ""):
+                _span_error(span, ctx.outcome)
+            return out
+        except UpstreamError as e:
+            span.set_attribute("disagg.error", e.cause)
+            _span_error(span, e.cause)
+            raise
+        finally:
+            span.end()
+
+    async def _relay(self, request: web.Request, ctx: Ctx, url: str, payload: bytes, headers: dict[str, str],
+                     hashes: tuple[int, ...], deadline: float | None, remote: bool,
+                     on_commit: OnCommit | None) -> web.StreamResponse:
+        role = "aggregated" if (w0 := self.workers.get(url)) is not None and w0.role == "aggregated" else "decode"
         t_send = time.monotonic()
         raw = self.raw() if ctx.stream and url.startswith("http://") else None  # https: aiohttp
         with self.track(url, role) as w:
@@ -298,11 +352,9 @@ class Upstream:
                     async with (asyncio.timeout(max(deadline - t_send, 0.001)) if deadline else
                                 contextlib.nullcontext()):
                         if raw is not None:
-                            resp = await raw.request(url, ctx.endpoint, fwd_headers(request, ctx.upstream_id),
-                                                     payload)
+                            resp = await raw.request(url, ctx.endpoint, headers, payload)
                         else:
-                            resp = await self.session().post(url + ctx.endpoint, data=payload,
-                                                             headers=fwd_headers(request, ctx.upstream_id))
+                            resp = await self.session().post(url + ctx.endpoint, data=payload, headers=headers)
                         first = await self._first(resp, ctx, url)
                 except TimeoutError:
                     raise UpstreamError("timeout", worker=url) from None
@@ -318,6 +370,11 @@ class Upstream:
                 self.prefix.insert(url, hashes)
                 if not ctx.stream:
                     ctx.output_tokens = usage_completion_tokens(first)
+                    if not remote and b'"queue_time_ms"' in first:  # the worker's per-request metrics
+                        with contextlib.suppress(orjson.JSONDecodeError):
+                            q, _ = worker_request_metrics(orjson.loads(first))
+                            if q is not None:
+                                ctx.timings["decode_queue"] = q
                     derive_phases(ctx, w, remote, ttfb=None)
                     ctx.outcome, ctx.status = "ok", 200
                     return web.Response(body=first, status=200, content_type="application/json",
@@ -388,6 +445,12 @@ class Upstream:
             resp.close()
             return await _broken_stream(ctx, acct, out, e)
         return await _finished_stream(ctx, acct, out, w, remote)
+
+
+def _span_error(span: Any, description: str) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_status(Status(StatusCode.ERROR, description))
 
 
 async def _broken_stream(ctx: Ctx, acct: StreamAccount, out: web.StreamResponse,

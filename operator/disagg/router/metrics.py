@@ -1,8 +1,8 @@
 """The router's Prometheus metrics (prefix ``disagg_``), in their own registry (one per router instance).
 
 Phase histograms carry ``path`` (remote | local | fallback) and ``tenant`` (a configured tenant name or
-``default``: bounded by the config). docs/router.md says which phase the router measures and which it derives
-from the workers' own vLLM metrics.
+``default``: bounded by the config). docs/observability.md says which phase comes from a per-request source (exact)
+and which from the workers' recent vLLM metric averages (estimated; counted in ``disagg_phase_estimated_total``).
 """
 
 from __future__ import annotations
@@ -19,19 +19,22 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.
                 0.3, 0.5, 0.75, 1.0, 2.5)
 
 PHASES = {
-    "request_queue_wait": "Time a request waits in the router before its first upstream request is sent.",
-    "prefill_compute": "Remote path: prefill leg round trip minus the prefill worker's queue wait "
-                       "(vllm:request_queue_time_seconds average of that worker).",
+    "request_queue_wait": "Time a request waits in the router before its first upstream request is sent (exact).",
+    "prefill_compute": "Remote path: the prefill worker's scheduled-to-first-token time from its per-request metrics "
+                       "(exact, vLLM --enable-per-request-metrics), else the prefill leg round trip minus that "
+                       "worker's vllm:request_queue_time_seconds average (estimated).",
     "kv_cache_pack": "Remote path: KV-transfer post/prepare time on the decode worker "
-                     "(vllm:nixl_post_time_seconds average of that worker).",
+                     "(vllm:nixl_post_time_seconds average of that worker; estimated).",
     "kv_cache_transfer": "Remote path: KV-cache transfer time (vllm:nixl_xfer_time_seconds average of the decode "
-                         "worker), capped at the decode leg's time to first byte.",
+                         "worker, capped at the decode leg's time to first byte; estimated).",
     "kv_cache_unpack": "Remote path: decode leg time to first byte not explained by decode queue, pack, transfer "
-                       "and one decode step (derived; 0 when fully explained).",
-    "decode_queue_wait": "Time the request waits on the decode worker before it is scheduled "
-                         "(vllm:request_queue_time_seconds average of that worker, capped at time to first byte).",
-    "first_token_emit": "Time to first token (TTFT) as the client sees it: request received to first token relayed.",
-    "per_token_decode": "Time per output token (TPOT) after the first, as relayed to the client.",
+                       "and one decode step (derived from estimates; 0 when fully explained).",
+    "decode_queue_wait": "Time the request waits on the decode worker before it is scheduled: its per-request "
+                         "metrics on the local path (exact), else the vllm:request_queue_time_seconds average of "
+                         "that worker, capped at time to first byte (estimated).",
+    "first_token_emit": "Time to first token (TTFT) as the client sees it: request received to first token relayed "
+                        "(exact).",
+    "per_token_decode": "Time per output token (TPOT) after the first, as relayed to the client (exact).",
 }
 
 
@@ -89,6 +92,15 @@ class RouterMetrics:
         self.connections_closed = Counter(
             "disagg_connections_closed", "Client connections the router closed for hygiene, by reason "
             "(header_timeout, limit).", ["reason"], registry=r)
+        self.phase_estimated = Counter(
+            "disagg_phase_estimated", "Phase observations that came from the worker's recent metric averages instead "
+            "of a per-request source (docs/observability.md has the phase → source table).", ["phase"], registry=r)
+        self.tracing_errors = Counter(
+            "disagg_tracing_errors", "Tracing problems, by reason (export_failed: a span batch the OTLP endpoint did "
+            "not take; invalid_sample_ratio, invalid_endpoint: bad configuration). Requests are never affected.",
+            ["reason"], registry=r)
+        for reason in ("export_failed", "invalid_sample_ratio", "invalid_endpoint"):
+            self.tracing_errors.labels(reason)
         for outcome in ("ok", "failed"):
             self.mode_probes.labels(outcome)
         for reason in ("header_timeout", "limit"):

@@ -47,6 +47,9 @@ class Ctx:
     first_upstream_at: float | None = None
     upstream_id: str = ""  # X-Request-Id sent on both legs
     probe: bool = False  # a mode probe (probe.py)
+    # timing keys that came from a worker's recent metric averages, not from a per-request source
+    estimated: set[str] = field(default_factory=set)
+    span: Any = None  # the router's span for this request (tracing on and sampled or not); None when tracing is off
 
     def mark_upstream(self) -> None:
         if self.first_upstream_at is None:

@@ -25,10 +25,10 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .. import logs
+from .. import logs, tracing
 from ..api.contract import RouterConfig
 from . import features
-from .accounting import Accounting
+from .accounting import Accounting, end_span
 from .breaker import Breakers, Ticket
 from .config import ConfigWatcher
 from .connections import ConnectionGuard, GuardedRunner
@@ -63,6 +63,8 @@ class RouterOptions:
     tuning: Tuning = field(default_factory=Tuning)
     tokenize: Callable[[str], int] | None = None
     workers: int = 1  # processes of this replica (--workers): each takes 1/workers of the probe rate
+    otlp_traces_endpoint: str | None = None  # OTLP/HTTP traces URL; None: tracing off (no span objects at all)
+    trace_sample_ratio: str | float | None = None  # validated at start (bad → default, a log line and a count)
 
 
 class Router:
@@ -89,6 +91,14 @@ class Router:
         self.connections = ConnectionGuard(self.metrics, self.opts.header_timeout, self.opts.max_connections)
         self._tasks: list[asyncio.Task[None]] = []
         watcher.on_reload = lambda ok: self.metrics.config_reloads.labels("ok" if ok else "error").inc()
+        self.tracing: tracing.Tracing | None = None
+        if self.opts.otlp_traces_endpoint:
+            def count(reason: str) -> None:
+                self.metrics.tracing_errors.labels(reason).inc()
+
+            ratio = tracing.parse_sample_ratio(self.opts.trace_sample_ratio, count)
+            self.tracing = tracing.setup(self.opts.otlp_traces_endpoint, "disagg-router", ratio, count)
+        self.upstream.tracing = self.tracing
 
     @property
     def config(self) -> RouterConfig:
@@ -138,6 +148,8 @@ class Router:
             await self.session.close()
         if self.raw is not None:
             self.raw.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # flushes what is batched
 
     # ------------------------------------------------------------------------------------------ small endpoints
 
@@ -209,6 +221,9 @@ class Router:
         ctx = Ctx(request_id=rid, endpoint=request.path, stream=False, t0=t0)
         # vLLM keys requests (and NIXL notifications) by this id: make it unique even when clients reuse theirs
         ctx.upstream_id = f"{client_rid[:200]}-{uuid.uuid4().hex[:8]}" if client_rid else rid
+        if self.tracing is not None:  # a client's traceparent is the parent; else sampled at the configured ratio
+            ctx.span = self.tracing.start(tracing.ROUTER_SPAN, tracing.parent_context(request.headers), "SERVER",
+                                          tracing.epoch_ns(t0))
         try:
             return await self._handle(request, ctx)
         except asyncio.CancelledError:
@@ -221,6 +236,8 @@ class Router:
             return openai_error(500, f"router error: {type(e).__name__}", "internal_server_error")
         finally:
             self.accounting.finish(ctx)
+            if ctx.span is not None:
+                end_span(ctx)
 
     async def _handle(self, request: web.Request, ctx: Ctx) -> web.StreamResponse:
         cfg = self.config

@@ -56,6 +56,7 @@ class Request:
     pull_started: bool = False
     recomputed: bool = False  # remote KV failed and the prompt was prefilled locally
     preemptions: int = 0
+    kv_requested: float | None = None  # when the pull was handed to the engine (the decode span's KV-pull start)
     first_scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -198,6 +199,7 @@ class Scheduler:
             if req.remote_prefill is not None and not req.pull_started:
                 if not self._start_remote(req, batch):
                     break
+                req.kv_requested = now
                 skipped.append(self.waiting.popleft())
                 continue
             hit: list[int] = []

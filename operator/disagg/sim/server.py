@@ -3,6 +3,15 @@
 vLLM endpoints: POST /v1/completions, POST /v1/chat/completions (stream and not), GET /v1/models,
 GET /health, GET /ping, GET /version, GET /metrics. Sim admin: GET/POST /sim/faults, GET /sim/state,
 POST /sim/crash. Response shapes follow vllm/entrypoints/openai/protocol.py (v0.11.2).
+
+Traces (disagg.tracing has the vLLM 0.33.0 citations): with an OTLP endpoint (``--otlp-traces-endpoint`` once the
+sim's argument table declares it, or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, the variable vLLM itself exports the
+flag into) every finished request emits vLLM's ``llm_request`` span — parent from the request's ``traceparent``,
+start at arrival, end at the finish, the same ``gen_ai.*`` attributes — exported over OTLP/HTTP; the decode side's
+KV pull lies inside its ``time_in_queue`` as in vLLM, and the twin adds one child span for it,
+``disagg.sim.kv_pull`` (no vLLM span exists for it). Times are wall seconds (simulated seconds × --time-scale) so
+that the spans nest in the caller's. ``--enable-per-request-metrics`` (when declared) adds vLLM's per-request
+``metrics`` object to responses.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from .. import logs
+from .. import logs, tracing
 from . import tokenizer
 from .config import SimConfig
 from .engine import Engine, ReqCtx, make_request
@@ -163,11 +172,89 @@ def _kv_params(body: dict[str, Any]) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------------------------ handlers
+def _tracing(cfg: SimConfig) -> tracing.Tracing | None:
+    """vLLM's tracer set-up, reduced: an endpoint turns it on; the sampler is the SDK's default (ParentBased(
+    ALWAYS_ON), or OTEL_TRACES_SAMPLER/_ARG), as vLLM builds its TracerProvider without one (tracing/otel.py:83)."""
+    endpoint = getattr(cfg, "otlp_traces_endpoint", None) or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if not endpoint:
+        return None
+    protocol = os.environ.get(tracing.PROTOCOL_ENV, "grpc")  # vLLM's default is gRPC (tracing/otel.py:95)
+    if protocol != tracing.PROTOCOL:
+        log.warning("otlp_protocol_unsupported", protocol=protocol, using=tracing.PROTOCOL,
+                    note=f"the simulator exports OTLP over HTTP only; set {tracing.PROTOCOL_ENV}={tracing.PROTOCOL} "
+                    "as the operator does for vLLM")
+    # vLLM: init_tracer("vllm.llm_engine", endpoint) (v1/engine/async_llm.py:149-151; resource: tracing/otel.py:76-81)
+    return tracing.setup(endpoint, None, None, resource={"vllm.instrumenting_module_name": "vllm.llm_engine",
+                                                            "vllm.process_id": str(os.getpid())})
+
+
 class Api:
     def __init__(self, cfg: SimConfig, engines: list[Engine]) -> None:
         self.cfg, self.engines = cfg, engines
         self.engine = engines[0]  # the shared clock and the fault RNG
         self.requests_seen = 0
+        self.tracing = _tracing(cfg)
+        self.per_request_metrics = bool(getattr(cfg, "enable_per_request_metrics", False))
+
+    def _wall_ns(self, t: float) -> int:
+        """A simulated instant as Unix-epoch nanoseconds."""
+        clock = self.engine.clock
+        return time.time_ns() - int((clock.now() - t) * clock.scale * 1e9)
+
+    def _finished(self, req: Request, headers: Any, max_tokens: int | None) -> None:
+        """vLLM's do_tracing for one finished request (v1/engine/output_processor.py:941-1001)."""
+        tr = self.tracing
+        if tr is None:
+            return
+        scale = self.engine.clock.scale
+        now = self.engine.clock.now()
+        sched, first, last = req.first_scheduled, req.first_token, req.last_token
+        attrs: dict[str, Any] = {
+            tracing.ATTR_TTFT: (first - req.arrival) * scale if first is not None else 0.0,
+            tracing.ATTR_E2E: (now - req.arrival) * scale,
+            tracing.ATTR_QUEUE: (sched - req.arrival) * scale if sched is not None else 0.0,
+            tracing.ATTR_PROMPT_TOKENS: req.prompt_len,
+            tracing.ATTR_COMPLETION_TOKENS: req.num_output,
+            tracing.ATTR_PREFILL: (first - sched) * scale if first is not None and sched is not None else 0.0,
+            tracing.ATTR_DECODE: (last - first) * scale if last is not None and first is not None else 0.0,
+            tracing.ATTR_INFERENCE: (last - sched) * scale if last is not None and sched is not None else 0.0,
+            tracing.ATTR_REQUEST_ID: req.request_id,
+        }
+        if max_tokens:
+            attrs[tracing.ATTR_MAX_TOKENS] = max_tokens
+        attrs[tracing.ATTR_N] = 1
+        parent = tracing.parent_context(headers)
+        span = tr.start(tracing.LLM_REQUEST_SPAN, parent, "SERVER", self._wall_ns(req.arrival), attrs)
+        ctx: ReqCtx = req.ctx
+        if req.kv_requested is not None:  # the decode side's KV pull (twin-only span, inside time_in_queue)
+            start = max(req.kv_requested, req.arrival)
+            end = start + ctx.xfer_s if ctx.xfer_s is not None else (sched if sched is not None else now)
+            if sched is not None:
+                end = min(end, sched)
+            pull = tr.start(tracing.SIM_KV_PULL_SPAN, span, "INTERNAL", self._wall_ns(start), {
+                "disagg.sim.kv_tokens": req.num_external, "disagg.sim.ok": ctx.xfer_s is not None,
+                "disagg.sim.remote_engine_id": str((req.remote_prefill or {}).get("remote_engine_id", ""))})
+            pull.end(self._wall_ns(end))
+        span.end(self._wall_ns(now))
+
+    def _request_metrics(self, req: Request) -> dict[str, Any]:
+        """vLLM's per-request ``metrics`` (--enable-per-request-metrics; generate/base/serving.py:45-103), in
+        wall milliseconds."""
+        ms = self.engine.clock.scale * 1000.0
+        sched, first, last, n = req.first_scheduled, req.first_token, req.last_token, req.num_output
+        out: dict[str, Any] = {"time_to_first_token_ms": None, "generation_time_ms": None, "queue_time_ms": None,
+                               "mean_itl_ms": None, "tokens_per_second": None, "speculative_decoding": None}
+        if sched is not None and first is not None:
+            out["time_to_first_token_ms"] = (first - sched) * ms
+        if first is not None and last is not None:
+            out["generation_time_ms"] = (last - first) * ms
+            if n > 1:
+                out["mean_itl_ms"] = (last - first) / (n - 1) * ms
+        if sched is not None:
+            out["queue_time_ms"] = (sched - req.arrival) * ms
+        if sched is not None and last is not None and last > sched:
+            out["tokens_per_second"] = n / ((last - sched) * ms) * 1000.0
+        return out
 
     def pick(self) -> Engine:
         """Like vLLM's DP coordinator: the data-parallel rank with the fewest requests (then the emptiest KV)."""
@@ -248,10 +335,10 @@ class Api:
         created = int(time.time())
         if stream:
             return await self._stream(request, reqs[0], request_id, base, model, created, chat, include_usage)
-        return await self._full(reqs, request_id, base, model, created, chat)
+        return await self._full(reqs, request_id, base, model, created, chat, request.headers)
 
     async def _full(self, reqs: list[Request], request_id: str, base: str, model: str, created: int,
-                    chat: bool) -> web.Response:
+                    chat: bool, headers: Any = None) -> web.Response:
         choices = []
         completion_tokens = 0
         kv_out = None
@@ -267,6 +354,7 @@ class Api:
                     else:
                         reason = val
                         break
+                self._finished(req, headers or {}, ctx.max_tokens_param)
                 if ctx.error or reason == "error":
                     log.error("generation_error", request_id=req.request_id, error=ctx.error)
                     raise ApiError(GENERATION_ERROR, 500, "InternalServerError")
@@ -304,6 +392,8 @@ class Api:
         }
         if chat:
             body["prompt_logprobs"] = None
+        if self.per_request_metrics and len(reqs) == 1:
+            body["metrics"] = self._request_metrics(reqs[0])
         body["kv_transfer_params"] = kv_out
         return _json(body, headers={"X-Request-Id": base})
 
@@ -347,6 +437,7 @@ class Api:
                         c = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish, "stop_reason": None}
                     if finish is not None:
                         c["stop_reason"] = None
+                        self._finished(req, request.headers, ctx.max_tokens_param)
                     pending.append(chunk(c))
                     if ctx.queue.qsize() == 0 or finish is not None:
                         await resp.write(b"".join(pending))
@@ -354,6 +445,7 @@ class Api:
                     if finish is not None:
                         break
                 else:
+                    self._finished(req, request.headers, ctx.max_tokens_param)
                     if ctx.error or val == "error":  # vLLM's in-stream GenerationError: see GENERATION_ERROR
                         log.error("generation_error", request_id=req.request_id, error=ctx.error)
                         await resp.write(b"".join(pending) + generation_error_event(chat) + b"data: [DONE]\n\n")
@@ -368,8 +460,11 @@ class Api:
             if include_usage:
                 usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + req.num_output,
                          "completion_tokens": req.num_output}
-                await resp.write(_sse({"id": request_id, "object": obj, "created": created, "model": model,
-                                       "choices": [], "usage": usage}))
+                last: dict[str, Any] = {"id": request_id, "object": obj, "created": created, "model": model,
+                                        "choices": [], "usage": usage}
+                if self.per_request_metrics:  # vLLM: on the final usage chunk (chat_completion/serving.py:883-911)
+                    last["metrics"] = self._request_metrics(req)
+                await resp.write(_sse(last))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
