@@ -178,3 +178,15 @@ def test_each_fault_refuses_bad_values_naming_it(spec, capsys):
     with pytest.raises(ValueError, match=spec.name):
         f.update({"kv_transfer_delay_ms": 5.0, spec.name: bad_admin})
     assert f == Faults()  # all or nothing
+
+
+def test_tracing_flags_parse_like_vllm_and_do_not_swallow_the_next_flag():
+    """The operator renders these for workers (builders/tracing.py): the twin takes them as vLLM does; the boolean
+    --enable-per-request-metrics must not eat the flag after it."""
+    cfg = parse(["m", "--otlp-traces-endpoint", "http://127.0.0.1:4318/v1/traces", "--enable-per-request-metrics",
+                 "--max-num-seqs", "7"], env={})
+    assert cfg.otlp_traces_endpoint == "http://127.0.0.1:4318/v1/traces"
+    assert cfg.enable_per_request_metrics and cfg.max_num_seqs == 7
+    assert "--otlp-traces-endpoint" not in cfg.ignored_flags
+    off = parse(["m"], env={})
+    assert off.otlp_traces_endpoint is None and not off.enable_per_request_metrics

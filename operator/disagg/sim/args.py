@@ -36,7 +36,7 @@ _VLLM_BOOL_FLAGS = {
     "--enable-server-load-tracking", "--enable-force-include-usage", "--enable-sleep-mode", "--async-scheduling",
     "--disable-uvicorn-access-log", "--enable-log-outputs", "--data-parallel-external-lb", "--enable-dbo",
     "--calculate-kv-scales", "--enable-tokenizer-info-endpoint",
-    "--return-tokens-as-token-ids", "--disable-cascade-attn", "--enable-reasoning",
+    "--return-tokens-as-token-ids", "--disable-cascade-attn", "--enable-reasoning", "--enable-per-request-metrics",
 }
 
 
@@ -167,6 +167,11 @@ def _add_vllm_flags(v: argparse._ArgumentGroup) -> None:
     v.add_argument("--enable-log-requests", action="store_true")
     v.add_argument("--disable-log-requests", action="store_true")
     v.add_argument("--uvicorn-log-level", default="info")
+    # tracing (vLLM 0.33.0 vllm/engine/arg_utils.py ObservabilityConfig; citations in disagg/tracing.py): the sim emits
+    # vLLM's llm_request span to this OTLP endpoint, and per-request metrics on the final response like vLLM
+    v.add_argument("--otlp-traces-endpoint", default=None)
+    v.add_argument("--collect-detailed-traces", default=None)
+    v.add_argument("--enable-per-request-metrics", action="store_true")
 
 
 def _add_multinode_flags(v: argparse._ArgumentGroup) -> None:

@@ -99,6 +99,8 @@ class SimConfig:
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
     max_model_len_explicit: bool = False
+    otlp_traces_endpoint: str | None = None  # --otlp-traces-endpoint (else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+    enable_per_request_metrics: bool = False  # --enable-per-request-metrics
     release: VllmProfile = field(default_factory=lambda: profile(parse_version(VLLM_VERSION) or (0, 0, 0)))
 
     @property
@@ -351,4 +353,6 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> SimConfig:
         num_gpu_blocks_override=ns.num_gpu_blocks_override,
         kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
         max_model_len_explicit=ns.max_model_len is not None,
+        otlp_traces_endpoint=ns.otlp_traces_endpoint,
+        enable_per_request_metrics=ns.enable_per_request_metrics,
     )

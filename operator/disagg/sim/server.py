@@ -4,13 +4,13 @@ vLLM endpoints: POST /v1/completions, POST /v1/chat/completions (stream and not)
 GET /health, GET /ping, GET /version, GET /metrics. Sim admin: GET/POST /sim/faults, GET /sim/state,
 POST /sim/crash. Response shapes follow vllm/entrypoints/openai/protocol.py (v0.11.2).
 
-Traces (disagg.tracing has the vLLM 0.33.0 citations): with an OTLP endpoint (``--otlp-traces-endpoint`` once the
-sim's argument table declares it, or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, the variable vLLM itself exports the
+Traces (disagg.tracing has the vLLM 0.33.0 citations): with an OTLP endpoint (``--otlp-traces-endpoint``,
+or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, the variable vLLM itself exports the
 flag into) every finished request emits vLLM's ``llm_request`` span — parent from the request's ``traceparent``,
 start at arrival, end at the finish, the same ``gen_ai.*`` attributes — exported over OTLP/HTTP; the decode side's
 KV pull lies inside its ``time_in_queue`` as in vLLM, and the twin adds one child span for it,
 ``disagg.sim.kv_pull`` (no vLLM span exists for it). Times are wall seconds (simulated seconds × --time-scale) so
-that the spans nest in the caller's. ``--enable-per-request-metrics`` (when declared) adds vLLM's per-request
+that the spans nest in the caller's. ``--enable-per-request-metrics`` adds vLLM's per-request
 ``metrics`` object to responses.
 """
 
@@ -175,7 +175,7 @@ def _kv_params(body: dict[str, Any]) -> dict[str, Any] | None:
 def _tracing(cfg: SimConfig) -> tracing.Tracing | None:
     """vLLM's tracer set-up, reduced: an endpoint turns it on; the sampler is the SDK's default (ParentBased(
     ALWAYS_ON), or OTEL_TRACES_SAMPLER/_ARG), as vLLM builds its TracerProvider without one (tracing/otel.py:83)."""
-    endpoint = getattr(cfg, "otlp_traces_endpoint", None) or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    endpoint = cfg.otlp_traces_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     if not endpoint:
         return None
     protocol = os.environ.get(tracing.PROTOCOL_ENV, "grpc")  # vLLM's default is gRPC (tracing/otel.py:95)
@@ -194,7 +194,7 @@ class Api:
         self.engine = engines[0]  # the shared clock and the fault RNG
         self.requests_seen = 0
         self.tracing = _tracing(cfg)
-        self.per_request_metrics = bool(getattr(cfg, "enable_per_request_metrics", False))
+        self.per_request_metrics = cfg.enable_per_request_metrics
 
     def _wall_ns(self, t: float) -> int:
         """A simulated instant as Unix-epoch nanoseconds."""
