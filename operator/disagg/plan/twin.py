@@ -1,0 +1,390 @@
+"""The planner's bridge to the discrete-event twin (disagg.twin): a DisaggregatedModel → the twin's ClusterSpec,
+a traffic profile → arrivals, and ``disagg plan --verify`` (the top candidates through the twin).
+
+One mapping, :func:`cluster_spec`, serves ``--verify`` (the emitted spec of each candidate) and ``disagg replay``
+(a user's candidate spec): what the twin runs is what ``kubectl apply`` would run — the pools' replicas, GPU
+product, TP, ``maxNumSeqs``/``maxNumBatchedTokens``, the router's config as builders/router.py writes it (mode,
+routing, SLO, transfer timeout) and the KV transport. Autoscaling is not modelled: the twin holds ``replicas``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from ..api.validate import errors_of
+from ..sim.presets import PresetError, get_gpu, get_model, infer_model
+from ..twin import SLO, Arrival, ClusterSpec, PoolSpec, TwinResult, simulate
+from .profile import Z95, Profile, Tenant, TokenDist
+
+TRANSPORTS = {"rdma": "rdma", "nvlink": "nvlink", "tcp": "tcp", "auto": "rdma"}
+
+
+class SpecError(ValueError):
+    """A candidate spec the twin cannot run; ``problems``: one line per problem, each naming its field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@contextmanager
+def quiet_logs(level: int = logging.ERROR) -> Iterator[None]:
+    """Only ``level`` and above from structlog loggers while the twin runs (an overloaded candidate's engines log a
+    warning per request, e.g. ``kv_lease_expired``: the verdicts already say it). For command handlers; the previous
+    configuration is restored, and nothing is cached with the quiet one."""
+    was = structlog.is_configured()
+    old = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level), cache_logger_on_first_use=False)
+    try:
+        yield
+    finally:
+        if was:
+            structlog.configure(**old)
+        else:
+            structlog.reset_defaults()
+
+
+# ------------------------------------------------------------------------------------ spec → twin cluster
+
+
+@dataclass(frozen=True)
+class Mapped:
+    cluster: ClusterSpec
+    slo: SLO
+    goodput_target: float
+    gpus: int
+    label: str
+    notes: tuple[str, ...] = ()
+
+
+def cluster_spec(doc: dict[str, Any], *, gpu: str | None = None, model_preset: str | None = None) -> Mapped:
+    """A DisaggregatedModel (a dict, as YAML loads it) → the twin's ClusterSpec + the spec's SLO.
+
+    The spec is checked with ``disagg validate``'s rules first. ``gpu``: the GPU preset for pools without
+    ``gpu.product``; ``model_preset``: for a ``spec.model.name`` that no preset matches."""
+    errors = errors_of(doc)
+    if errors:
+        raise SpecError([f"{e} (disagg validate)" for e in errors])
+    from ..api.models import DisaggregatedModel
+    from ..builders.router import router_config
+
+    dm = DisaggregatedModel.model_validate(doc)
+    spec = dm.spec
+    problems: list[str] = []
+    preset_name = model_preset
+    if preset_name is None:
+        m = infer_model(spec.model.name)
+        if m is None:
+            problems.append(f"spec.model.name: no model preset matches {spec.model.name!r}: pass --model-preset "
+                            "(a sim/presets.py name)")
+        else:
+            preset_name = m.name
+    else:
+        try:
+            preset_name = get_model(preset_name).name
+        except PresetError as e:
+            problems.append(f"--model-preset: {e}")
+    notes: list[str] = []
+    pools: dict[str, PoolSpec | None] = {}
+    cfg = router_config(dm)
+    aggregated_mode = cfg.effective_mode().value == "Aggregated"
+    for role in ("prefill", "decode", "aggregated"):
+        ps = getattr(spec, role, None)
+        if ps is None or ps.replicas == 0 or (role == "prefill" and aggregated_mode):
+            pools[role] = None
+            continue
+        where = f"spec.{role}"
+        par = ps.parallelism
+        if par.pipeline != 1 or par.data != 1:
+            problems.append(f"{where}.parallelism: the twin models tensor parallelism only "
+                            f"(pipeline {par.pipeline}, data {par.data}); set both to 1 to replay this pool")
+        gname = ps.gpu.product or gpu
+        if gname is None:
+            problems.append(f"{where}.gpu.product: unset, and the twin needs a GPU type: set it (e.g. "
+                            "NVIDIA-H100-80GB-HBM3) or pass --gpu")
+            continue
+        try:
+            gname = get_gpu(gname).name
+        except PresetError as e:
+            problems.append(f"{where}.gpu.product: {e}; or pass --gpu to use a preset for this pool")
+            continue
+        pools[role] = PoolSpec(count=ps.replicas, gpu=gname, model_preset=preset_name or "Llama-3.1-8B",
+                               tp=par.tensor, max_num_seqs=ps.max_num_seqs,
+                               max_num_batched_tokens=ps.max_num_batched_tokens,
+                               extra_args=("--max-model-len", str(spec.model.max_model_len))
+                               if spec.model.max_model_len else ())
+    if spec.autoscaling.enabled:
+        notes.append("autoscaling is not modelled: the twin holds each pool at spec.<pool>.replicas")
+    if problems:
+        raise SpecError(problems)
+    transport = TRANSPORTS.get(str(spec.kv_transfer.transport), "rdma")
+    cluster = ClusterSpec(prefill=pools["prefill"], decode=pools["decode"], aggregated=pools["aggregated"],
+                          router=cfg, transport=transport, model=spec.model.name)
+    try:
+        cluster.validate()
+    except ValueError as e:
+        raise SpecError([f"spec: {e}"]) from None
+    slo = SLO(ttft_ms=float(spec.slo.ttft_p95_ms), tpot_ms=float(spec.slo.tpot_p95_ms))
+    return Mapped(cluster, slo, float(spec.slo.goodput_target or 0.9), cluster.gpus(), label(cluster),
+                  tuple(notes))
+
+
+def label(c: ClusterSpec) -> str:
+    parts = []
+    for role, short in (("prefill", "P"), ("decode", "D"), ("aggregated", "A")):
+        p = getattr(c, role)
+        if p is not None and p.count > 0:
+            parts.append(f"{short} {p.count}×{p.gpu}" + (f" TP{p.tp}" if p.tp > 1 else ""))
+    return " : ".join(parts)
+
+
+# ------------------------------------------------------------------------------------- profile → arrivals
+
+
+def _sampler(d: TokenDist) -> Any:
+    """A function rng → tokens drawing from the distribution the planner bins (profile.TokenDist.bins)."""
+    if d.fixed is not None:
+        n = d.fixed
+        return lambda _rng: n
+    if d.histogram is not None:
+        toks = [b.tokens for b in d.histogram]
+        cum, acc = [], 0.0
+        total = sum(b.share for b in d.histogram)
+        for b in d.histogram:
+            acc += b.share / total
+            cum.append(acc)
+
+        def hist(rng: random.Random) -> int:
+            u = rng.random()
+            for t, c in zip(toks, cum, strict=True):
+                if u <= c:
+                    return t
+            return toks[-1]
+        return hist
+    assert d.mean is not None
+    if d.p95 is None or d.p95 == d.mean:
+        m = max(1, round(d.mean))
+        return lambda _rng: m
+    s = Z95 - math.sqrt(Z95**2 - 2 * math.log(d.p95 / d.mean))
+    mu = math.log(d.mean) - s * s / 2
+    return lambda rng: max(1, round(rng.lognormvariate(mu, s)))
+
+
+def profile_arrivals(p: Profile, duration_s: float, *, rate: float | None = None, seed: int = 0,
+                     max_input: int | None = None) -> list[Arrival]:
+    """Poisson arrivals at ``rate`` (default the profile's peak) for ``duration_s``: tenants by share, their token
+    distributions, and a shared prefix per tenant covering ``prefixCacheHitShare`` of each prompt (requests of a
+    tenant share that many leading tokens, so the engines' prefix caches hit about that share)."""
+    rng = random.Random(seed)
+    tr = p.traffic
+    lam = rate if rate is not None else tr.rate.peak
+    tenants = tr.tenants
+    names: list[str | None] = [t.name for t in tenants] or [None]
+    shares = [t.share for t in tenants] or [1.0]
+    samplers = []
+    each: list[Tenant | None] = list(tenants) or [None]
+    for t in each:
+        ind = t.input_tokens if t is not None and t.input_tokens else tr.input_tokens
+        outd = t.output_tokens if t is not None and t.output_tokens else tr.output_tokens
+        hit = t.prefix_cache_hit_share if t is not None and t.prefix_cache_hit_share is not None \
+            else tr.prefix_cache_hit_share
+        samplers.append((_sampler(ind), _sampler(outd), hit))
+    out: list[Arrival] = []
+    at = 0.0
+    i = 0
+    while True:
+        at += rng.expovariate(lam)
+        if at > duration_s:
+            break
+        k = rng.choices(range(len(names)), weights=shares)[0] if len(names) > 1 else 0
+        sin, sout, hit = samplers[k]
+        n_in = sin(rng)
+        if max_input is not None:
+            n_in = min(n_in, max_input)
+        n_out = sout(rng)
+        key = f"tenant:{names[k] or 'default'}" if hit > 0 else None
+        out.append(Arrival(at=at, input_tokens=n_in, output_tokens=n_out, tenant=names[k], prefix_key=key,
+                           prefix_tokens=int(n_in * hit), request_id=f"plan-{i:06d}", cls=names[k] or "default"))
+        i += 1
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+
+@dataclass
+class Measured:
+    """Twin results over the measured window (arrivals after the warm-up)."""
+
+    requests: int
+    attainment: float  # share meeting both SLOs
+    goodput_rps: float
+    ttft_p95_ms: float
+    tpot_p95_ms: float
+    errors: int
+    paths: dict[str, int]
+    decisions: dict[str, int]
+    fallbacks: dict[str, int]
+    gpu_seconds: float
+    window_s: float
+    wall_s: float
+    per_path: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    """The q-quantile (nearest rank, like load/loadgen.py's summaries); NaN for no samples."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def measure(r: TwinResult, slo: SLO, warmup_s: float = 0.0) -> Measured:
+    recs = [x for x in r.records if x.arrival_s >= warmup_s]
+    window = max(1e-9, r.window_s - warmup_s)
+    met = sum(x.meets(slo) for x in recs)
+    ok = [x for x in recs if x.ok]
+    paths: dict[str, int] = {}
+    fallbacks: dict[str, int] = {}
+    decisions: dict[str, int] = {}
+    for x in recs:
+        paths[x.path] = paths.get(x.path, 0) + 1
+        key = f"{x.decision}:{x.reason}"
+        decisions[key] = decisions.get(key, 0) + 1
+        if x.fallback:
+            fallbacks[x.fallback] = fallbacks.get(x.fallback, 0) + 1
+    per_path: dict[str, dict[str, float]] = {}
+    for path in sorted({x.path for x in ok}):
+        xs = [x for x in ok if x.path == path]
+        tt = [x.ttft_s * 1e3 for x in xs if x.ttft_s is not None]
+        tp = [x.tpot_s * 1e3 for x in xs if x.tpot_s is not None]
+        per_path[path] = {"requests": len(xs), "ttft_p50_ms": pct(tt, 0.5), "ttft_p95_ms": pct(tt, 0.95),
+                          "ttft_p99_ms": pct(tt, 0.99), "tpot_p50_ms": pct(tp, 0.5), "tpot_p95_ms": pct(tp, 0.95),
+                          "tpot_p99_ms": pct(tp, 0.99)}
+    return Measured(
+        requests=len(recs), attainment=met / len(recs) if recs else 0.0, goodput_rps=met / window,
+        ttft_p95_ms=pct([x.ttft_s * 1e3 for x in ok if x.ttft_s is not None], 0.95),
+        tpot_p95_ms=pct([x.tpot_s * 1e3 for x in ok if x.tpot_s is not None], 0.95),
+        errors=len(recs) - len(ok), paths=dict(sorted(paths.items())), decisions=dict(sorted(decisions.items())),
+        fallbacks=dict(sorted(fallbacks.items())), gpu_seconds=r.gpu_seconds, window_s=r.window_s, wall_s=r.wall_s,
+        per_path=per_path)
+
+
+# ------------------------------------------------------------------------------------------------ verify
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """How long ``--verify`` simulates each candidate: at least ``min_duration_s`` of virtual time and about
+    ``requests`` arrivals at the peak rate, capped at ``max_duration_s``; the first ``warmup_share`` of the window
+    is warm-up (pools filling), not measured."""
+
+    requests: int = 1500
+    min_duration_s: float = 30.0
+    max_duration_s: float = 600.0
+    warmup_share: float = 0.2
+    seed: int = 0
+    top: int = 3
+
+    def duration(self, rate: float) -> float:
+        return min(self.max_duration_s, max(self.min_duration_s, self.requests / rate))
+
+
+@dataclass
+class VerifyRow:
+    rank: int
+    label: str
+    predicted: dict[str, float]
+    simulated: Measured
+    target: float
+    slo: SLO
+
+    @property
+    def misses(self) -> bool:
+        return self.simulated.attainment < self.target
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "candidate": self.label, "predicted": self.predicted,
+                "simulated": self.simulated.to_dict(), "goodput_target": self.target, "misses_target": self.misses}
+
+
+def verify(result: Any, settings: VerifySettings | None = None, candidates: Sequence[Any] | None = None) -> \
+        list[VerifyRow]:
+    """The top candidates of a plan (``search.PlanResult``) through the twin, each as its emitted spec."""
+    from .emit import to_model
+
+    s = settings or VerifySettings()
+    p: Profile = result.profile
+    if p.model.preset is None:
+        raise SpecError(["model.config: --verify needs model.preset: the twin's engines run sim/presets.py "
+                         "models (add a preset for this model, or plan without --verify)"])
+    cands = list(candidates) if candidates is not None else [c for c in result.ranked[: s.top]]
+    rate = p.traffic.rate.peak
+    duration = s.duration(rate)
+    arrivals = profile_arrivals(p, duration, rate=rate, seed=s.seed,
+                                max_input=(p.model.max_model_len or p.model.resolve().max_position) - 1)
+    out = []
+    for c in cands:
+        doc = to_model(result, c)
+        m = cluster_spec(doc)
+        r = simulate(m.cluster, arrivals, seed=s.seed, slo=m.slo, window_s=duration)
+        sim = measure(r, m.slo, warmup_s=duration * s.warmup_share)
+        if math.isnan(c.ttft_p95_ms):
+            result_ev_fill(result, c)
+        pred = {"attainment": round(c.goodput, 4), "goodput_rps": round(c.goodput * rate, 3),
+                "ttft_p95_ms": round(c.ttft_p95_ms, 1), "tpot_p95_ms": round(c.tpot_p95_ms, 2)}
+        out.append(VerifyRow(result.ranked.index(c) + 1 if c in result.ranked else 0, c.label(), pred, sim,
+                             p.slo.goodput_target, m.slo))
+    return out
+
+
+def result_ev_fill(result: Any, c: Any) -> None:
+    from ..sim.presets import TRANSPORTS as T
+    from .model import build_workload
+    from .search import Evaluator
+
+    p = result.profile
+    Evaluator(p, build_workload(p), p.model.resolve(), T[p.kv_transport]).fill_percentiles(c)
+
+
+def render_verify(rows: Sequence[VerifyRow], settings: VerifySettings, rate: float) -> str:
+    s = settings
+    head = ("#", "candidate", "goodput pred", "goodput sim", "req/s pred", "req/s sim", "TTFT p95 pred",
+            "TTFT p95 sim", "TPOT p95 pred", "TPOT p95 sim", "paths (sim)", "verdict")
+    lines = []
+    for r in rows:
+        sim = r.simulated
+        paths = " ".join(f"{k}:{v}" for k, v in sim.paths.items())
+        verdict = (f"MISSES target {r.target:.0%} in the twin" if r.misses else "ok")
+        if sim.errors:
+            verdict += f"; {sim.errors} errors"
+        lines.append((str(r.rank), r.label, f"{r.predicted['attainment']:.1%}", f"{sim.attainment:.1%}",
+                      f"{r.predicted['goodput_rps']:.1f}", f"{sim.goodput_rps:.1f}",
+                      _f(r.predicted["ttft_p95_ms"], 0), _f(sim.ttft_p95_ms, 0),
+                      _f(r.predicted["tpot_p95_ms"], 1), _f(sim.tpot_p95_ms, 1), paths, verdict))
+    widths = [max([len(h)] + [len(x[k]) for x in lines]) for k, h in enumerate(head)]
+    fmt = "  ".join(f"{{:{'<' if k in (1, 10, 11) else '>'}{w}}}" for k, w in enumerate(widths))
+    out = [f"verify: the top {len(rows)} candidates in the discrete-event twin (disagg.twin), each as its emitted "
+           f"spec: Poisson arrivals at the peak {rate:g} req/s drawn from the profile for "
+           f"{s.duration(rate):g} s of virtual time (seed {s.seed}), the first {s.warmup_share:.0%} warm-up; "
+           f"goodput = share of measured requests meeting both SLOs",
+           fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*x).rstrip() for x in lines]
+    wall = sum(r.simulated.wall_s for r in rows)
+    out.append(f"({sum(r.simulated.requests for r in rows)} measured requests, {wall:.1f} s wall)")
+    return "\n".join(out)
+
+
+def _f(x: float, nd: int) -> str:
+    return "-" if math.isnan(x) else "∞" if math.isinf(x) else f"{x:.{nd}f}"
