@@ -13,6 +13,7 @@ import aiohttp
 import yaml
 
 from disagg.local.procs import stop_group
+from disagg.plan.reqlog import read_lines
 from disagg.poll import until
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 400
@@ -85,6 +86,16 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
                 "outcome", "path"} <= x.keys()
         assert x["outcome"] == "ok"
     assert reqs[-1]["reason"] == "mode_aggregated"
+    # the log is replay's input (log_schema 2): arrival, the client's max_tokens, and the prefix family once a
+    # worker holds this prompt's prefix (the same LONG prompt five times)
+    assert all(x["log_schema"] == 2 and x["max_tokens"] == 200 for x in reqs)
+    by_arrival = sorted(reqs, key=lambda x: x["arrival_unix"])  # lines are written at the finish
+    assert by_arrival[0]["arrival_unix"] > 1.7e9 and by_arrival[-1] is reqs[-1]
+    assert by_arrival[0]["prefix_tokens"] == 0 and by_arrival[0]["prefix_hash"] is None
+    assert reqs[-1]["prefix_tokens"] > 0 and len(reqs[-1]["prefix_hash"]) == 16
+    parsed = read_lines((tmp_path / "router.log").read_text().splitlines(), "router.log")
+    assert [r.schema for r in parsed.requests] == [2] * 5 and parsed.requests[-1].max_tokens == 200
+    assert parsed.requests[-1].prefix_hash == reqs[-1]["prefix_hash"]
     assert any(x["decision"] == "remote" and x["prefill_worker"] == p.url for x in reqs)
     assert any(x.get("event") == "config_reloaded" for x in lines)
     assert proc.returncode == 0

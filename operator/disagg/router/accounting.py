@@ -19,6 +19,9 @@ from .metrics import RouterMetrics
 from .request import Ctx
 
 reqlog = logs.get("disagg.router.request")
+# The request log line is an interface (docs/planning.md "The request log"): disagg replay and disagg plan --from-log
+# read it. Schema 2 adds arrival_unix, max_tokens, prefix_hash and prefix_tokens to schema 1's fields.
+REQUEST_LOG_SCHEMA = 2
 _UTC = datetime.UTC
 
 
@@ -193,6 +196,8 @@ class Accounting:
             if slo_met(ctx, self.slo(), e2e):
                 m.slo_met.labels(ctx.tenant).inc()
         self.log(
+            log_schema=REQUEST_LOG_SCHEMA, arrival_unix=round(ctx.arrival_unix, 6), max_tokens=ctx.max_tokens,
+            prefix_hash=ctx.prefix_hash, prefix_tokens=ctx.prefix_tokens,
             request_id=ctx.request_id, upstream_request_id=ctx.upstream_id, endpoint=ctx.endpoint,
             tenant=ctx.tenant, stream=ctx.stream, input_tokens=ctx.input_tokens, output_tokens=ctx.output_tokens,
             decision=ctx.decision, reason=ctx.reason, path=path, fallback=ctx.fallback, probe=ctx.probe,

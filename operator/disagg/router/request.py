@@ -50,6 +50,11 @@ class Ctx:
     # timing keys that came from a worker's recent metric averages, not from a per-request source
     estimated: set[str] = field(default_factory=set)
     span: Any = None  # the router's span for this request (tracing on and sampled or not); None when tracing is off
+    # request log schema 2 (docs/planning.md "The request log"; read by disagg replay and disagg plan --from-log)
+    arrival_unix: float = 0.0  # wall clock when the router received the request
+    max_tokens: int | None = None  # what the client asked for (None: absent)
+    prefix_hash: str | None = None  # chained hash of the longest leading block run the prefix index had seen
+    prefix_tokens: int = 0  # its length in tokens (0: no worker held any of this prompt's prefix)
 
     def mark_upstream(self) -> None:
         if self.first_upstream_at is None:

@@ -218,7 +218,7 @@ class Router:
         t0 = time.monotonic()
         client_rid = request.headers.get("X-Request-Id")
         rid = client_rid or f"disagg-{uuid.uuid4().hex}"
-        ctx = Ctx(request_id=rid, endpoint=request.path, stream=False, t0=t0)
+        ctx = Ctx(request_id=rid, endpoint=request.path, stream=False, t0=t0, arrival_unix=time.time())
         # vLLM keys requests (and NIXL notifications) by this id: make it unique even when clients reuse theirs
         ctx.upstream_id = f"{client_rid[:200]}-{uuid.uuid4().hex[:8]}" if client_rid else rid
         if self.tracing is not None:  # a client's traceparent is the parent; else sampled at the configured ratio
@@ -259,7 +259,13 @@ class Router:
         feats = RequestFeatures(request_id=ctx.request_id, endpoint=ctx.endpoint, input_tokens=ctx.input_tokens,
                                 max_tokens=req.max_tokens, tenant=tenant.name if tenant else None,
                                 canary_fraction=features.request_hash_fraction(ctx.request_id))
-        d, ticket = self.route(cfg, feats, self._snapshot(hashes, tname))
+        ctx.max_tokens = req.max_tokens
+        snap = self._snapshot(hashes, tname)
+        best = max((w.prefix_tokens for w in snap.decode + snap.aggregated), default=0)
+        if best:  # the log's prefix family for replay: the longest run of full blocks some worker holds
+            ctx.prefix_tokens = best
+            ctx.prefix_hash = f"{hashes[best // features.PREFIX_BLOCK_TOKENS - 1]:016x}"
+        d, ticket = self.route(cfg, feats, snap)
         ctx.tenant, ctx.decision, ctx.reason = d.tenant, d.decision, d.reason
         ctx.probe = d.reason == "mode_probe"
         self.metrics.decisions.labels(d.decision, d.reason).inc()
