@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "disagg.sim.cli",  # sim
     "disagg.bench.cli",  # bench
     "disagg.plan.cli",  # plan
+    "disagg.twin.cli",  # twin
 )
 
 

@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .. import logs
 from .config import SimConfig
@@ -37,14 +38,18 @@ class StartupError(RuntimeError):
 
 
 class SimClock:
-    """Simulated seconds since start = wall seconds since start ÷ time_scale."""
+    """Simulated seconds since start = wall seconds since start ÷ time_scale.
 
-    def __init__(self, time_scale: float) -> None:
+    ``timer`` is the wall clock (``time.monotonic``); the twin (disagg.twin) passes its virtual-time loop's
+    ``loop.time`` with a scale of 1, so the same engine loop runs in virtual time."""
+
+    def __init__(self, time_scale: float, timer: Callable[[], float] = time.monotonic) -> None:
         self.scale = time_scale
-        self.wall0 = time.monotonic()
+        self.timer = timer
+        self.wall0 = timer()
 
     def now(self) -> float:
-        return (time.monotonic() - self.wall0) / self.scale
+        return (self.timer() - self.wall0) / self.scale
 
     async def sleep_until(self, t: float) -> None:
         d = (t - self.now()) * self.scale
@@ -65,6 +70,18 @@ class ReqCtx:
     xfer_s: float | None = None
     last_ts: float = 0.0
     engine: Any = None  # the Engine (data-parallel rank) serving the request
+    # In-process consumers (the twin) take (kind, value, time) events here instead of from ``queue``.
+    sink: Callable[[str, Any, float], None] | None = None
+
+
+class KVClient(Protocol):
+    """The decode side's way to the prefill engines' KV: nixl.SideChannelClient (TCP), or the twin's in-process
+    link. ``pull`` reads the blocks, awaits ``wait_modelled`` (the simulated transfer time), then notifies."""
+
+    async def pull(self, params: dict[str, Any], request_id: str,
+                   wait_modelled: Callable[[PullOutcome], Awaitable[None]]) -> PullOutcome: ...
+
+    async def notify_only(self, params: dict[str, Any], request_id: str) -> bool: ...
 
 
 def _kv_dtype_bytes(cfg: SimConfig) -> float:
@@ -79,7 +96,11 @@ def build_perf(cfg: SimConfig) -> PerfModel:
 
 class Engine:
     def __init__(self, cfg: SimConfig, metrics: Metrics | None = None, *, dp_rank: int = 0,
-                 clock: SimClock | None = None, shared: Registry | None = None) -> None:
+                 clock: SimClock | None = None, shared: Registry | None = None, kv_client: KVClient | None = None,
+                 side_channel: bool = True, metrics_enabled: bool = True) -> None:
+        """``kv_client``: how this engine pulls remote KV (default: the NIXL side channel over TCP);
+        ``side_channel`` False: serve no side channel (the twin reads held KV in-process); ``metrics_enabled``
+        False: record no Prometheus series (the twin)."""
         self.cfg = cfg
         self.dp_rank = dp_rank
         self.perf = build_perf(cfg)
@@ -115,7 +136,8 @@ class Engine:
             self.engine_id = self.kvt.engine_id if cfg.dp == 1 else f"{self.kvt.engine_id}_dp{dp_rank}"
         self.side_port = cfg.side_channel_port + dp_rank
         self.metrics = metrics or Metrics(cfg.served_model_name, cfg.max_model_len, engine=str(dp_rank),
-                                          nixl=self.kvt is not None, shared=shared, release=cfg.release)
+                                          nixl=self.kvt is not None, shared=shared, release=cfg.release,
+                                          enabled=metrics_enabled)
         self.metrics.cache_config.labels(block_size=str(cfg.block_size), num_gpu_blocks=str(self.num_blocks),
                                          gpu_memory_utilization=str(cfg.gpu_memory_utilization),
                                          enable_prefix_caching=str(cfg.prefix_caching),
@@ -126,12 +148,13 @@ class Engine:
         mp = cfg.model_preset
         self.compat = compat_hash(cfg.vllm_version, mp.name, cfg.block_size, cfg.kv_cache_dtype, mp.layers,
                                   mp.kv_heads, mp.head_dim)
-        self.client: SideChannelClient | None = None
+        self.client: KVClient | None = None
         self.side_server: SideChannelServer | None = None
         if self.kvt and self.engine_id is not None:
-            self.client = SideChannelClient(engine_id=self.engine_id, compat=self.compat, tp_size=cfg.tp)
+            self.client = kv_client or SideChannelClient(engine_id=self.engine_id, compat=self.compat, tp_size=cfg.tp)
+        if self.kvt and self.engine_id is not None and side_channel:
             self.side_server = SideChannelServer(engine_id=self.engine_id, compat=self.compat, tp_size=cfg.tp,
-                                                 read=self._serve_read, release=self._serve_release,
+                                                 read=self.serve_read, release=self.serve_release,
                                                  payload_scale=cfg.kv_payload_scale)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -139,7 +162,9 @@ class Engine:
         self._prev = SchedulerStats()
         self._busy_until: float | None = None  # end of the last step while continuously busy
         self._ready_at = 0.0  # simulated time of the latest event that made work available while idle
+        self._metrics_on = metrics_enabled
         self.steps = 0
+        self.busy_s = 0.0  # simulated seconds spent in steps (utilisation)
         self.transfers_ok = 0
         self.transfers_failed = 0
         self.recomputed = 0
@@ -237,13 +262,20 @@ class Engine:
             # arrival, a finished KV pull), not when Python got round to it: up to max_lag of event-loop latency
             # is absorbed instead of being counted as simulated time.
             floor = self._busy_until if self._busy_until is not None else self._ready_at
-            newest = max((s.request.arrival for s in batch.items), default=0.0)
+            items = batch.items
+            newest = 0.0
+            for s in items:
+                if s.request.arrival > newest:
+                    newest = s.request.arrival
             start = max(floor, newest, now - self.max_lag)  # never before the previous step's end
-            for s in batch.items:
-                if s.request.first_scheduled is not None and s.request.first_scheduled > start:
-                    s.request.first_scheduled = start
-                if s.request.first_scheduled is not None and s.request.first_scheduled < s.request.arrival:
-                    s.request.first_scheduled = s.request.arrival
+            for s in items:
+                r = s.request
+                fs = r.first_scheduled
+                if fs is not None:
+                    if fs > start:
+                        fs = r.first_scheduled = start
+                    if fs < r.arrival:
+                        r.first_scheduled = r.arrival
             cost = self.perf.step(SeqWork(s.new_tokens, s.context, s.samples) for s in batch.items)
             dt = cost.total_s
             if self.cfg.faults.prefill_stall_ms and any(s.context < s.request.prompt_len for s in batch.items):
@@ -252,13 +284,17 @@ class Engine:
             await self.clock.sleep_until(end)
             self._busy_until = end
             self.steps += 1
-            self.metrics.iteration_tokens.observe(batch.tokens)
+            self.busy_s += dt
+            if self._metrics_on:
+                self.metrics.iteration_tokens.observe(batch.tokens)
             for req, done in self.sched.finish_step(batch, end):
                 self._on_token(req, done, end)
             self._sync_stats()
             self.update_gauges()
 
     def _sync_stats(self) -> None:
+        if not self._metrics_on:
+            return
         s, p, m = self.sched.stats, self._prev, self.metrics
         if s.prefix_queries != p.prefix_queries:
             m.prefix_queries.inc(s.prefix_queries - p.prefix_queries)
@@ -269,6 +305,8 @@ class Engine:
         self._prev = SchedulerStats(**vars(s))
 
     def update_gauges(self) -> None:
+        if not self._metrics_on:
+            return
         m = self.metrics
         deferred = self.sched.num_waiting_deferred
         m.running.set(len(self.sched.running))
@@ -279,24 +317,28 @@ class Engine:
 
     def _on_token(self, req: Request, done: bool, now: float) -> None:
         ctx: ReqCtx = req.ctx
-        m = self.metrics
-        m.generation_tokens.inc()
-        if req.num_output == 1:
-            m.ttft.observe(now - req.arrival)
-            m.prompt_tokens.inc(req.prompt_len)
-            external = req.num_external if not req.recomputed else 0
-            m.prompt_local_cache_hit.inc(req.num_cached)
-            m.prompt_external.inc(external)
-            m.prompt_local_compute.inc(max(0, req.prompt_len - req.num_cached - external))
-            m.prompt_cached.inc(req.num_cached + external)
-        else:
-            itl = now - ctx.last_ts
-            m.itl.observe(itl)
-            m.tpot.observe(itl)
+        if self._metrics_on:
+            m = self.metrics
+            m.generation_tokens.inc()
+            if req.num_output == 1:
+                m.ttft.observe(now - req.arrival)
+                m.prompt_tokens.inc(req.prompt_len)
+                external = req.num_external if not req.recomputed else 0
+                m.prompt_local_cache_hit.inc(req.num_cached)
+                m.prompt_external.inc(external)
+                m.prompt_local_compute.inc(max(0, req.prompt_len - req.num_cached - external))
+                m.prompt_cached.inc(req.num_cached + external)
+            else:
+                itl = now - ctx.last_ts
+                m.itl.observe(itl)
+                m.tpot.observe(itl)
         ctx.last_ts = now
         if done and req.remote_decode and req.finish_reason == "length" and self.kvt and self.kvt.producer:
             ctx.kv_params_out = self._kv_params_for(req)
-        ctx.queue.put_nowait(("token", req.num_output, now))
+        if ctx.sink is not None:
+            ctx.sink("token", req.num_output, now)
+        else:
+            ctx.queue.put_nowait(("token", req.num_output, now))
         if done:
             self._record_finish(req, now)
 
@@ -323,7 +365,10 @@ class Engine:
                      cached_tokens=req.num_cached, external_tokens=req.num_external, output_tokens=req.num_output,
                      finish_reason=reason, ttft_s=(req.first_token - req.arrival) if req.first_token else None,
                      e2e_s=now - req.arrival, preemptions=req.preemptions, recomputed=req.recomputed)
-        ctx.queue.put_nowait(("finish", reason, now))
+        if ctx.sink is not None:
+            ctx.sink("finish", reason, now)
+        else:
+            ctx.queue.put_nowait(("finish", reason, now))
 
     # ------------------------------------------------------------------------------------ P/D
     def _kv_params_for(self, req: Request) -> dict[str, Any]:
@@ -339,7 +384,7 @@ class Engine:
             "tp_size": self.cfg.tp,
         }
 
-    def _serve_read(self, request_id: str, block_ids: list[int]) -> tuple[bool, str, int, float]:
+    def serve_read(self, request_id: str, block_ids: list[int]) -> tuple[bool, str, int, float]:
         entry = self.sched.held.get(request_id)
         if entry is None:
             return False, f"no KV blocks held for request {request_id} (unknown, already pulled, or lease " \
@@ -349,7 +394,7 @@ class Engine:
             return False, f"remote_block_ids do not match the blocks held for request {request_id}", 0, 0.0
         return True, "", req.prompt_len, self.perf.transfer_bytes(req.prompt_len)
 
-    def _serve_release(self, request_id: str) -> bool:
+    def serve_release(self, request_id: str) -> bool:
         freed = self.sched.release_held(request_id) is not None
         if not freed and self.metrics.nixl:
             # A completion notification for a request no longer held (its lease expired): vLLM >= 0.32.0 counts

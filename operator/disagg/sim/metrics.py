@@ -12,7 +12,7 @@ All durations are *simulated* seconds (see docs/simulator.md, "Time").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -71,15 +71,40 @@ class Registry:
         return generate_latest(self.registry)
 
 
+class _Off:
+    """A metric that records nothing (``Metrics(enabled=False)``): the same calls, no cost."""
+
+    def labels(self, *_a: Any, **_kw: Any) -> _Off:
+        return self
+
+    def inc(self, *_a: Any) -> None:
+        pass
+
+    def dec(self, *_a: Any) -> None:
+        pass
+
+    def set(self, *_a: Any) -> None:
+        pass
+
+    def observe(self, *_a: Any) -> None:
+        pass
+
+
+_OFF = _Off()
+
+
 class Metrics:
-    """The series of one engine (label ``engine`` = its data-parallel rank)."""
+    """The series of one engine (label ``engine`` = its data-parallel rank). ``enabled`` False: every series is a
+    no-op (the twin, disagg.twin, reads engine state directly and has no /metrics to serve)."""
 
     def __init__(self, model_name: str, max_model_len: int, engine: str = "0", nixl: bool = False,
-                 shared: Registry | None = None, release: VllmProfile = DEFAULT) -> None:
+                 shared: Registry | None = None, release: VllmProfile = DEFAULT, enabled: bool = True) -> None:
         self.shared = shared or Registry()
         self.registry = self.shared.registry
 
         def fam(cls: type[M], name: str, doc: str, labelnames: list[str], **kw: Any) -> M:
+            if not enabled:
+                return cast(M, _OFF)
             return self.shared.family(cls, name, doc, labelnames, exported=release.has_metric(name), **kw)
         ln = ["model_name", "engine"]
         lv = {"model_name": model_name, "engine": engine}

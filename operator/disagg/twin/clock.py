@@ -1,0 +1,96 @@
+"""A virtual-time asyncio event loop: ``loop.time()`` is simulated seconds, and waiting costs no wall time.
+
+asyncio's selector loop computes, each turn, how long it may block (until its next timer, 0 when callbacks are
+ready, None when there is nothing at all) and asks its selector to wait that long. :class:`VirtualSelector`
+does not wait: it moves the loop's virtual clock forward by that timeout and reports no I/O. So every
+``asyncio.sleep``, ``call_later``, ``wait_for`` and ``asyncio.timeout`` runs in virtual time, unchanged — the
+simulator's engine loop (sim/engine.py, with a :class:`~disagg.sim.engine.SimClock` reading ``loop.time``) runs
+as it does behind HTTP, only without wall-clock sleeps. A wait with nothing scheduled can never end (no I/O
+exists here): that is a deadlock in the model, raised as :class:`DeadlockError` instead of hanging.
+
+Timers due at the same virtual time run in the order they were scheduled (asyncio's heap breaks ties by
+insertion), so a run is deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import selectors
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class DeadlockError(RuntimeError):
+    """The virtual loop has nothing ready and nothing scheduled, but the main coroutine is not done."""
+
+
+class VirtualSelector(selectors.SelectSelector):
+    """Registers file objects like a real selector (asyncio's self-pipe) but never blocks on them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.advances = 0
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is None:
+            raise DeadlockError(
+                f"virtual time {self.now:.6f} s: nothing is ready and nothing is scheduled, yet the run is not "
+                "finished (a request waits for an event that can never happen)")
+        if timeout > 0:
+            self.now += timeout
+            self.advances += 1
+        return []
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock is virtual (starts at ``start``, in seconds) and whose waits take no wall time."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._vsel = VirtualSelector()
+        self._vsel.now = start
+        super().__init__(self._vsel)
+        self._clock_resolution = 1e-9
+
+    def time(self) -> float:
+        return self._vsel.now
+
+    @property
+    def advances(self) -> int:
+        """How many times virtual time jumped forward (≈ distinct event times)."""
+        return self._vsel.advances
+
+    def _run_once(self) -> None:
+        # Land exactly on the next timer: ``now + (when - now)`` can fall a rounding error short of ``when``.
+        sched = self._scheduled  # type: ignore[attr-defined]
+        if not self._ready and sched:  # type: ignore[attr-defined]
+            when = sched[0].when()
+            if when > self._vsel.now:
+                self._vsel.now = when
+                self._vsel.advances += 1
+        super()._run_once()  # type: ignore[misc]
+
+
+def run_virtual(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
+    """Run ``main`` to completion on a fresh :class:`VirtualTimeLoop` (like ``asyncio.run``) and close it."""
+    loop = VirtualTimeLoop(start)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            _cancel_all(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))

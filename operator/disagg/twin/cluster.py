@@ -1,0 +1,619 @@
+"""TwinCluster: simulated engines (sim/engine.py) and an in-process router (router/policy.py) in virtual time.
+
+Every worker is a real :class:`~disagg.sim.engine.Engine` built from a ``SimConfig`` that sim/config.py parses
+from the same flags ``disagg sim`` takes; its clock reads the virtual loop (clock.py). The KV hand-off between a
+prefill and a decode engine goes through :class:`LocalKVLink` (the decode engine's ``kv_client``): the NIXL side
+channel's read → modelled transfer time → notification, as method calls instead of TCP.
+
+The router shim mirrors ``disagg router`` per request (server.py ``_handle`` → paths.py → legs.py) with the
+router's own state objects — router/load.py ``Worker``/``WorkerSet``/``TenantStats`` (in-flight counts, the
+prefill backlog clock, scraped values and their EWMAs) and router/prefix.py ``PrefixIndex`` — and calls the real
+``policy.decide``. Scrapes run every ``scrape_interval_s`` of virtual time, so the snapshot is as stale as the real
+router's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.contract import RouterConfig
+from ..router import features
+from ..router.load import TenantStats, Worker, WorkerSet
+from ..router.policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide
+from ..router.prefix import PrefixIndex
+from ..sim import config as sim_config
+from ..sim.engine import Engine, ReqCtx, SimClock, make_request
+from ..sim.nixl import PullOutcome
+from ..sim.scheduler import Request
+from .arrivals import Arrival, Prepared, prepare
+
+ROLES = ("prefill", "decode", "aggregated")
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+DEFAULT_SCRAPE_INTERVAL_S = 1.0  # disagg router --scrape-interval's default (router/cli.py)
+# The router's default drain: requests still unfinished this long after the last arrival are recorded as such.
+DEFAULT_DRAIN_S = 3600.0
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """``count`` identical workers. ``extra_args``: further ``disagg sim`` (vLLM) flags, e.g.
+    ``("--no-enable-prefix-caching",)`` or ``("--kv-cache-dtype", "fp8")``."""
+
+    count: int
+    gpu: str = "H100-SXM"
+    model_preset: str = "Llama-3.1-8B"
+    tp: int = 1
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def argv(self, model: str) -> list[str]:
+        argv = [model, "--gpu", self.gpu, "--model-preset", self.model_preset,
+                "--tensor-parallel-size", str(self.tp)]
+        if self.max_num_seqs is not None:
+            argv += ["--max-num-seqs", str(self.max_num_seqs)]
+        if self.max_num_batched_tokens is not None:
+            argv += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+        return argv + list(self.extra_args)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> PoolSpec:
+        known = {"count", "gpu", "model_preset", "tp", "max_num_seqs", "max_num_batched_tokens", "extra_args"}
+        alias = {"modelPreset": "model_preset", "maxNumSeqs": "max_num_seqs",
+                 "maxNumBatchedTokens": "max_num_batched_tokens", "extraArgs": "extra_args"}
+        kw: dict[str, Any] = {}
+        for k, v in data.items():
+            name = alias.get(k, k)
+            if name not in known:
+                raise ValueError(f"{where}.{k}: unknown field (one of {', '.join(sorted(known))})")
+            kw[name] = tuple(str(x) for x in v) if name == "extra_args" else v
+        if "count" not in kw:
+            raise ValueError(f"{where}.count: required")
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The pools, the router's config and knobs, the KV transport. ``router`` may be a RouterConfig or the dict
+    that ``router.yaml`` holds (validated by RouterConfig, so a wrong field is named)."""
+
+    prefill: PoolSpec | None = None
+    decode: PoolSpec | None = None
+    aggregated: PoolSpec | None = None
+    router: RouterConfig | Mapping[str, Any] = field(default_factory=RouterConfig)
+    tuning: Tuning = field(default_factory=Tuning)
+    scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+    transport: str = "rdma"  # KV transport preset (sim/presets.py): rdma, nvlink, tcp
+    model: str = DEFAULT_MODEL
+    drain_s: float = DEFAULT_DRAIN_S  # virtual seconds after the last arrival before unfinished requests give up
+
+    def router_config(self) -> RouterConfig:
+        if isinstance(self.router, RouterConfig):
+            return self.router
+        return RouterConfig.model_validate(dict(self.router))
+
+    def pools(self) -> dict[str, PoolSpec]:
+        return {r: p for r, p in (("prefill", self.prefill), ("decode", self.decode),
+                                  ("aggregated", self.aggregated)) if p is not None and p.count > 0}
+
+    def validate(self) -> None:
+        for role, p in (("prefill", self.prefill), ("decode", self.decode), ("aggregated", self.aggregated)):
+            if p is not None and p.count < 0:
+                raise ValueError(f"{role}.count: must be >= 0, got {p.count}")
+        if not self.pools().keys() & {"decode", "aggregated"}:
+            raise ValueError("decode.count / aggregated.count: the cluster needs a decode or an aggregated worker")
+        if self.scrape_interval_s <= 0:
+            raise ValueError(f"scrape_interval_s: must be > 0, got {self.scrape_interval_s}")
+        if self.drain_s <= 0:
+            raise ValueError(f"drain_s: must be > 0, got {self.drain_s}")
+        self.router_config()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
+        """The YAML shape of ``disagg twin --scenario``: pools under their role names, ``router`` (router.yaml),
+        ``tuning`` (policy.Tuning fields), ``scrapeIntervalS``, ``transport``, ``model``, ``drainS``."""
+        kw: dict[str, Any] = {}
+        for k, v in data.items():
+            if k in ROLES:
+                kw[k] = PoolSpec.from_dict(v or {}, k) if v is not None else None
+            elif k == "router":
+                kw["router"] = RouterConfig.model_validate(v or {})
+            elif k == "tuning":
+                kw["tuning"] = Tuning(**(v or {}))
+            elif k in ("scrapeIntervalS", "scrape_interval_s"):
+                kw["scrape_interval_s"] = float(v)
+            elif k in ("drainS", "drain_s"):
+                kw["drain_s"] = float(v)
+            elif k in ("transport", "model"):
+                kw[k] = str(v)
+            elif k not in ("arrivals", "workload", "slo", "seed"):  # the scenario's other sections (cli.py)
+                raise ValueError(f"{k}: unknown cluster field")
+        spec = cls(**kw)
+        spec.validate()
+        return spec
+
+    def gpus(self) -> int:
+        return sum(p.count * p.tp for p in self.pools().values())
+
+
+class LocalKVLink:
+    """The decode engine's NIXL client, in-process: handshake (compat, first contact), read the held blocks,
+    sleep out ``PerfModel.transfer_time`` (the engine's ``wait_modelled``), notify (frees the prefill blocks)."""
+
+    def __init__(self, compat: str, producers: Mapping[str, Engine]) -> None:
+        self.compat = compat
+        self.producers = producers
+        self.known_engines: set[str] = set()
+
+    def _producer(self, params: Mapping[str, Any]) -> Engine | None:
+        return self.producers.get(str(params.get("remote_engine_id")))
+
+    async def pull(self, params: dict[str, Any], request_id: str,
+                   wait_modelled: Callable[[PullOutcome], Any]) -> PullOutcome:
+        prod = self._producer(params)
+        if prod is None:
+            return PullOutcome(False, f"side channel of engine {params.get('remote_engine_id')} unreachable")
+        if prod.compat != self.compat:
+            return PullOutcome(False, f"NIXL handshake refused: compat hash {self.compat} != {prod.compat}")
+        eid = str(prod.engine_id)
+        first = eid not in self.known_engines
+        self.known_engines.add(eid)
+        ok, err, tokens, kv_bytes = prod.serve_read(request_id, list(params.get("remote_block_ids") or []))
+        if not ok:
+            return PullOutcome(False, f"NIXL read failed: {err}", first_contact=first)
+        out = PullOutcome(True, "", tokens, kv_bytes, 0, first)
+        await wait_modelled(out)
+        prod.serve_release(request_id)
+        return out
+
+    async def notify_only(self, params: dict[str, Any], request_id: str) -> bool:
+        prod = self._producer(params)
+        return prod.serve_release(request_id) if prod is not None else False
+
+
+@dataclass
+class Leg:
+    """One request on one engine, fed by the engine's token sink (no queue, no task per token)."""
+
+    req: Request
+    engine: Engine
+    worker: TwinWorker
+    first: float | None = None
+    last: float | None = None
+    tokens: int = 0
+    itl_max: float = 0.0
+    reason: str | None = None
+    done: asyncio.Future[None] | None = None
+    first_token: asyncio.Future[None] | None = None
+
+    def sink(self, kind: str, value: Any, now: float) -> None:
+        if kind == "token":
+            if self.first is None:
+                self.first = now
+                if self.first_token is not None and not self.first_token.done():
+                    self.first_token.set_result(None)
+            elif self.last is not None:
+                self.itl_max = max(self.itl_max, now - self.last)
+            self.last = now
+            self.tokens = int(value)
+            return
+        self.reason = str(value)
+        self.worker.observe_finish(self.req)
+        if self.first_token is not None and not self.first_token.done():
+            self.first_token.set_result(None)
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+
+@dataclass
+class TwinWorker:
+    """A worker: its engine, the router's view of it (router/load.py Worker), and what a scrape would read."""
+
+    url: str
+    role: str
+    engine: Engine
+    gpus: int
+    rw: Worker
+    started_at: float = 0.0  # virtual time it joined the cluster
+    stopped_at: float | None = None  # virtual time it left (remove_worker), None while in service
+    # cumulative histogram sums/counts the router scrapes (vllm:request_*), fed when requests finish
+    hist: dict[str, float] = field(default_factory=dict)
+
+    def gpu_seconds(self, end: float) -> float:
+        return self.gpus * max(0.0, (self.stopped_at if self.stopped_at is not None else end) - self.started_at)
+
+    def observe_finish(self, req: Request) -> None:
+        """What Engine._record_finish observes into the families the router reads (router/load.py HISTOGRAMS)."""
+        h = self.hist
+        _add(h, "vllm:request_prompt_tokens", req.prompt_len)
+        if req.first_scheduled is not None:
+            _add(h, "vllm:request_queue_time_seconds", max(0.0, req.first_scheduled - req.arrival))
+            if req.first_token is not None:
+                _add(h, "vllm:request_prefill_time_seconds", req.first_token - req.first_scheduled)
+
+    def scrape(self) -> dict[str, float]:
+        s = self.engine.sched
+        return {"vllm:num_requests_waiting": float(len(s.waiting)),
+                "vllm:num_requests_running": float(len(s.running)),
+                "vllm:kv_cache_usage_perc": self.engine.pool.usage, **self.hist}
+
+
+def _add(h: dict[str, float], name: str, v: float) -> None:
+    h[name + "_sum"] = h.get(name + "_sum", 0.0) + v
+    h[name + "_count"] = h.get(name + "_count", 0.0) + 1.0
+
+
+def worker_load(w: Worker, prefix_tokens: int, now: float) -> WorkerLoad:
+    """router/load.py ``Worker.load`` at virtual time ``now`` (that method reads time.monotonic())."""
+    running = w.scraped.get("vllm:num_requests_running", 0.0)
+    return WorkerLoad(
+        url=w.url, compat=w.compat, inflight=w.inflight,
+        est_wait_ms=w.est_prefill_wait_s(now) * 1000.0 if w.role == "prefill" else 0.0,
+        running=max(running, float(w.inflight)) if w.scraped else float(w.inflight),
+        waiting=w.scraped.get("vllm:num_requests_waiting", 0.0),
+        kv_usage=w.scraped.get("vllm:kv_cache_usage_perc", 0.0),
+        prefix_tokens=prefix_tokens,
+    )
+
+
+@dataclass
+class Outcome:
+    """What happened to one request (run.py turns it into a RequestRecord)."""
+
+    prepared: Prepared
+    decision: Decision | None = None
+    path: str = "none"  # remote | local | fallback | none
+    fallback: str | None = None
+    status: int = 0
+    error: str = ""
+    prefill_worker: str | None = None
+    decode_worker: str | None = None
+    sent: float = 0.0
+    first: float | None = None
+    last: float | None = None
+    end: float | None = None
+    tokens: int = 0
+    itl_max: float = 0.0
+    prefill_leg_s: float | None = None
+    kv_transfer_s: float | None = None
+    cached_tokens: int = 0
+
+
+class TwinCluster:
+    """The engines and the router shim. Construct and :meth:`run` inside a virtual loop (clock.run_virtual);
+    :func:`disagg.twin.simulate` does both."""
+
+    def __init__(self, spec: ClusterSpec, *, seed: int = 0) -> None:
+        spec.validate()
+        self.spec = spec
+        self.seed = seed
+        self.config = spec.router_config()
+        self.tuning = spec.tuning
+        self.loop = asyncio.get_running_loop()
+        self.clock = SimClock(1.0, timer=self.loop.time)
+        self.workers: dict[str, TwinWorker] = {}
+        self.ws = WorkerSet()
+        self.prefix = PrefixIndex()
+        self.tenants = TenantStats()
+        self.decisions: dict[str, int] = {}
+        self.producers: dict[str, Engine] = {}
+        self.retired: list[TwinWorker] = []  # removed workers (GPU-seconds up to their removal)
+        self._index = 0
+        self._started = False
+        for role, pool in spec.pools().items():
+            for _ in range(pool.count):
+                self._build(role, pool)
+
+    def _build(self, role: str, pool: PoolSpec) -> TwinWorker:
+        n = sum(1 for w in [*self.workers.values(), *self.retired] if w.role == role)
+        url = f"{role}-{n}"
+        argv = [*pool.argv(self.spec.model), "--time-scale", "1", "--seed", str(self.seed * 100_003 + self._index),
+                "--kv-transport", self.spec.transport]
+        if role in ("prefill", "decode"):
+            argv += ["--kv-transfer-config", json.dumps({
+                "kv_connector": "NixlConnector", "engine_id": url,
+                "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"})]
+        cfg = _parse_sim(argv, f"{role} pool")
+        if cfg.dp != 1:
+            raise ValueError(f"{role}.extra_args: --data-parallel-size is not modelled by the twin; use count instead")
+        link = LocalKVLink("", self.producers) if role == "decode" else None
+        eng = Engine(cfg, clock=self.clock, kv_client=link, side_channel=False, metrics_enabled=False)
+        if link is not None:
+            link.compat = eng.compat
+        if role == "prefill":
+            self.producers[url] = eng
+        compat = eng.compat if role != "aggregated" else ""
+        w = TwinWorker(url, role, eng, cfg.tp * cfg.pp, Worker(url=url, role=role, compat=compat),
+                       started_at=self.now)
+        self.workers[url] = w
+        self._index += 1
+        self._sync_pool(role)
+        return w
+
+    def _sync_pool(self, role: str) -> None:
+        """The router's WorkerSet follows the workers (as discovery does); a worker keeps its router-side stats."""
+        self.ws.set_pool(role, [(w.url, w.rw.compat) for w in self.workers.values() if w.role == role])
+        for url, rw in self.ws.pools[role].items():
+            self.workers[url].rw = rw
+
+    # ------------------------------------------------------------------------------------ lifecycle
+    @property
+    def now(self) -> float:
+        return self.loop.time()
+
+    def pool(self, role: str) -> list[TwinWorker]:
+        return [w for w in self.workers.values() if w.role == role]
+
+    def set_config(self, cfg: RouterConfig) -> None:
+        """Swap the router's config (a ConfigMap reload): requests decided from now on use it."""
+        self.config = cfg
+
+    async def add_worker(self, role: str, pool: PoolSpec | None = None) -> str:
+        """Scale up: a new ready worker of ``role`` (like the pool's, or ``pool``), counted from now; its URL."""
+        if role not in ROLES:
+            raise ValueError(f"role: one of {', '.join(ROLES)}, got {role!r}")
+        pool = pool or self.spec.pools().get(role) or PoolSpec(1)
+        w = self._build(role, pool)
+        if self._started:
+            await w.engine.start()
+        return w.url
+
+    async def remove_worker(self, url: str) -> None:
+        """Scale down: the router stops sending to ``url`` at once (discovery drops it); requests on it finish
+        (a drain), then its engine stops. Its GPU-seconds count until the drain ends."""
+        w = self.workers.pop(url, None)
+        if w is None:
+            raise ValueError(f"url: no worker {url!r}")
+        self._sync_pool(w.role)
+        self.prefix.forget(url)
+        while w.engine.busy or w.engine.sched.held or w.rw.inflight:
+            await asyncio.sleep(self.spec.scrape_interval_s / 10)
+        w.stopped_at = self.now
+        self.producers.pop(url, None)
+        self.retired.append(w)
+        await w.engine.stop()
+
+    async def start(self) -> None:
+        self._started = True
+        for w in self.workers.values():
+            await w.engine.start()
+
+    async def stop(self) -> None:
+        for w in self.workers.values():
+            await w.engine.stop()
+
+    def scrape_all(self) -> None:
+        for w in self.workers.values():
+            w.rw.update_scrape(w.scrape())
+
+    async def _scraper(self) -> None:
+        while True:
+            self.scrape_all()
+            await asyncio.sleep(self.spec.scrape_interval_s)
+
+    async def run(self, arrivals: Sequence[Arrival], vocab: int | None = None,
+                  controller: Callable[[TwinCluster], Coroutine[Any, Any, None]] | None = None) -> list[Outcome]:
+        """Replay ``arrivals`` (sorted by ``at``) and wait for every request to end (or the drain limit).
+
+        ``controller``: a coroutine run beside the traffic (an autoscaler's loop calling :meth:`add_worker` /
+        :meth:`remove_worker` / :meth:`set_config` at virtual times of its choosing); cancelled at the end."""
+        vocab = vocab or next(iter(self.workers.values())).engine.cfg.model_preset.vocab
+        await self.start()
+        scraper = asyncio.create_task(self._scraper(), name="twin-scraper")
+        ctl = asyncio.create_task(controller(self), name="twin-controller") if controller is not None else None
+        outcomes: list[Outcome] = []
+        tasks: list[asyncio.Task[None]] = []
+        t0 = self.now
+        try:
+            for i, a in enumerate(arrivals):
+                p = prepare(a, i, vocab)
+                o = Outcome(p)
+                outcomes.append(o)
+                delay = t0 + a.at - self.now
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(self._request(o)))
+            last = t0 + (arrivals[-1].at if arrivals else 0.0)
+            if tasks:
+                _, pending = await asyncio.wait(tasks, timeout=max(0.0, last + self.spec.drain_s - self.now))
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    await asyncio.wait(pending)
+                    for o in outcomes:
+                        if o.end is None:
+                            o.status = 0
+                            o.error = o.error or f"unfinished after the drain limit ({self.spec.drain_s} s)"
+        finally:
+            scraper.cancel()
+            if ctl is not None:
+                ctl.cancel()
+                await asyncio.gather(ctl, return_exceptions=True)
+            await self.stop()
+        if ctl is not None and ctl.done() and not ctl.cancelled() and ctl.exception() is not None:
+            raise RuntimeError("the twin's controller failed") from ctl.exception()
+        return outcomes
+
+    # ------------------------------------------------------------------------------------ one request
+    def _snapshot(self, hashes: tuple[int, ...], tenant: str) -> LoadSnapshot:
+        now = self.now
+
+        def loads(role: str, with_prefix: bool) -> tuple[WorkerLoad, ...]:
+            return tuple(worker_load(w, self.prefix.match_tokens(w.url, hashes) if with_prefix else 0, now)
+                         for w in self.ws.ready(role))
+
+        return LoadSnapshot(prefill=loads("prefill", False), decode=loads("decode", True),
+                            aggregated=loads("aggregated", True), tenant_avg_output_tokens=self.tenants.get(tenant))
+
+    async def _request(self, o: Outcome) -> None:
+        try:
+            await self._serve(o)
+        finally:
+            if o.end is None and not o.error and o.status:
+                o.end = self.now
+
+    async def _serve(self, o: Outcome) -> None:
+        p, a, cfg = o.prepared, o.prepared.arrival, self.config
+        o.sent = self.now
+        tenant = a.tenant if a.tenant is not None and any(t.name == a.tenant for t in cfg.routing.tenants) else None
+        feats = RequestFeatures(request_id=p.request_id, endpoint=a.endpoint, input_tokens=p.router_input_tokens,
+                                max_tokens=p.max_tokens, tenant=tenant,
+                                canary_fraction=features.request_hash_fraction(p.request_id))
+        d = decide(cfg, feats, self._snapshot(p.hashes, tenant or "default"), self.tuning)
+        o.decision = d
+        key = f"{d.decision}:{d.reason}"
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        if d.decision == "reject":
+            o.status, o.error, o.end = d.status, d.reason, self.now
+            return
+        if len(p.prompt_ids) + a.output_tokens > next(iter(self.workers.values())).engine.cfg.max_model_len:
+            o.status, o.error, o.end = 400, "prompt + max_tokens exceed max_model_len", self.now
+            return
+        if d.decision == "remote":
+            assert d.prefill and d.decode
+            o.path = "remote"
+            await self._remote(o, d.prefill, d.decode)
+        else:
+            o.path = "local"
+            await self._local(o, d.decode or self._fallback_worker(set()))
+
+    def _fallback_worker(self, exclude: set[str]) -> str | None:
+        """router/paths.py ``Paths.fallback_worker``: the aggregated pool first, else the least loaded decode."""
+        for role in ("aggregated", "decode"):
+            cands = [w for w in self.ws.ready(role) if w.url not in exclude]
+            if cands:
+                return min(cands, key=lambda w: (w.inflight, w.url)).url
+        return None
+
+    def _submit(self, url: str, p: Prepared, rid: str, max_tokens: int, kv: dict[str, Any] | None,
+                want_first: bool = False) -> Leg:
+        w = self.workers[url]
+        req = make_request(rid, list(p.prompt_ids), max_tokens, self.clock.now(), kv_params=kv,
+                           seed=0)
+        leg = Leg(req, w.engine, w, done=self.loop.create_future(),
+                  first_token=self.loop.create_future() if want_first else None)
+        req.ctx = ReqCtx(max_tokens_param=max_tokens, engine=w.engine, sink=leg.sink)
+        w.engine.submit(req)
+        return leg
+
+    async def _remote(self, o: Outcome, prefill: str, decode: str) -> None:
+        p, a, cfg = o.prepared, o.prepared.arrival, self.config
+        deadline = self.now + cfg.transfer_timeout_ms / 1000.0
+        o.prefill_worker = prefill
+        if prefill not in self.workers:  # removed since the decision
+            await self._after_remote_failure(o, "prefill_connect_error", exclude=set())
+            return
+        pw = self.workers[prefill].rw
+        ahead, waiting = pw.inflight_tokens, pw.scraped.get("vllm:num_requests_waiting", 0.0)
+        t = self.now
+        pw.inflight += 1
+        pw.inflight_tokens += p.router_input_tokens
+        pw.prefill_started(p.router_input_tokens, t)
+        leg = self._submit(prefill, p, p.request_id + "-p", 1, {"do_remote_decode": True, "do_remote_prefill": False})
+        assert leg.done is not None
+        kv: dict[str, Any] | None = None
+        cause: str | None = None
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(leg.done), max(deadline - t, 0.001))
+            except TimeoutError:
+                leg.engine.abort(leg.req)  # the router closes the connection; vLLM aborts the request
+                cause = "prefill_queue_timeout" if ahead > 0 or waiting > 0 else "prefill_timeout"
+        finally:
+            pw.inflight -= 1
+            pw.inflight_tokens -= p.router_input_tokens
+            pw.prefill_ended(others_in_flight=pw.inflight, now=self.now)
+        if cause is None:
+            o.prefill_leg_s = self.now - t
+            kv = leg.req.ctx.kv_params_out
+            if leg.reason != "length" or not kv:
+                cause = "prefill_no_kv_params" if leg.reason == "length" else "prefill_error"
+            else:
+                pw.observe_prefill_leg(o.prefill_leg_s, ahead + p.router_input_tokens)
+        if cause is not None or kv is None:
+            await self._after_remote_failure(o, cause or "prefill_error", exclude=set())
+            return
+        body_kv = dict(kv)
+        ok, fail_cause = await self._relay(o, decode, body_kv, deadline=deadline if a.stream else None, remote=True)
+        if not ok:
+            await self._after_remote_failure(o, fail_cause, exclude={decode})
+
+    async def _after_remote_failure(self, o: Outcome, cause: str, exclude: set[str]) -> None:
+        cfg = self.config
+        o.fallback = cause
+        if not cause.startswith("decode_") and cfg.routing.fallback.on_kv_transfer_timeout == "Fail":
+            o.status, o.error, o.end = (504 if "timeout" in cause else 502), f"remote prefill failed: {cause}", \
+                self.now
+            return
+        o.path = "fallback"
+        worker = self._fallback_worker(exclude) or self._fallback_worker(set())
+        if worker is None:
+            o.status, o.error, o.end = 503, "no worker available for the fallback path", self.now
+            return
+        await self._local(o, worker)
+
+    async def _local(self, o: Outcome, worker: str | None) -> None:
+        if worker is None:
+            o.status, o.error, o.end = 503, "no ready worker for this model", self.now
+            return
+        await self._relay(o, worker, None, deadline=None, remote=False)
+
+    async def _relay(self, o: Outcome, url: str, kv: dict[str, Any] | None, *, deadline: float | None,
+                     remote: bool) -> tuple[bool, str]:
+        """router/legs.py ``relay``: in flight on the worker until the answer ends; the prefix index learns the
+        prompt at the first token. False (with the fallback cause) when the KV hand-off missed the deadline."""
+        p, a = o.prepared, o.prepared.arrival
+        if url not in self.workers:  # removed (scaled down) since the decision: refused like a closed port
+            if remote:
+                return False, "decode_connect_error"
+            other = self._fallback_worker({url})
+            if other is None:
+                o.status, o.error, o.end = 503, "no ready worker for this model", self.now
+                return True, ""
+            o.path, o.fallback, url = "fallback", "decode_connect_error", other
+        o.decode_worker = url
+        rw = self.workers[url].rw
+        rw.inflight += 1
+        try:
+            leg = self._submit(url, p, p.request_id, a.output_tokens, kv, want_first=True)
+            assert leg.done is not None and leg.first_token is not None
+            if deadline is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(leg.first_token), max(deadline - self.now, 0.001))
+                except TimeoutError:
+                    leg.engine.abort(leg.req)
+                    return False, "kv_transfer_timeout"
+            else:
+                await leg.first_token
+            if leg.first is not None:
+                self.prefix.insert(url, p.hashes)
+            await leg.done
+        finally:
+            rw.inflight -= 1
+        ctx: ReqCtx = leg.req.ctx
+        if remote and (leg.first is None or leg.reason == "error"):
+            return False, "kv_load_failed"
+        o.first, o.last, o.tokens, o.itl_max, o.end = leg.first, leg.last, leg.tokens, leg.itl_max, self.now
+        o.kv_transfer_s = ctx.xfer_s
+        o.cached_tokens = leg.req.num_cached
+        if leg.reason in ("length", "stop") and leg.first is not None:
+            o.status = 200
+            self.tenants.observe(self.config_tenant(o), leg.tokens)
+        else:
+            o.status, o.error = 500, f"generation ended: {leg.reason}"
+        return True, ""
+
+    def config_tenant(self, o: Outcome) -> str:
+        return o.decision.tenant if o.decision is not None else "default"
+
+
+def _parse_sim(argv: list[str], where: str) -> sim_config.SimConfig:
+    try:
+        return sim_config.parse(argv, env={})
+    except SystemExit as e:  # argparse: the message went to stderr; name the pool
+        raise ValueError(f"{where}: invalid simulator flags {' '.join(argv[1:])} (see the error above)") from e
+

@@ -1,0 +1,83 @@
+"""The virtual-time event loop: timers in order at their exact virtual times, time jumps, deadlock detection."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from disagg.twin.clock import DeadlockError, VirtualTimeLoop, run_virtual
+
+
+def test_timers_fire_in_order_at_their_virtual_times() -> None:
+    fired: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for name, delay in (("c", 3.0), ("a", 0.5), ("b", 1.25), ("a2", 0.5)):
+            loop.call_later(delay, lambda n=name: fired.append((n, loop.time())))
+        await asyncio.sleep(10.0)
+
+    run_virtual(main())
+    # by time; equal times in scheduling order
+    assert fired == [("a", 0.5), ("a2", 0.5), ("b", 1.25), ("c", 3.0)]
+
+
+def test_time_jumps_and_sleepers_interleave() -> None:
+    log: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, period: float, n: int) -> None:
+        for _ in range(n):
+            await asyncio.sleep(period)
+            log.append((name, asyncio.get_running_loop().time()))
+
+    async def main() -> float:
+        await asyncio.gather(sleeper("fast", 0.1, 5), sleeper("slow", 3600.0, 2))
+        return asyncio.get_running_loop().time()
+
+    end = run_virtual(main())
+    assert end == pytest.approx(7200.0)
+    assert [n for n, _ in log] == ["fast"] * 5 + ["slow"] * 2
+    assert [t for _, t in log] == sorted(t for _, t in log)
+    assert log[4][1] == pytest.approx(0.5) and log[-1][1] == pytest.approx(7200.0)
+
+
+def test_wait_for_and_timeout_run_in_virtual_time() -> None:
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(fut, 42.0)
+        t1 = loop.time()
+        async with asyncio.timeout(8.0):
+            await asyncio.sleep(2.0)
+        return t1, loop.time()
+
+    assert run_virtual(main()) == (pytest.approx(42.0), pytest.approx(44.0))
+
+
+def test_start_offset() -> None:
+    async def main() -> float:
+        await asyncio.sleep(1.0)
+        return asyncio.get_running_loop().time()
+
+    assert run_virtual(main(), start=100.0) == pytest.approx(101.0)
+
+
+def test_deadlock_is_an_error_not_a_hang() -> None:
+    async def main() -> None:
+        await asyncio.get_running_loop().create_future()  # nothing will ever resolve it
+
+    with pytest.raises(DeadlockError, match="nothing is ready and nothing is scheduled"):
+        run_virtual(main())
+
+
+def test_loop_counts_advances() -> None:
+    loop = VirtualTimeLoop()
+    try:
+        loop.run_until_complete(asyncio.sleep(1.0))
+        loop.run_until_complete(asyncio.sleep(1.0))
+        assert loop.time() == pytest.approx(2.0)
+        assert loop.advances >= 2
+    finally:
+        loop.close()
