@@ -131,11 +131,12 @@ class Worker:
         others = self.scraped.get("vllm:num_requests_waiting", 0.0) * (self.avg_prompt_tokens or 0.0) * self.spt()
         return max(self.busy_until - now, others, 0.0)
 
-    def load(self, prefix_tokens: int = 0) -> WorkerLoad:
+    def load(self, prefix_tokens: int = 0, now: float | None = None) -> WorkerLoad:
+        """This worker's load for the policy; ``now``: the clock (default time.monotonic(); the twin's virtual)."""
         running = self.scraped.get("vllm:num_requests_running", 0.0)
         return WorkerLoad(
             url=self.url, compat=self.compat, inflight=self.inflight,
-            est_wait_ms=self.est_prefill_wait_s() * 1000.0 if self.role == "prefill" else 0.0,
+            est_wait_ms=self.est_prefill_wait_s(now) * 1000.0 if self.role == "prefill" else 0.0,
             running=max(running, float(self.inflight)) if self.scraped else float(self.inflight),
             waiting=self.scraped.get("vllm:num_requests_waiting", 0.0),
             kv_usage=self.scraped.get("vllm:kv_cache_usage_perc", 0.0),

@@ -270,8 +270,10 @@ class Scheduler:
                 continue  # aborted while the step ran
             if req.num_output == 0:
                 self.stats.computed_prompt_tokens += min(s.new_tokens, max(0, req.prompt_len - req.num_computed))
-            req.num_computed += s.new_tokens
-            self.pool.commit(req.blocks, req.hashes, min(req.num_computed, req.prompt_len) // bs)
+            prompt_step = req.num_computed < req.prompt_len  # only prompt blocks are ever committed: a decode step
+            req.num_computed += s.new_tokens                  # re-registering them all cost a third of a twin step
+            if prompt_step:
+                self.pool.commit(req.blocks, req.hashes, min(req.num_computed, req.prompt_len) // bs)
             if req.num_computed < req.num_tokens:
                 continue
             req.num_output += 1

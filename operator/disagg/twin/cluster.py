@@ -247,19 +247,6 @@ def _add(h: dict[str, float], name: str, v: float) -> None:
     h[name + "_count"] = h.get(name + "_count", 0.0) + 1.0
 
 
-def worker_load(w: Worker, prefix_tokens: int, now: float) -> WorkerLoad:
-    """router/load.py ``Worker.load`` at virtual time ``now`` (that method reads time.monotonic())."""
-    running = w.scraped.get("vllm:num_requests_running", 0.0)
-    return WorkerLoad(
-        url=w.url, compat=w.compat, inflight=w.inflight,
-        est_wait_ms=w.est_prefill_wait_s(now) * 1000.0 if w.role == "prefill" else 0.0,
-        running=max(running, float(w.inflight)) if w.scraped else float(w.inflight),
-        waiting=w.scraped.get("vllm:num_requests_waiting", 0.0),
-        kv_usage=w.scraped.get("vllm:kv_cache_usage_perc", 0.0),
-        prefix_tokens=prefix_tokens,
-    )
-
-
 @dataclass
 class Outcome:
     """What happened to one request (run.py turns it into a RequestRecord)."""
@@ -443,7 +430,7 @@ class TwinCluster:
         now = self.now
 
         def loads(role: str, with_prefix: bool) -> tuple[WorkerLoad, ...]:
-            return tuple(worker_load(w, self.prefix.match_tokens(w.url, hashes) if with_prefix else 0, now)
+            return tuple(w.load(self.prefix.match_tokens(w.url, hashes) if with_prefix else 0, now)
                          for w in self.ws.ready(role))
 
         return LoadSnapshot(prefill=loads("prefill", False), decode=loads("decode", True),
