@@ -5,6 +5,9 @@ docs/benchmarks.md, not asserted here."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+import pytest
 
 from disagg.bench import autoscale, cli
 
@@ -68,17 +71,81 @@ def test_cli_registers_bench_autoscale() -> None:
     args = parser.parse_args(["bench", "autoscale", "--parts", "step", "--day", "60"])
     assert args.func is cli._cmd_autoscale
     assert args.parts == ["step"] and args.day == 60.0
+    defaults = parser.parse_args(["bench", "autoscale"])
+    assert defaults.parts == list(autoscale.PARTS) and str(defaults.out) == "docs/results/autoscale.json"
+    with pytest.raises(SystemExit):  # renamed: the static allocation is no oracle
+        parser.parse_args(["bench", "autoscale", "--parts", "oracle"])
+    # the recorded command reproduces the settings
+    s = autoscale.Settings(base_rate=0.5, step_factor=6.0, parts=("step",))
+    again = parser.parse_args(autoscale.command_line(s).split()[1:])
+    assert (again.base_rate, again.step_factor, again.parts, again.seed) == (0.5, 6.0, ["step"], 0)
 
 
-def test_table_renders_a_result() -> None:
-    r = {"slo": {"ttft_ms": 3000, "tpot_ms": 60}, "wall_s": 1.0, "machine": {"cpus": 2, "cpu_model": "x"},
-         "step": {"base_rate": 0.5, "step_rate": 1.5, "attainment_before": 1.0, "attainment_after": 0.9,
-                  "min_bucket_attainment_after": 0.5, "errors": 0, "recovery_s": 10.0, "interval_s": 5,
-                  "pod_start_s": 2.0, "target_s": 12.0, "met_target": True, "max_replicas": {"prefill": 2}},
-         "diurnal": {"day_s": 100, "trough_rate": 0.3, "peak_rate": 1.5, "attainment": 0.95,
-                     "gpu_seconds_ready": 300, "gpu_seconds_desired": 310, "errors": 0, "max_replicas": {},
-                     "vs_oracle": 0.75, "met_target": True},
-         "oracle": {"rate": 1.5, "probes": [{"prefill": 2, "decode": 2, "attainment": 0.95, "misses": {}}],
-                    "split": {"prefill": 2, "decode": 2, "gpus": 4}, "gpu_seconds": 400}}
+def _step(**kw: Any) -> dict[str, Any]:
+    return {"base_rate": 0.5, "step_rate": 3.0, "step_at_s": 30.0, "attainment_before": 1.0, "attainment_after": 0.9,
+            "min_bucket_attainment_after": 0.5, "breached": True, "errors": 0, "recovery_s": 10.0,
+            "recovery_intervals": 2.0, "interval_s": 5, "pod_start_s": 2.0, "target_s": 12.0, "met_target": True,
+            "max_replicas": {"prefill": 2}, **kw}
+
+
+def _doc(**results: Any) -> dict[str, Any]:
+    return {"schema": 1, "benchmark": "autoscale", "command": "disagg bench autoscale",
+            "machine": {"cpus": 2, "cpu": "x", "date": "2026-11-30"},
+            "results": {"slo": {"ttft_ms": 3000, "tpot_ms": 60}, "wall_s": 1.0, **results}}
+
+
+DAY = {"day_s": 100, "trough_rate": 0.3, "peak_rate": 1.5, "attainment": 0.95, "requests": 80,
+       "gpu_seconds_ready": 300, "gpu_seconds_desired": 310, "errors": 0, "max_replicas": {},
+       "load_buckets": [{"t0": 0.0, "duration_s": 50.0, "rate": 0.5, "requests": 25, "by_class": {"rag": 25}},
+                        {"t0": 50.0, "duration_s": 50.0, "rate": 1.3, "requests": 60, "by_class": {"rag": 60}}],
+       "hindsight": autoscale.hindsight([], None)}
+STATIC = {"rate": 1.5, "probe_s": 25, "probes": [{"prefill": 2, "decode": 2, "attainment": 0.95, "misses": {}}],
+          "split": {"prefill": 2, "decode": 2, "gpus": 4}}
+
+
+def test_tables_render_a_result() -> None:
+    r = _doc(step=_step(), diurnal=dict(DAY), static_peak=dict(STATIC))
+    autoscale._ratios(r["results"])
+    assert r["results"]["diurnal"]["vs_static_peak"] == 0.75 and r["results"]["static_peak"]["gpu_seconds"] == 400
+    r["results"]["diurnal"]["met_target"] = True
     text = autoscale.table(r)
-    assert "recovery to ≥ 90 %: 10 s" in text and "0.750" in text and "2P + 2D = 4 GPUs" in text
+    assert "recovery 10 s = 2 autoscaler intervals" in text and "0.750" in text and "2P + 2D = 4 GPUs" in text
+    assert "hindsight oracle GPU-seconds: pending (" + autoscale.HINDSIGHT_PENDING in text
+    md = autoscale.render_tables(r)["summary"]
+    assert "| **0.750** (300 / 400) | ≤ 1.15 with attainment ≥ 90 % | met |" in md
+    assert f"| autoscaled ÷ hindsight oracle | pending: {autoscale.HINDSIGHT_PENDING} |  | pending |" in md
+    assert "oracle" not in md.replace("hindsight oracle", "")
+
+
+def test_a_step_that_never_breached_is_na_not_met() -> None:
+    r = _doc(step=_step(min_bucket_attainment_after=1.0, breached=False, recovery_s=None, recovery_intervals=None,
+                        met_target=None))
+    md = autoscale.render_tables(r)["summary"]
+    assert "never breached: worst bucket after the step 100.0%" in md and md.rstrip().endswith("| n/a |")
+    assert "→ n/a" in autoscale.table(r)
+    missed = _doc(step=_step(recovery_s=None, recovery_intervals=None, met_target=False))
+    assert "never recovered" in autoscale.render_tables(missed)["summary"]
+
+
+def test_the_hindsight_oracle_seam() -> None:
+    reqs = autoscale.diurnal_trace(autoscale.AUTOSCALE_MIX, 0.5, 3.0, 100.0, "m", seed=1)
+    load = autoscale.load_buckets(reqs, 100.0, 0.5, 3.0, 10.0)
+    assert len(load) == 10 and sum(b.requests for b in load) == len(reqs)
+    assert load[0].rate < load[5].rate and abs(load[4].rate - load[5].rate) < 1e-9  # symmetric about midday
+    assert sum(b.by_class.get("rag", 0) + b.by_class.get("stream", 0) for b in load) == len(reqs)
+    assert autoscale.hindsight(load, None) == {"status": "pending", "reason": autoscale.HINDSIGHT_PENDING}
+
+    def oracle(buckets: list[autoscale.BucketLoad]) -> list[int]:
+        return [2 if b.rate < 2 else 4 for b in buckets]
+
+    h = autoscale.hindsight(load, oracle)
+    assert h["status"] == "measured" and h["gpu_seconds"] == sum(g * 10 for g in h["gpus"])
+    with pytest.raises(ValueError, match="returned 1 GPU counts for 10 buckets"):
+        autoscale.hindsight(load, lambda b: [1] * min(1, len(b)))
+    # filled into a results file afterwards, from its recorded load
+    doc = _doc(diurnal=dict(DAY), static_peak=dict(STATIC))
+    filled = autoscale.with_hindsight(doc, lambda b: [2 if x.rate < 1 else 4 for x in b])
+    assert filled["results"]["diurnal"]["hindsight"]["gpu_seconds"] == 300
+    assert filled["results"]["diurnal"]["vs_hindsight"] == 1.0
+    assert "| autoscaled ÷ hindsight oracle | **1.000** (300 / 300) |" in autoscale.render_tables(filled)["summary"]
+    assert doc["results"]["diurnal"]["hindsight"]["status"] == "pending"  # the input is not modified

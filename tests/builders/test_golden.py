@@ -1,6 +1,7 @@
 """Input CR (docs/examples/*.yaml) → expected manifests (tests/builders/golden/*.yaml).
 
-Regenerate after an intended change with ``DISAGG_UPDATE_GOLDEN=1 pytest tests/builders`` and review the diff.
+Regenerate after an intended change with ``DISAGG_UPDATE_GOLDEN=1 pytest tests/builders`` and review the diff; a
+new example needs its golden file written the same way (a missing one fails).
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ def render(name: str) -> str:
 def test_golden(example: str) -> None:
     text = render(example)
     path = GOLDEN / f"{example}.yaml"
-    if os.environ.get("DISAGG_UPDATE_GOLDEN") or not path.exists():
+    if os.environ.get("DISAGG_UPDATE_GOLDEN"):
         path.write_text(text)
+    # a missing golden file is a failure, not a first run that passes: write it on purpose and review it
+    assert path.exists(), f"{path} is missing: create it with DISAGG_UPDATE_GOLDEN=1 and review it"
     assert text == path.read_text(), f"{path} differs; rerun with DISAGG_UPDATE_GOLDEN=1 and review the diff"
 
 

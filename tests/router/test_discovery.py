@@ -60,8 +60,18 @@ async def test_discovery_pairs_by_compat_hash(kube, namespace, fake_workers, rou
         await asyncio.to_thread(make_pod, core, namespace, "llama-decode-a", "decode", "new", deadline)
         await asyncio.to_thread(make_pod, core, namespace, "other-decode", "decode", "new", deadline)
         ws = r.router.workers
-        await asyncio.sleep(0.3)
-        assert not ws.ready("decode")  # not Ready yet
+        # not Ready yet: nothing to wait for in the router, so a barrier shows that discovery has seen those pods.
+        # A Ready pod created after them (its own compat hash) appears only once the watch has delivered their
+        # events (one watch per role, in resourceVersion order); the pods above must still be absent then.
+        for role in ("prefill", "decode"):
+            await asyncio.to_thread(make_pod, core, namespace, f"llama-{role}-barrier", role, "barrier", deadline)
+            await asyncio.to_thread(set_ready, core, namespace, f"llama-{role}-barrier", True)
+        await until(lambda: [w.compat for w in ws.ready("prefill")] == ["barrier"]
+                    and [w.compat for w in ws.ready("decode")] == ["barrier"], what="the barrier pods discovered")
+        for role in ("prefill", "decode"):
+            await asyncio.to_thread(core.delete_namespaced_pod, f"llama-{role}-barrier", namespace,
+                                    grace_period_seconds=0)
+        await until(lambda: not ws.ready("prefill") and not ws.ready("decode"), what="the barrier pods gone")
         await asyncio.to_thread(set_ready, core, namespace, "llama-prefill-a", True)
         await asyncio.to_thread(set_ready, core, namespace, "llama-decode-a", True)
         await until(lambda: len(ws.ready("prefill")) == 1 and len(ws.ready("decode")) == 1, what="both pods ready")

@@ -5,21 +5,31 @@ Everything runs on the local stack (``disagg.local.stack.LocalStack``: real cont
 (docs/examples/local-demo.yaml: L40S sims in real time, ``autoscaling.intervalSeconds`` 5, max 3 replicas per
 pool). Three parts, each on a fresh DisaggregatedModel (the previous one deleted first):
 
-1. **Load step**: ``base_rate`` for ``step_pre_s``, then ``3 × base_rate`` for ``step_post_s``, one open-loop
-   stream. SLO attainment (share of requests meeting TTFT *and* TPOT SLOs) per ``bucket_s`` bucket of *arrival*
-   time. Recovery time = from the step to the start of the first run of ``sustain`` consecutive buckets with
-   attainment ≥ 90 % (0 when it never drops). Target: ≤ 2 × intervalSeconds + pod start (pod start measured from
-   the timeline: desired replicas up → ready replicas up).
+1. **Load step**: ``base_rate`` for ``step_pre_s``, then ``step_factor × base_rate`` for ``step_post_s``, one
+   open-loop stream. SLO attainment (share of requests meeting TTFT *and* TPOT SLOs) per ``bucket_s`` bucket of
+   *arrival* time. The step *breached* when a bucket after it fell below 90 %; then recovery time = from the step to
+   the start of the first run of ``sustain`` consecutive buckets with attainment ≥ 90 %, also in autoscaler
+   intervals. Target: ≤ 2 × intervalSeconds + pod start (pod start measured from the timeline: desired replicas
+   up → ready replicas up). A step that never breached measures no recovery: it is reported ``n/a``, not met. The
+   default step (0.5 → 3 req/s, the diurnal trough to its peak) is sized to breach what 1P + 1D holds.
 2. **Diurnal trace**: one compressed "day" of ``day_s`` wall seconds, rate(t) = trough + (peak − trough) ·
    (1 − cos 2πt/day)/2 (non-homogeneous Poisson, thinned from the peak rate). GPU-seconds = ∫ (ready prefill +
    ready decode replicas) × GPUs per replica dt over the day, from the status timeline (sampled each second).
-3. **Oracle static allocation**: the smallest fixed prefill + decode split meeting ≥ 90 % attainment at the
-   trace's *peak* rate, autoscaling off. Simplification for the 2-core budget: a greedy climb of short probes
-   (``probe_s`` at the peak rate, per candidate split) from 1 + 1, adding a prefill replica when TTFT misses
-   dominate and a decode replica when TPOT misses do; the oracle's GPU-seconds = its GPUs × ``day_s``.
+3. **Static peak allocation** (``static_peak``): the cheapest fixed prefill + decode split meeting ≥ 90 %
+   attainment at the trace's *peak* rate, autoscaling off — what a static deployment sized for the peak costs.
+   Simplification for the 2-core budget: a greedy climb of short probes (``probe_s`` at the peak rate, per
+   candidate split) from 1 + 1, adding a prefill replica when TTFT misses dominate and a decode replica when TPOT
+   misses do; its GPU-seconds = its GPUs × ``day_s``.
 
-Results: a table on stdout and JSON (``--out``). Every process started is stopped at the end (LocalStack.stop),
-also on Ctrl-C / SIGTERM.
+The **hindsight oracle** (per time bucket of the day, the fewest GPUs whose split meets the SLO at that bucket's
+load) is a :data:`HindsightOracle`: a function of the day's per-bucket load (:class:`BucketLoad`, kept in the
+results as ``diurnal.load_buckets``) returning GPUs per bucket. It comes from a sweep in the discrete-event twin;
+until one is passed to :func:`run` (or applied to a results file with :func:`with_hindsight`), the results and the
+docs' table say ``pending`` with :data:`HINDSIGHT_PENDING` as the reason.
+
+Results: a table on stdout and docs/results/autoscale.json (``--out``; the convention of
+:mod:`disagg.bench.docs`, whose ``render_tables`` is below). Every process started is stopped at the end
+(LocalStack.stop), also on Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
@@ -27,13 +37,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +50,7 @@ from ..load import loadgen
 from ..load.workload import Mix, Request, RequestClass, generate
 from ..local.harness import ModelHarness, router_workers_at
 from ..local.stack import LocalStack
+from .docs import invoked_command, machine_facts, results_doc, write_results
 
 ATTAINMENT_TARGET = 0.90
 
@@ -53,8 +63,8 @@ AUTOSCALE_MIX = Mix("autoscale", "long RAG prompts (remote prefill) + long strea
 
 @dataclass
 class Settings:
-    base_rate: float = 1.0  # requests/s before the step
-    step_factor: float = 3.0
+    base_rate: float = 0.5  # requests/s before the step: 1P + 1D holds it (the diurnal trough)
+    step_factor: float = 6.0  # to 3 req/s, the diurnal peak: beyond what 1P + 1D holds, so the step breaches
     step_pre_s: float = 30.0
     step_post_s: float = 75.0
     trough_rate: float = 0.5
@@ -67,7 +77,18 @@ class Settings:
     scale_down_stabilization_s: int = 30  # the demo's 60 s, halved for the compressed day
     max_replicas: int = 3
     seed: int = 0
-    parts: tuple[str, ...] = ("step", "diurnal", "oracle")
+    parts: tuple[str, ...] = ("step", "diurnal", "static_peak")
+
+
+PARTS = ("step", "diurnal", "static_peak")
+
+
+def command_line(s: Settings) -> str:
+    """The ``disagg bench autoscale`` command that runs these settings."""
+    return (f"disagg bench autoscale --parts {' '.join(s.parts)} --base-rate {s.base_rate:g} --step-factor "
+            f"{s.step_factor:g} --step-pre {s.step_pre_s:g} --step-post {s.step_post_s:g} --trough-rate "
+            f"{s.trough_rate:g} --peak-rate {s.peak_rate:g} --day {s.day_s:g} --probe {s.probe_s:g} "
+            f"--scale-down-stabilization {s.scale_down_stabilization_s} --seed {s.seed}")
 
 
 # ---------------------------------------------------------------------------------------------------- pure helpers
@@ -166,14 +187,91 @@ def miss_causes(results: list[loadgen.Result], ttft_s: float, tpot_s: float) -> 
     return out
 
 
+# ------------------------------------------------------------------------------------------ the hindsight oracle
+@dataclass(frozen=True)
+class BucketLoad:
+    """The offered load of one time bucket of the day."""
+
+    t0: float  # seconds into the day
+    duration_s: float
+    rate: float  # the trace's offered rate, requests/s (mean of diurnal_rate over the bucket)
+    requests: int  # arrivals in the bucket (Poisson around rate × duration)
+    by_class: dict[str, int]  # arrivals per request class of the mix
+
+
+# Per bucket, the fewest GPUs whose best prefill/decode split meets the SLO at that bucket's load (same order and
+# length as the buckets).
+HindsightOracle = Callable[[list[BucketLoad]], list[int]]
+
+HINDSIGHT_PENDING = ("needs a per-bucket sweep of splits in the discrete-event twin (issue 17); no hindsight "
+                     "oracle was given to this run")
+
+
+def load_buckets(requests: list[Request], day_s: float, trough: float, peak: float,
+                 bucket_s: float) -> list[BucketLoad]:
+    """The day's load per ``bucket_s`` bucket: offered rate (the mean of :func:`diurnal_rate`) and arrivals."""
+    n = max(1, math.ceil(day_s / bucket_s - 1e-9))
+    out = []
+    for i in range(n):
+        t0, t1 = i * bucket_s, min(day_s, (i + 1) * bucket_s)
+        steps = 20
+        rate = sum(diurnal_rate(t0 + (k + 0.5) * (t1 - t0) / steps, day_s, trough, peak) for k in range(steps)) / steps
+        inside = [r for r in requests if t0 <= r.at < t1]
+        by_class: dict[str, int] = {}
+        for r in inside:
+            by_class[r.cls] = by_class.get(r.cls, 0) + 1
+        out.append(BucketLoad(round(t0, 3), round(t1 - t0, 3), round(rate, 4), len(inside), by_class))
+    return out
+
+
+def hindsight(buckets: list[BucketLoad], oracle: HindsightOracle | None) -> dict[str, Any]:
+    """GPU-seconds of the hindsight oracle over the buckets, or ``pending`` with the reason."""
+    if oracle is None:
+        return {"status": "pending", "reason": HINDSIGHT_PENDING}
+    gpus = oracle(buckets)
+    if len(gpus) != len(buckets):
+        raise ValueError(f"hindsight oracle returned {len(gpus)} GPU counts for {len(buckets)} buckets")
+    return {"status": "measured", "gpus": list(gpus),
+            "gpu_seconds": round(sum(g * b.duration_s for g, b in zip(gpus, buckets, strict=True)), 2)}
+
+
+def with_hindsight(doc: dict[str, Any], oracle: HindsightOracle) -> dict[str, Any]:
+    """A results document (docs/results/autoscale.json) with the hindsight oracle computed from its recorded
+    ``diurnal.load_buckets``: no re-run of the stack needed."""
+    res = json.loads(json.dumps(doc))
+    day = res["results"].get("diurnal")
+    if not day:
+        raise ValueError("the results have no diurnal part")
+    buckets = [BucketLoad(**b) for b in day["load_buckets"]]
+    day["hindsight"] = hindsight(buckets, oracle)
+    _ratios(res["results"])
+    return res
+
+
+def _ratios(results: dict[str, Any]) -> None:
+    """The diurnal day's GPU-seconds against the static peak allocation and the hindsight oracle."""
+    day, static = results.get("diurnal"), results.get("static_peak")
+    if not day:
+        return
+    if static and static.get("split"):
+        static["gpu_seconds"] = static["split"]["gpus"] * day["day_s"]
+        day["vs_static_peak"] = round(day["gpu_seconds_ready"] / static["gpu_seconds"], 4)
+    elif static:
+        day["vs_static_peak"] = None
+    h = day.get("hindsight") or {}
+    day["vs_hindsight"] = round(day["gpu_seconds_ready"] / h["gpu_seconds"], 4) \
+        if h.get("status") == "measured" and h.get("gpu_seconds") else None
+
+
 # ---------------------------------------------------------------------------------------------------- the stack
 def _say(msg: str) -> None:
     print(f"==> {msg}", flush=True)
 
 
 class _Bench:
-    def __init__(self, s: Settings, log_dir: Path | None) -> None:
+    def __init__(self, s: Settings, log_dir: Path | None, hindsight: HindsightOracle | None = None) -> None:
         self.s = s
+        self.hindsight = hindsight
         self.stack = LocalStack(log_dir=log_dir, sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
         self.models: list[ModelHarness] = []
         self.ttft_s = self.tpot_s = 0.0
@@ -257,15 +355,20 @@ def run_step(b: _Bench) -> dict[str, Any]:
     target = 2 * interval + (pod_start or 0.0)
     pre = [m for a, m in zip(arrivals, met, strict=True) if a < s.step_pre_s]
     post = [m for a, m in zip(arrivals, met, strict=True) if a >= s.step_pre_s]
+    worst = min((x["attainment"] for x in buckets if x["t0"] >= s.step_pre_s and x["attainment"] is not None),
+                default=None)
+    breached = worst is not None and worst < ATTAINMENT_TARGET
     out = {
         "base_rate": s.base_rate, "step_rate": s.base_rate * s.step_factor, "step_at_s": s.step_pre_s,
         "interval_s": interval, "requests": len(results), "errors": sum(not r.ok for r in results),
         "attainment_before": round(sum(pre) / max(1, len(pre)), 4),
         "attainment_after": round(sum(post) / max(1, len(post)), 4),
-        "min_bucket_attainment_after": min((x["attainment"] for x in buckets
-                                            if x["t0"] >= s.step_pre_s and x["attainment"] is not None), default=None),
-        "recovery_s": rec, "pod_start_s": pod_start, "target_s": target,
-        "met_target": rec is not None and rec <= target,
+        "min_bucket_attainment_after": worst, "breached": breached,
+        # a step that never breached measures no recovery: n/a (None), not met
+        "recovery_s": rec if breached else None,
+        "recovery_intervals": round(rec / interval, 2) if breached and rec is not None else None,
+        "pod_start_s": pod_start, "target_s": target,
+        "met_target": (rec is not None and rec <= target) if breached else None,
         "max_replicas": {p: max((x[f"{p}_ready"] for x in samples), default=0) for p in ("prefill", "decode")},
         "misses": miss_causes(results, b.ttft_s, b.tpot_s),
         "buckets": buckets, "timeline": samples,
@@ -281,6 +384,7 @@ def run_diurnal(b: _Bench) -> dict[str, Any]:
     d = b.deploy("as-day", _autoscaled(s))
     gpus = _gpus(d, b.stack)
     reqs = diurnal_trace(AUTOSCALE_MIX, s.trough_rate, s.peak_rate, s.day_s, b.model, s.seed + 10)
+    load = load_buckets(reqs, s.day_s, s.trough_rate, s.peak_rate, s.bucket_s)
     start, results = b.drive(d, reqs)
     end = time.monotonic() - d.t0
     samples = _window(d.timeline.samples, start, end)
@@ -297,18 +401,19 @@ def run_diurnal(b: _Bench) -> dict[str, Any]:
         "wall_s": round(end - start, 1),
         "max_replicas": {p: max((x[f"{p}_ready"] for x in samples), default=0) for p in ("prefill", "decode")},
         "misses": miss_causes(results, b.ttft_s, b.tpot_s),
-        "buckets": attainment_buckets(arrivals, met, s.day_s / 10, until=s.day_s), "timeline": samples,
+        "buckets": attainment_buckets(arrivals, met, s.day_s / 10, until=s.day_s),
+        "load_buckets": [asdict(x) for x in load], "hindsight": hindsight(load, b.hindsight), "timeline": samples,
     }
     b.delete(d)
     return out
 
 
-def run_oracle(b: _Bench) -> dict[str, Any]:
+def run_static_peak(b: _Bench) -> dict[str, Any]:
     s = b.s
-    _say(f"part 3: oracle static allocation — probes of {s.probe_s:g} s at the peak rate {s.peak_rate:g} req/s, "
-         "autoscaling off, from 1 + 1 up")
+    _say(f"part 3: the cheapest static allocation that holds the peak — probes of {s.probe_s:g} s at the peak rate "
+         f"{s.peak_rate:g} req/s, autoscaling off, from 1 + 1 up")
     p, dd = 1, 1
-    d = b.deploy("as-oracle", {"autoscaling": {"enabled": False},
+    d = b.deploy("as-static", {"autoscaling": {"enabled": False},
                                "prefill": {"replicas": p, "minReplicas": 1, "maxReplicas": s.max_replicas},
                                "decode": {"replicas": dd, "minReplicas": 1, "maxReplicas": s.max_replicas}})
     gpus = _gpus(d, b.stack)
@@ -352,65 +457,82 @@ def run_oracle(b: _Bench) -> dict[str, Any]:
     return {"probes": probes, "split": best, "probe_s": s.probe_s, "rate": s.peak_rate}
 
 
-def run(s: Settings, out: Path | None = None, log_dir: Path | None = None) -> dict[str, Any]:
+def run(s: Settings, out: Path | None = None, log_dir: Path | None = None,
+        hindsight_oracle: HindsightOracle | None = None) -> dict[str, Any]:
+    """Runs the parts; returns the results document (:mod:`disagg.bench.docs` convention), written to ``out``
+    after each part (partial results survive an interrupted run) and at the end."""
     started = time.monotonic()
-    b = _Bench(s, log_dir)
+    b = _Bench(s, log_dir, hindsight_oracle)
     prev = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    result: dict[str, Any] = {"settings": {**asdict(s), "mix": asdict(AUTOSCALE_MIX)}}
+    results: dict[str, Any] = {"settings": {**asdict(s), "mix": asdict(AUTOSCALE_MIX)}}
+    command = invoked_command(command_line(s))
+    load0 = [round(x, 2) for x in os.getloadavg()]  # the sims run in real time: the machine's load is in the figures
+
+    def doc() -> dict[str, Any]:
+        return results_doc("autoscale", command, results, machine_facts(
+            loadavg_start=load0, loadavg_end=[round(x, 2) for x in os.getloadavg()]))
+
     try:
         b.start()
-        for part, fn in (("step", run_step), ("diurnal", run_diurnal), ("oracle", run_oracle)):
+        for part, fn in (("step", run_step), ("diurnal", run_diurnal), ("static_peak", run_static_peak)):
             if part in s.parts:
-                result[part] = fn(b)
-                if out:  # partial results survive an interrupted run
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    out.write_text(json.dumps(result, indent=1))
+                results[part] = fn(b)
+                if out:
+                    write_results(out, {**doc(), "partial": True})
     finally:
         b.stop()
         signal.signal(signal.SIGTERM, prev)
-    result["slo"] = {"ttft_ms": b.ttft_s * 1000, "tpot_ms": b.tpot_s * 1000}
-    day, oracle = result.get("diurnal"), result.get("oracle")
-    if day and oracle:
-        if oracle["split"]:
-            og = oracle["split"]["gpus"] * s.day_s
-            oracle["gpu_seconds"] = og
-            day["vs_oracle"] = round(day["gpu_seconds_ready"] / og, 4)
-            day["met_target"] = day["vs_oracle"] <= 1.15 and day["attainment"] >= ATTAINMENT_TARGET
-        else:
-            day["vs_oracle"] = None
-            day["met_target"] = False
-    result["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                         "cpu_model": _cpu_model(), "loadavg_end": os.getloadavg()}
-    result["wall_s"] = round(time.monotonic() - started, 1)
-    result["date"] = datetime.now(UTC).isoformat(timespec="seconds")
+    results["slo"] = {"ttft_ms": b.ttft_s * 1000, "tpot_ms": b.tpot_s * 1000}
+    _ratios(results)
+    day = results.get("diurnal")
+    if day:
+        v = day.get("vs_static_peak")
+        day["met_target"] = None if "vs_static_peak" not in day else \
+            (v is not None and v <= 1.15 and day["attainment"] >= ATTAINMENT_TARGET)
+    results["wall_s"] = round(time.monotonic() - started, 1)
+    final = doc()
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
-    return result
+        write_results(out, final)
+    return final
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+def _split(replicas: dict[str, int]) -> str:
+    return f"{replicas.get('prefill', 0)}P + {replicas.get('decode', 0)}D"
 
 
-def table(r: dict[str, Any]) -> str:
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def _verdict(met: bool | None) -> str:
+    return "n/a" if met is None else ("met" if met else "MISSED")
+
+
+def _step_line(st: dict[str, Any]) -> tuple[str, str]:
+    """(recovery figure, verdict) of the step part."""
+    if not st.get("breached"):
+        return (f"never breached: worst bucket after the step {_pct(st['min_bucket_attainment_after'])} — no recovery "
+                "to measure", "n/a")
+    if st["recovery_s"] is None:
+        return "breached and never recovered to ≥ 90 % before the end", "MISSED"
+    return (f"recovery {st['recovery_s']:g} s = {st['recovery_intervals']:g} autoscaler intervals (pod start "
+            f"{st['pod_start_s']} s)", _verdict(st["met_target"]))
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The terminal summary of a results document."""
+    r = doc["results"]
     lines = [f"SLO: TTFT ≤ {r['slo']['ttft_ms']:g} ms and TPOT ≤ {r['slo']['tpot_ms']:g} ms per request; "
              f"attainment target ≥ {ATTAINMENT_TARGET:.0%}"]
     st = r.get("step")
     if st:
-        rec = "never" if st["recovery_s"] is None else f"{st['recovery_s']:g} s"
+        fig, verdict = _step_line(st)
         lines += [
             f"load step {st['base_rate']:g} → {st['step_rate']:g} req/s: "
             f"attainment before {st['attainment_before']:.1%}, after {st['attainment_after']:.1%} "
-            f"(worst bucket {st['min_bucket_attainment_after']}), errors {st['errors']}",
-            f"  recovery to ≥ 90 %: {rec}  (target ≤ 2 × {st['interval_s']} s + pod start {st['pod_start_s']} s = "
-            f"{st['target_s']:g} s) → {'met' if st['met_target'] else 'MISSED'}; max ready {st['max_replicas']}",
+            f"(worst bucket {_pct(st['min_bucket_attainment_after'])}), errors {st['errors']}",
+            f"  {fig} (target ≤ 2 × {st['interval_s']} s + pod start = {st['target_s']:g} s) → {verdict}; "
+            f"max ready {st['max_replicas']}",
         ]
     day = r.get("diurnal")
     if day:
@@ -418,34 +540,104 @@ def table(r: dict[str, Any]) -> str:
                      f"attainment {day['attainment']:.1%}, GPU-s (ready) {day['gpu_seconds_ready']:g}, "
                      f"(desired) {day['gpu_seconds_desired']:g}, errors {day['errors']}, "
                      f"max ready {day['max_replicas']}")
-    o = r.get("oracle")
+    o = r.get("static_peak")
     if o:
         for pr in o["probes"]:
-            lines.append(f"  oracle probe {pr['prefill']}P + {pr['decode']}D at {o['rate']:g} req/s: "
+            lines.append(f"  static probe {pr['prefill']}P + {pr['decode']}D at {o['rate']:g} req/s: "
                          f"attainment {pr['attainment']:.1%} misses {pr['misses']}")
         if o["split"]:
-            lines.append(f"oracle static: {o['split']['prefill']}P + {o['split']['decode']}D = {o['split']['gpus']} "
-                         f"GPUs → {o.get('gpu_seconds', 0):g} GPU-s per day")
+            lines.append(f"static peak allocation: {o['split']['prefill']}P + {o['split']['decode']}D = "
+                         f"{o['split']['gpus']} GPUs → {o.get('gpu_seconds', 0):g} GPU-s per day")
         else:
-            lines.append("oracle static: no probed split met the SLO")
-    if day and o and "vs_oracle" in day:
-        v = day["vs_oracle"]
-        lines.append(f"autoscaled ÷ oracle GPU-seconds: {'n/a' if v is None else f'{v:.3f}'} (target ≤ 1.15 with "
-                     f"attainment ≥ 90 %) → {'met' if day['met_target'] else 'MISSED'}")
-    lines.append(f"wall time {r['wall_s']:g} s on {r['machine']['cpus']} CPUs ({r['machine']['cpu_model']})")
+            lines.append("static peak allocation: no probed split met the SLO")
+    if day and "vs_static_peak" in day:
+        v = day["vs_static_peak"]
+        lines.append(f"autoscaled ÷ static peak GPU-seconds: {'n/a' if v is None else f'{v:.3f}'} (target ≤ 1.15 "
+                     f"with attainment ≥ 90 %) → {_verdict(day.get('met_target'))}")
+    if day:
+        h = day.get("hindsight") or {}
+        lines.append("autoscaled ÷ hindsight oracle GPU-seconds: " + (
+            f"{day['vs_hindsight']:.3f}" if day.get("vs_hindsight") is not None
+            else f"pending ({h.get('reason', HINDSIGHT_PENDING)})"))
+    m = doc["machine"]
+    lines.append(f"wall time {r.get('wall_s', 0):g} s on {m.get('cpus')} CPUs ({m.get('cpu')})")
     return "\n".join(lines)
+
+
+def render_tables(doc: dict[str, Any]) -> dict[str, str]:
+    """docs/benchmarks.md §4 from docs/results/autoscale.json: ``summary`` (one row per figure and target)."""
+    r = doc["results"]
+    slo = r.get("slo") or {}
+    rows: list[tuple[str, str, str, str]] = []
+    st = r.get("step")
+    if st:
+        fig, verdict = _step_line(st)
+        rows.append((f"step {st['base_rate']:g} → {st['step_rate']:g} req/s at {st['step_at_s']:g} s",
+                     f"{fig}; attainment before {_pct(st['attainment_before'])}, after "
+                     f"{_pct(st['attainment_after'])}, worst 5 s bucket after the step "
+                     f"{_pct(st['min_bucket_attainment_after'])}; at most {_split(st['max_replicas'])} ready; errors "
+                     f"{st['errors']}",
+                     f"recovery ≤ {st['target_s']:g} s (2 × {st['interval_s']} s + pod start)", verdict))
+    day = r.get("diurnal")
+    if day:
+        rows.append((f"diurnal, {day['day_s']:g} s day, {day['trough_rate']:g} → {day['peak_rate']:g} → "
+                     f"{day['trough_rate']:g} req/s",
+                     f"attainment {_pct(day['attainment'])} ({day['requests']} requests, errors {day['errors']}); "
+                     f"GPU-seconds {day['gpu_seconds_ready']:g} ready ({day['gpu_seconds_desired']:g} desired); "
+                     f"at most {_split(day['max_replicas'])} ready",
+                     f"attainment ≥ {ATTAINMENT_TARGET:.0%}",
+                     "met" if day["attainment"] >= ATTAINMENT_TARGET else "MISSED"))
+    o = r.get("static_peak")
+    if o:
+        probes = ", ".join(f"{p['prefill']}P+{p['decode']}D {_pct(p['attainment'])}" for p in o["probes"])
+        split = o.get("split")
+        what = (f"**{split['prefill']}P + {split['decode']}D** = {split['gpus']} GPUs → {o.get('gpu_seconds', 0):g} "
+                "GPU-s per day" if split else "no probed split held the peak")
+        rows.append((f"static peak allocation at {o['rate']:g} req/s ({o['probe_s']:g} s probes)",
+                     f"{probes} → {what}", "", ""))
+    if day and "vs_static_peak" in day:
+        v = day["vs_static_peak"]
+        static_gs = (o or {}).get("gpu_seconds")
+        rows.append(("autoscaled ÷ static peak allocation",
+                     "n/a (no static split)" if v is None else f"**{v:.3f}** ({day['gpu_seconds_ready']:g} / "
+                                                               f"{static_gs:g})",
+                     "≤ 1.15 with attainment ≥ 90 %", _verdict(day.get("met_target"))))
+    if day:
+        h = day.get("hindsight") or {"status": "pending", "reason": HINDSIGHT_PENDING}
+        if h.get("status") == "measured":
+            rows.append(("autoscaled ÷ hindsight oracle",
+                         f"**{day['vs_hindsight']:.3f}** ({day['gpu_seconds_ready']:g} / {h['gpu_seconds']:g})", "",
+                         ""))
+        else:
+            rows.append(("autoscaled ÷ hindsight oracle", f"pending: {h.get('reason')}", "", "pending"))
+    m = doc["machine"]
+    head = (f"SLO per request: TTFT ≤ {slo.get('ttft_ms', 0):g} ms and TPOT ≤ {slo.get('tpot_ms', 0):g} ms; "
+            f"wall time {r.get('wall_s', 0):g} s; load average {m.get('loadavg_start', '?')} → "
+            f"{m.get('loadavg_end', '?')}" + (" (partial run: the file was written before the end)"
+                                                       if doc.get("partial") else "") + ".")
+    out = [head, "", "| part | figure | target | |", "| --- | --- | --- | --- |",
+           *(f"| {a} | {b_} | {c} | {d} |" for a, b_, c, d in rows)]
+    return {"summary": "\n".join(out)}
 
 
 __all__ = [
     "AUTOSCALE_MIX",
+    "HINDSIGHT_PENDING",
+    "PARTS",
+    "BucketLoad",
+    "HindsightOracle",
     "Settings",
     "attainment_buckets",
     "diurnal_rate",
     "diurnal_trace",
     "gpu_seconds",
+    "hindsight",
+    "load_buckets",
     "pod_start_s",
     "recovery_time",
+    "render_tables",
     "run",
     "step_trace",
     "table",
+    "with_hindsight",
 ]

@@ -17,26 +17,22 @@ streams) runs the whole time while, one after another:
 :func:`run_soak` returns a :class:`SoakReport`: every request's result, the faults' wall-clock windows, the mode
 history and scale events (Events and the sampled status), the children before and after, and the router's request
 log lines, from which :meth:`SoakReport.figures` derives the figures that e2e/test_soak.py asserts and
-``disagg bench soak`` writes to docs/results/soak.json.
+``disagg bench soak`` (:mod:`disagg.bench.soak`) writes to docs/results/soak.json.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
-import os
-import platform
 import re
 import shutil
-import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -603,64 +599,3 @@ class Soak:
             scale_events=scale_events, timeline_modes=modes, last_scale_changes=last_scale, children=children,
             replicas_after_operator_restart=replicas, limits=self.limits, interval_s=self.interval_s,
             max_tokens={r.id: r.max_tokens for r in requests})
-
-
-def run_bench(s: Settings, out: Path | None = None, log_dir: Path | None = None,
-              say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """``disagg bench soak``: a fresh local stack, the demo model with :data:`SOAK_OVERRIDES`, the soak; the
-    report's JSON (settings, figures, faults, losses) is written to ``out``. Stops everything it started."""
-    stack = LocalStack(namespace="soak", log_dir=log_dir, sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
-    try:
-        say("starting the local stack")
-        stack.start(say)
-        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="soak")))
-        model = ModelHarness(stack)
-        say("deploying the model; waiting until both pools serve")
-        model.deploy(SOAK_OVERRIDES)
-        report = Soak(model, s, say=say).run()
-        model.stop()
-    finally:
-        stack.stop()
-    doc = {"command": " ".join(["disagg", "bench", "soak", *sys.argv[3:]]) if sys.argv[1:3] == ["bench", "soak"]
-           else "disagg.local.soak.run_bench", "machine": machine(), **report.to_json()}
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    figures: dict[str, Any] = doc["figures"]
-    return figures
-
-
-def machine() -> dict[str, Any]:
-    """Where the figures were measured (they depend on it: every process shares these cores)."""
-    model = ""
-    with contextlib.suppress(OSError):
-        model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                      if ln.startswith("model name")), "")
-    return {"cpus": os.cpu_count(), "cpu": model, "python": platform.python_version(),
-            "platform": platform.platform(), "date": datetime.now(UTC).strftime("%Y-%m-%d")}
-
-
-def table(f: dict[str, Any]) -> str:
-    """The figures as the lines of docs/benchmarks.md R2."""
-    lines = [f"requests {f['requests']} ({f['streamed_requests']} streamed, {f['non_streamed_requests']} not) in "
-             f"{f['duration_s']} s; ok {f['ok']}",
-             f"failed before the first token: {f['failed_before_first_token']}; short answers: {f['short_answers']}",
-             f"mid-stream losses: {f['mid_stream_losses']} (unexplained: {f['mid_stream_losses_unexplained']}): "
-             f"{f['mid_stream_loss_errors']}",
-             f"connect retries: {f['connect_retries']} over {f['requests_retried']} requests",
-             f"paths: {f['paths']}", f"fallback causes: {f['fallback_causes']}",
-             f"TTFT p50/p95 ms: {f['ttft_p50_ms']} / {f['ttft_p95_ms']}",
-             "", "fault                at(s)  dur(s)  overlapping  failed  fallbacks  retried",
-             "                                  (requests in flight during the fault; failed: ended in it)"]
-    for name, x in f["faults"].items():
-        lines.append(f"{name:<20} {x['start_s']:>5}  {x['duration_s']:>6}  {x['requests_overlapping']:>11}  "
-                     f"{x['failed']:>6}  {x['fallbacks']:>9}  {x['retried']:>7}")
-    lines += ["", f"mode history: {f['mode_history']} (unexplained flips: {f['mode_flips_unexplained']})"]
-    for pool, x in f["scale"].items():
-        lines.append(f"scale {pool}: {x['count']} events, {x['direction_changes']} direction changes "
-                     f"(min {x['min']}, max {x['max']}): {x['events']}")
-    lines += [f"scale events during the Prometheus outage: {f['scale_events_during_prometheus_outage']}",
-              f"duplicate children: {f['duplicate_children']}; re-created by the operator restart: "
-              f"{f['children_recreated_by_operator_restart']}",
-              f"replicas after the operator restart: {f['replicas_after_operator_restart']}"]
-    return "\n".join(lines)
