@@ -190,3 +190,18 @@ def test_tracing_flags_parse_like_vllm_and_do_not_swallow_the_next_flag():
     assert "--otlp-traces-endpoint" not in cfg.ignored_flags
     off = parse(["m"], env={})
     assert off.otlp_traces_endpoint is None and not off.enable_per_request_metrics
+
+
+def test_expert_parallel_reaches_the_perf_model_and_bad_sizes_name_the_flag(capsys):
+    """--enable-expert-parallel shards a MoE model's experts over tp × dp GPUs in the perf model (fewer expert
+    weights read per GPU); a size that does not divide the experts is refused naming the flag."""
+    from disagg.sim.engine import build_perf
+
+    base = ["Qwen/Qwen3-30B-A3B", "-tp", "2", "-dp", "2"]
+    ep = build_perf(parse([*base, "--enable-expert-parallel"], env={}))
+    no = build_perf(parse(base, env={}))
+    assert (ep.ep, ep.dp) == (4, 2) and (no.ep, no.dp) == (1, 1)
+    assert ep.weight_bytes_per_gpu < no.weight_bytes_per_gpu
+    with pytest.raises(SystemExit):
+        parse(["mistralai/Mixtral-8x7B-Instruct-v0.1", "-tp", "4", "-dp", "4", "--enable-expert-parallel"], env={})
+    assert "argument --enable-expert-parallel" in capsys.readouterr().err

@@ -101,6 +101,7 @@ class SimConfig:
     max_model_len_explicit: bool = False
     otlp_traces_endpoint: str | None = None  # --otlp-traces-endpoint (else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
     enable_per_request_metrics: bool = False  # --enable-per-request-metrics
+    expert_parallel: bool = False  # --enable-expert-parallel: MoE experts over tp × dp GPUs (perf.py ep)
     release: VllmProfile = field(default_factory=lambda: profile(parse_version(VLLM_VERSION) or (0, 0, 0)))
 
     @property
@@ -176,6 +177,10 @@ def _check_engine_flags(ns: argparse.Namespace, mp: presets.ModelPreset, parser:
         fail(parser, f"argument --pipeline-parallel-size/-pp: {mp.name} has {mp.layers} layers, not divisible by {pp}")
     if ns.data_parallel_size < 1:
         fail(parser, "argument --data-parallel-size/-dp: must be >= 1")
+    ep = tp * ns.data_parallel_size
+    if ns.enable_expert_parallel and mp.is_moe and mp.num_experts % ep:
+        fail(parser, f"argument --enable-expert-parallel: {mp.name} has {mp.num_experts} experts, not divisible by "
+                     f"the expert-parallel size tensor × data = {ep}")
     if not 0 < ns.gpu_memory_utilization <= 1:
         fail(parser, "argument --gpu-memory-utilization: must be in (0, 1]")
     if ns.num_gpu_blocks_override is not None and ns.num_gpu_blocks_override < 1:
@@ -355,4 +360,5 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> SimConfig:
         max_model_len_explicit=ns.max_model_len is not None,
         otlp_traces_endpoint=ns.otlp_traces_endpoint,
         enable_per_request_metrics=ns.enable_per_request_metrics,
+        expert_parallel=ns.enable_expert_parallel,
     )

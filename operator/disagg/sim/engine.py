@@ -90,8 +90,11 @@ def _kv_dtype_bytes(cfg: SimConfig) -> float:
 
 def build_perf(cfg: SimConfig) -> PerfModel:
     fp8 = (cfg.quantization or "").lower() in ("fp8", "modelopt", "fbgemm_fp8", "compressed-tensors")
+    # vLLM --enable-expert-parallel: EP size = TP × DP (vllm_versions.py's multi-node facts); the DP ranks' batches
+    # meet in the MoE layers
+    ep = cfg.tp * cfg.dp if cfg.expert_parallel else 1
     return PerfModel(cfg.gpu, cfg.model_preset, cfg.tp, cfg.pp, weight_bytes=1.0 if fp8 else 2.0,
-                     kv_bytes=_kv_dtype_bytes(cfg), fp8_compute=fp8)
+                     kv_bytes=_kv_dtype_bytes(cfg), fp8_compute=fp8, ep=ep, dp=cfg.dp if cfg.expert_parallel else 1)
 
 
 class Engine:
