@@ -52,6 +52,11 @@ class Fact:
 # `"--shutdown-timeout", type=int, default=0`); absent from 0.17.1. `vllm serve` refuses unknown flags, so it is
 # rendered only for releases that have it.
 SHUTDOWN_TIMEOUT = Fact("--shutdown-timeout", (0, 18, 0), None, "vllm/engine/arg_utils.py (0.18.0, 0.33.0)")
+# --enable-per-request-metrics: per-request timing metrics (queue, prefill, decode) in API responses.
+# vllm/entrypoints/common/cli_args.py (0.33.0 line 158). Seen in 0.33.0; earlier releases not checked, so the
+# operator renders it from 0.33.0 only (the router then has exact prefill phases; without it they are estimated).
+PER_REQUEST_METRICS = Fact("--enable-per-request-metrics", (0, 33, 0), None,
+                           "vllm/entrypoints/common/cli_args.py (0.33.0)")
 
 # ------------------------------------------------------------------------------- kv_transfer_config keys
 
@@ -205,6 +210,10 @@ class VllmProfile:
     @property
     def shutdown_timeout(self) -> bool:
         return SHUTDOWN_TIMEOUT.holds(self.version)
+
+    @property
+    def per_request_metrics(self) -> bool:
+        return PER_REQUEST_METRICS.holds(self.version)
 
     @property
     def kv_load_failure_policy(self) -> bool:

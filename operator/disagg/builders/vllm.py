@@ -62,6 +62,14 @@ def shutdown_timeout_args(spec: DisaggregatedModelSpec) -> list[str]:
     return ["--shutdown-timeout", str(spec.engine.shutdown_timeout_seconds)]
 
 
+def per_request_metrics_args(spec: DisaggregatedModelSpec, role: Role) -> list[str]:
+    """``--enable-per-request-metrics`` on prefill workers whose release has it: the prefill leg's response then
+    carries the request's own queue and prefill times, so the router's prefill phases are exact, not averages."""
+    if role != "prefill" or not engine_version(spec.engine).profile.per_request_metrics:
+        return []
+    return ["--enable-per-request-metrics"]
+
+
 def kv_transfer_config_for(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:
     """The ``--kv-transfer-config`` object of a pool, with only the keys its vLLM release reads.
 
