@@ -19,6 +19,7 @@ from disagg.builders import (
     build_children,
     compat_hash,
     desired_replicas,
+    multinode,
     parse_model,
     router_config,
     worker_args,
@@ -246,6 +247,10 @@ def test_owner_references_labels_and_names(example: str) -> None:
         labels = meta["labels"]
         assert labels[c.LABEL_NAME] == "disagg" and labels[c.LABEL_INSTANCE] == name
         assert labels[c.LABEL_MODEL] == name and labels[c.LABEL_MANAGED_BY] == "disagg-operator"
+        if multinode.LABEL_GROUP in labels:  # a multi-node group's Service and StatefulSets (builders/multinode.py)
+            assert meta["name"].startswith(labels[multinode.LABEL_GROUP])
+            assert labels[multinode.LABEL_GROUP].startswith(c.pool_name(name, labels[multinode.LABEL_POOL]) + "-")
+            continue
         assert labels[c.LABEL_ROLE] == labels[c.LABEL_COMPONENT]
         assert meta["name"] in (c.pool_name(name, labels[c.LABEL_ROLE]), c.router_name(name))
     deps = [o for o in objs if o["kind"] == "Deployment"]

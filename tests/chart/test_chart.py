@@ -222,14 +222,16 @@ NEEDED = [
     ("policy", "poddisruptionbudgets", "get list watch create update patch delete"),
     ("rbac.authorization.k8s.io", "roles", "get list watch create update patch delete"),
     ("rbac.authorization.k8s.io", "rolebindings", "get list watch create update patch delete"),
-    ("", "pods", "get list watch"),
+    ("", "pods", "get list watch delete"),
     ("discovery.k8s.io", "endpointslices", "get list watch"),
     ("", "events", "create"),
     ("events.k8s.io", "events", "create"),
 ]
 # What the builders create for the example models, and the rules of the Roles they grant (the router's): the
 # operator must hold both (RBAC escalation prevention for the latter).
-_PLURALS = {"Deployment": ("apps", "deployments"), "Service": ("", "services"), "ConfigMap": ("", "configmaps"),
+_PLURALS = {"StatefulSet": ("apps", "statefulsets"),
+            "LeaderWorkerSet": ("leaderworkerset.x-k8s.io", "leaderworkersets"),
+            "Deployment": ("apps", "deployments"), "Service": ("", "services"), "ConfigMap": ("", "configmaps"),
             "ServiceAccount": ("", "serviceaccounts"), "Role": ("rbac.authorization.k8s.io", "roles"),
             "RoleBinding": ("rbac.authorization.k8s.io", "rolebindings"),
             "PodDisruptionBudget": ("policy", "poddisruptionbudgets")}
@@ -290,8 +292,8 @@ def test_rbac_least_privilege(values_file: Path | None) -> None:
             assert not {"escalate", "bind", "impersonate"} & set(r["verbs"])
             if "secrets" in r["resources"]:
                 assert r["verbs"] == ["get"]
-        # pods are read-only: the operator never creates or deletes pods itself
-        assert not _grants(rules, "", "pods", "create") and not _grants(rules, "", "pods", "delete")
+        # the operator never creates pods; it deletes only the pods of a multi-node group that must start over
+        assert not _grants(rules, "", "pods", "create")
     # every binding's subject is the chart's ServiceAccount
     sa = one(docs, "ServiceAccount")["metadata"]
     for b in find(docs, "RoleBinding") + find(docs, "ClusterRoleBinding"):

@@ -126,6 +126,17 @@ namespaceSelector:
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, update, patch, delete]
+# Multi-node pools (docs/multinode.md): StatefulSet groups, or a LeaderWorkerSet per pool when its CRD is installed.
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, list, watch, create, update, patch, delete]
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list, watch, create, update, patch, delete]
+# A multi-node group whose member failed starts over: the operator deletes every pod of it (StatefulSet back end).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [delete]
 # The autoscaler sets pool sizes through the scale subresource (field manager disagg-autoscaler), as HPA does.
 - apiGroups: [apps]
   resources: [deployments/scale]

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from ..api import contract as c
 from ..api.models import DisaggregatedModel, DisaggregatedModelStatus
+from . import multinode
 from .meta import ANNOTATION_SPEC_HASH, BuildError, check_child_names, model_name, stamp_spec_hash
 from .replicas import desired_replicas, replicas_owner
 from .router import active_mode, router_config, router_configmap, router_deployment, router_rbac, router_service
@@ -80,9 +81,16 @@ def build_children(dm: DisaggregatedModel, settings: BuildSettings | None = None
     for role in roles:
         objs.append(worker_service(dm, role))
     objs.append(router_service(dm))
+    # a multi-node pool (nodesPerReplica > 1) runs groups of pods (builders/multinode.py): its workloads and its
+    # disruption budget (same name as worker_pdb's) come from there; its pool Service above selects leaders only
+    backend = multinode.resolve_backend(dm.spec, settings.lws_installed) if multinode.multinode_roles(dm) else None
     for role in roles:
-        objs.append(worker_pdb(dm, role))
+        if backend is None or not multinode.is_multinode(getattr(dm.spec, role)):
+            objs.append(worker_pdb(dm, role))
     for role in roles:
-        objs.append(worker_deployment(dm, role))
+        if backend is not None and multinode.is_multinode(getattr(dm.spec, role)):
+            objs += multinode.pool_objects(dm, role, backend)
+        else:
+            objs.append(worker_deployment(dm, role))
     objs.append(router_deployment(dm, settings))
     return [stamp_spec_hash(o) for o in objs]

@@ -26,7 +26,7 @@ Two back ends (``spec.multiNode.backend``, :func:`resolve_backend`):
   each with its rank's literal arguments. Group names carry a generation (a hash of what the pods run), so a group
   never mixes generations: a change makes new groups, and the operator removes the old ones as a whole.
 - **LeaderWorkerSet** (``leaderworkerset.x-k8s.io/v1``, when its CRD is installed): one LeaderWorkerSet per pool,
-  ``size`` N, ``restartPolicy: RecreateGroupOnPodRestart``, ``startupPolicy: LeaderReady``, rolling updates by group.
+  ``size`` N, ``restartPolicy: RecreateGroupOnPodRestart``, ``startupPolicy: LeaderCreated``, rolling updates by group.
   Its templates are shared by all groups, so the leader address comes from ``$(LWS_LEADER_ADDRESS)`` and a worker's
   rank from ``LWS_WORKER_INDEX`` (a ``sh -c`` computes the start rank in the data-parallel layout).
 
@@ -637,8 +637,8 @@ def group_states(pods: Iterable[Mapping[str, Any]], size: int) -> dict[str, Grou
     """The groups of a pool (StatefulSet back end) from its pods (dicts as the API returns them, e.g.
     ``ApiClient.sanitize_for_serialization(pod)``), by group name. A group must restart (``reasons``) when a pod
     of it failed or had a container restart (vLLM cannot take a rank back into a running group: the other ranks'
-    collectives and the DP handshake are gone), or when a worker pod is newer than the leader's running engine (it
-    replaced a lost pod, and the leader still runs with the old one)."""
+    collectives and the DP handshake are gone), or when a worker pod is newer than the Ready leader's running engine
+    (it replaced a lost pod, and the leader still runs with the old one)."""
     out: dict[str, GroupState] = {}
     for pod in pods:
         labels = _labels(pod)
@@ -655,7 +655,9 @@ def group_states(pods: Iterable[Mapping[str, Any]], size: int) -> dict[str, Grou
             elif _restarts(pod):
                 state.reasons.append(f"{name} restarted ({_restarts(pod)} container restarts)")
         leader = state.pods.get(0)
-        started = _running_since(leader) if leader is not None else None
+        # (only once the leader is Ready, i.e. its engines all joined: while the group forms, a worker created after
+        # the leader started simply joins late)
+        started = _running_since(leader) if leader is not None and _pod_ready(leader) else None
         if started is not None:
             for rank, pod in sorted(state.pods.items()):
                 created = _time((pod.get("metadata") or {}).get("creationTimestamp"))

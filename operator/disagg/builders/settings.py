@@ -45,6 +45,9 @@ class BuildSettings:
     # The router container's CPU request (a Kubernetes quantity). Without spec.router.workers it also sets the
     # router processes per pod: this rounded down, at least 1.
     router_cpu_request: str = DEFAULT_ROUTER_CPU_REQUEST
+    # Is the LeaderWorkerSet CRD (builders.multinode.LWS_CRD) installed? Picks the back end of multi-node pools with
+    # spec.multiNode.backend Auto. The controller sets it from a cached read of the CRD (controller/groups.py).
+    lws_installed: bool = False
 
     def __post_init__(self) -> None:
         cpu_cores(self.router_cpu_request)  # a bad quantity fails at start-up, not at every reconcile
