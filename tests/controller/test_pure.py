@@ -271,3 +271,69 @@ def test_held_template_keeps_the_live_pods_and_applies_the_rest():
     assert not rolled_out(dep(3, 3, 2, 1, 3, 2))  # old pods remain
     assert not rolled_out(dep(3, 3, 2, 2, 2, 1))  # not available yet
     assert not rolled_out(None)
+
+
+def _body(example: str = "llama-8b-nvlink") -> dict:
+    body = yaml.safe_load(EXAMPLES[example].read_text())
+    body["metadata"].update(namespace="ns", uid="u", generation=1, resourceVersion="1")
+    return body
+
+
+def test_build_key_leaves_out_exactly_what_no_builder_reads():
+    """The reconciler reuses the children it built while the build key is unchanged; the status fields the key
+    leaves out must not change what the builders produce, and the ones it keeps must be in the key."""
+    from disagg.controller.reconcile import build_key
+
+    base = _body()
+    base["status"] = {"activeMode": "Disaggregated", "pools": {"prefill": {"starting": True}}}
+    noisy = copy.deepcopy(base)
+    noisy["metadata"]["resourceVersion"] = "2"
+    noisy["metadata"]["managedFields"] = [{"manager": "x"}]
+    noisy["status"].update(observedGeneration=1, observed={"ttftP95Ms": 12.0}, conditions=[
+        {"type": "Ready", "status": "False", "reason": "PrefillStarting", "message": "m",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"}])
+    noisy["status"]["pools"]["prefill"].update(replicas=1, readyReplicas=0, summary="0/1",
+                                               lastScale={"time": "t", "from": 1, "to": 2, "reason": "r"})
+    assert build_key(noisy) == build_key(base)
+    assert build_children(parse_model(noisy)) == build_children(parse_model(base))
+    for change in ({"activeMode": "Aggregated"}, {"pools": {"prefill": {"starting": False}}}):
+        other = copy.deepcopy(base)
+        other["status"].update(change)
+        assert build_key(other) != build_key(base)
+        assert build_children(parse_model(other)) != build_children(parse_model(base))
+    spec = copy.deepcopy(base)
+    spec["spec"]["decode"]["replicas"] = 3
+    assert build_key(spec) != build_key(base)
+
+
+def test_child_fingerprint_sees_content_and_the_deployment_counts_only():
+    from disagg.controller.reconcile import child_fingerprint
+
+    objs = {o["kind"]: o for o in build_children(parse_model(_body()))}
+    pdb = copy.deepcopy(objs["PodDisruptionBudget"])
+    fp = child_fingerprint("PodDisruptionBudget", pdb)
+    pdb["metadata"].update(resourceVersion="9", managedFields=[{"manager": "kcm"}])
+    pdb["status"] = {"currentHealthy": 0, "desiredHealthy": 1, "observedGeneration": 1}
+    assert child_fingerprint("PodDisruptionBudget", pdb) == fp  # the disruption controller's status: no news
+    pdb["spec"]["maxUnavailable"] = 5
+    assert child_fingerprint("PodDisruptionBudget", pdb) != fp  # an edit: news
+
+    dep = copy.deepcopy(objs["Deployment"])
+    dep["status"] = {"replicas": 1, "updatedReplicas": 1, "observedGeneration": 1, "conditions": [
+        {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated", "lastUpdateTime": "a"}]}
+    fp = child_fingerprint("Deployment", dep)
+    dep["status"]["conditions"][0]["lastUpdateTime"] = "b"
+    dep["status"]["unavailableReplicas"] = 1
+    assert child_fingerprint("Deployment", dep) == fp  # nothing the model's status reads
+    dep["status"]["readyReplicas"] = 1
+    assert child_fingerprint("Deployment", dep) != fp
+
+
+def test_child_fingerprint_keeps_the_status_of_kinds_it_does_not_know():
+    """A workload kind added later (a StatefulSet pool, say) keeps its whole status in the fingerprint until someone
+    decides which of it the model's status reads: its readiness changes are never filtered out as no news."""
+    from disagg.controller.reconcile import child_fingerprint
+
+    sts = {"metadata": {"name": "m-decode"}, "spec": {"replicas": 2}, "status": {"readyReplicas": 1}}
+    assert child_fingerprint("StatefulSet", sts) != child_fingerprint(
+        "StatefulSet", {**sts, "status": {"readyReplicas": 2}})

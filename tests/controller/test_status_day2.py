@@ -172,3 +172,39 @@ def test_the_autoscaler_waits_for_the_reconcilers_first_status(control_plane, cl
                             clock=FakeClock())
         assert scaler.tick(cluster.ns, MODEL) is None
         assert "status" not in cluster.model(MODEL)
+
+
+def test_a_steady_model_makes_no_status_writes(operator, control_plane, cluster):
+    """At hundreds of models the daemons' ticks must not write when nothing changed (issue 17: zero writes in a
+    quiet minute): a tick that measures the recorded figures again writes nothing; a changed figure is written at
+    once, with its time."""
+    from disagg.controller.kubeio import Kube
+    from disagg.kube import api_client
+
+    ns = cluster.ns
+    values = {"targets_up": 3.0, "ttft_p95": 0.42, "tpot_p95": 0.021, "goodput": 0.97, "kv_failure_rate": 0.0,
+              "kv_transfer_p95": 0.035}
+    window = max(parse_model(load_example("llama-70b-rdma")).spec.mode_policy.window_seconds, 2)
+    answers = {render(n, ns, MODEL, window): v for n, v in values.items() if n in QUERIES}
+    with fake_prometheus(answers) as prom:
+        body = load_example("llama-70b-rdma")
+        body["spec"]["autoscaling"]["prometheus"] = {"url": prom.url, "timeoutSeconds": 2}
+        cluster.create_model(body)
+        wait_for(lambda: (cluster.model(MODEL).get("status") or {}).get("observedGeneration") == 1, 30, "reconciled")
+        clock = FakeClock()
+        kube = Kube(api_client(str(control_plane.kubeconfig)))  # its own write counter (the operator runs too)
+        scaler = Autoscaler(kube=kube, emit=lambda *_: None, clock=clock)
+        scaler.tick(ns, MODEL)
+        first = cluster.model(MODEL)
+        assert first["status"]["observed"]["ttftP95Ms"] == 420.0 and kube.writes >= 1
+
+        clock.advance(30)
+        writes = kube.writes
+        scaler.tick(ns, MODEL)  # the same figures and conditions
+        assert kube.writes == writes and scaler.skipped_writes == 1
+
+        answers[render("ttft_p95", ns, MODEL, window)] = 0.5
+        clock.advance(30)
+        scaler.tick(ns, MODEL)
+        moved = cluster.model(MODEL)["status"]["observed"]
+        assert moved["ttftP95Ms"] == 500.0 and moved["time"] != first["status"]["observed"]["time"]

@@ -1,38 +1,368 @@
-"""Operator convergence for N models: time until every model's status is written and every Deployment settled,
-and the writes in a steady-state window (should be zero: a no-op reconcile writes nothing).
+"""Operator convergence for N models, where the time goes, and the writes in a quiet minute.
 
-Runs the real operator (kopf, in process via KopfRunner) against the real local control plane.
+Runs the real operator (kopf, in process via KopfRunner) against the real local control plane (etcd +
+kube-apiserver + kube-controller-manager, ``disagg.local.controlplane``): N copies of
+``docs/examples/llama-8b-nvlink.yaml`` are created at once in one namespace. Measured per run:
+
+- **convergence**: when every model's status carries ``observedGeneration`` 1 and a ``Ready`` condition (the
+  operator's first complete report: every child applied, status written), when every Deployment reports its
+  replicas (kube-controller-manager's part), and when every model's ``status.pools`` shows those replicas (the
+  status has caught up with the cluster). The models never become ``Ready=True``: there is no kubelet, so no pod
+  ever runs (``Ready=False``, reason ``PrefillStarting``: the status a real cluster shows while pods start);
+- **where the time goes**: the apiserver's own request counters (``apiserver_request_total`` from its /metrics,
+  by verb and resource: every writer, ours and kube-controller-manager's), the operator's reconcile latency by
+  trigger (timed around ``Reconciler.reconcile``; it includes the wait for the model's lock), the sync handler
+  calls waiting for one of kopf's worker threads (its executor's queue: kopf's queueing), and the CPU seconds of
+  the operator (this process without the benchmark's main thread), kube-apiserver, etcd and
+  kube-controller-manager (from /proc);
+- **quiet minute**: after convergence (the operator idle and the statuses settled), the apiserver writes in a
+  window with no change (default 60 s), by verb and resource, and the operator's own writes in it (must be 0).
+
+``render_tables`` turns the results JSON (``docs/results/operator.json``) into the tables of docs/benchmarks.md §5.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
+import os
+import re
+import ssl
+import statistics
+import sys
+import threading
 import time
-from dataclasses import asdict, dataclass
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from ..api import GROUP, PLURAL, VERSION
-from ..local.controlplane import REPO_ROOT
-from ..poll import wait_for
+from ..local.controlplane import REPO_ROOT, ControlPlane
+from ..poll import WaitTimeoutError, wait_for
 
 EXAMPLE = REPO_ROOT / "docs" / "examples" / "llama-8b-nvlink.yaml"
+NAMESPACE = "bench"
+WRITE_VERBS = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager")
+CREATORS = 8  # concurrent create calls of the benchmark's client
+TARGET_MODELS, TARGET_SECONDS = 500, 60.0  # issue 17: 500 models with their status within 60 s on 2 cores
+
+_REQUEST_LINE = re.compile(r'^apiserver_request_total\{([^}]*)\}\s+([0-9.eE+-]+)$')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-@dataclass
-class OperatorBench:
-    models: int
-    created_s: float
-    status_written_s: float
-    deployments_settled_s: float
-    applies: int
-    steady_window_s: float
-    steady_state_writes: int
+# ------------------------------------------------------------------------------------ measuring helpers
+
+def command_line(models: list[int], steady_window_s: float, out: Path | None, controller_manager: bool = True) -> str:
+    parts = ["disagg bench operator", "--models", *map(str, models), "--steady-window", f"{steady_window_s:g}"]
+    if not controller_manager:
+        parts.append("--without-controller-manager")
+    if out is not None:
+        parts += ["--out", str(out)]
+    return " ".join(parts)
 
 
-def run(models: int, steady_window_s: float = 30.0, timeout: float = 600.0) -> OperatorBench:
+def parse_request_totals(text: str) -> Counter[tuple[str, str, str, str]]:
+    """``apiserver_request_total`` summed by (verb, resource, subresource, code) from the apiserver's /metrics."""
+    out: Counter[tuple[str, str, str, str]] = Counter()
+    for line in text.splitlines():
+        m = _REQUEST_LINE.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group(1)))
+        key = (labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""),
+               labels.get("code", ""))
+        out[key] += int(float(m.group(2)))
+    return out
+
+
+def writes_by_class(before: Counter[tuple[str, str, str, str]], after: Counter[tuple[str, str, str, str]],
+                    ) -> dict[str, int]:
+    """Successful (2xx) write requests between two scrapes, keyed "VERB resource[/subresource]" (zero classes left
+    out; a refused write, e.g. a create answered 409 AlreadyExists, changed nothing)."""
+    out: dict[str, int] = {}
+    for key, value in after.items():
+        verb, resource, sub, code = key
+        delta = value - before.get(key, 0)
+        if verb in WRITE_VERBS and code.startswith("2") and delta > 0:
+            name = f"{verb} {resource}{'/' + sub if sub else ''}"
+            out[name] = out.get(name, 0) + delta
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def reads_total(before: Counter[tuple[str, str, str, str]], after: Counter[tuple[str, str, str, str]]) -> int:
+    return sum(v - before.get(k, 0) for k, v in after.items() if k[0] in ("GET", "LIST"))
+
+
+class ApiserverMetrics:
+    """Scrapes kube-apiserver's /metrics with the control plane's admin client certificate."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        kc = cp.kubeconfig_dict()
+        user, cluster = kc["users"][0]["user"], kc["clusters"][0]["cluster"]
+        self.ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        self.ctx.load_cert_chain(user["client-certificate"], user["client-key"])
+        self.url = f"{cp.server}/metrics"
+
+    def scrape(self) -> Counter[tuple[str, str, str, str]]:
+        with urllib.request.urlopen(self.url, context=self.ctx, timeout=30) as r:
+            return parse_request_totals(r.read().decode())
+
+
+def _ticks(stat: str) -> tuple[str, int, int]:
+    """(comm, ppid, utime+stime ticks) from a /proc/<pid>[/task/<tid>]/stat line."""
+    comm = stat[stat.index("(") + 1:stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2:].split()
+    return comm, int(fields[1]), int(fields[11]) + int(fields[12])
+
+
+BENCH_THREADS: set[int] = set()  # native ids of the benchmark's own threads (not the operator's)
+
+
+def bench_thread() -> None:
+    """Called first in every thread of the benchmark itself, so that its CPU is not counted as the operator's."""
+    BENCH_THREADS.add(threading.get_native_id())
+
+
+class CpuMeter:
+    """CPU seconds of the control-plane processes (children of this process) and of the operator: this process
+    minus the benchmark's own threads (main, creators, watches, sampler: ``bench_thread``)."""
+
+    def __init__(self, handler_threads: str = "") -> None:
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self.pid = os.getpid()
+        self.handler_threads = handler_threads  # name prefix of kopf's executor threads (sync handlers)
+        bench_thread()
+
+    def read(self) -> dict[str, float]:
+        out = dict.fromkeys((*CONTROL_PLANE, "operator", "operator_handlers", "benchmark"), 0.0)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                comm, ppid, ticks = _ticks((entry / "stat").read_text())
+                name = next((n for n in CONTROL_PLANE if n[:15] == comm), None)  # comm is cut at 15 characters
+                if ppid == self.pid and name is not None:
+                    out[name] += ticks / self.hz
+        _, _, total = _ticks(Path(f"/proc/{self.pid}/stat").read_text())
+        bench = 0
+        for tid in list(BENCH_THREADS):
+            with contextlib.suppress(OSError):
+                bench += _ticks(Path(f"/proc/{self.pid}/task/{tid}/stat").read_text())[2]
+        out["operator"] = (total - bench) / self.hz
+        out["benchmark"] = bench / self.hz
+        handlers = 0  # live executor threads only (an idle one that exited is counted in "operator" alone)
+        for t in threading.enumerate():
+            if self.handler_threads and t.name.startswith(self.handler_threads) and t.native_id:
+                with contextlib.suppress(OSError):
+                    handlers += _ticks(Path(f"/proc/{self.pid}/task/{t.native_id}/stat").read_text())[2]
+        out["operator_handlers"] = handlers / self.hz
+        return out
+
+
+class ReconcileTimer:
+    """Times every call of ``Reconciler.reconcile`` (by trigger class) and counts the calls in progress."""
+
+    def __init__(self) -> None:
+        self.durations: dict[str, list[float]] = {}
+        self.in_flight = 0
+        self.first: dict[str, float] = {}  # model → monotonic start of its first reconcile
+        self.failures: Counter[str] = Counter()  # "trigger: error" → calls that raised (kopf retries handlers)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def trigger_class(trigger: str) -> str:
+        return trigger.split(" ")[0] if trigger else "other"  # "Deployment MODIFIED" → "Deployment"
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(namespace: str, name: str, *args: Any, trigger: str = "", **kwargs: Any) -> Any:
+            t0 = time.monotonic()
+            with self._lock:
+                self.in_flight += 1
+                self.first.setdefault(name, t0)
+            try:
+                return fn(namespace, name, *args, trigger=trigger, **kwargs)
+            except Exception as exc:
+                with self._lock:
+                    self.failures[f"{self.trigger_class(trigger)}: {str(exc)[:120]}"] += 1
+                raise
+            finally:
+                took = time.monotonic() - t0
+                with self._lock:
+                    self.in_flight -= 1
+                    self.durations.setdefault(self.trigger_class(trigger), []).append(took)
+        return timed
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        out = {}
+        with self._lock:
+            for cls, ds in sorted(self.durations.items(), key=lambda kv: -len(kv[1])):
+                s = sorted(ds)
+                out[cls] = {"calls": len(s), "total_s": round(sum(s), 2),
+                            "p50_ms": round(1000 * s[len(s) // 2], 1),
+                            "p95_ms": round(1000 * s[min(len(s) - 1, int(len(s) * 0.95))], 1),
+                            "max_ms": round(1000 * s[-1], 1)}
+        return out
+
+
+class Sampler:
+    """Every ``interval`` seconds: the sync handler calls waiting for a kopf worker thread (the executor's queue)
+    and the reconciles in progress."""
+
+    def __init__(self, executor: Any, timer: ReconcileTimer, interval: float = 0.5) -> None:
+        self.executor, self.timer, self.interval = executor, timer, interval
+        self.queued: list[int] = []
+        self.in_flight: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+
+    def _run(self) -> None:
+        bench_thread()
+        while not self._stop.wait(self.interval):
+            queue = getattr(self.executor, "_work_queue", None)
+            self.queued.append(queue.qsize() if queue is not None else 0)
+            self.in_flight.append(self.timer.in_flight)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def mark(self) -> int:
+        return len(self.queued)
+
+    def summary(self, start: int = 0, end: int | None = None) -> dict[str, float]:
+        q, f = self.queued[start:end] or [0], self.in_flight[start:end] or [0]
+        return {"queued_max": max(q), "queued_mean": round(statistics.fmean(q), 1),
+                "in_flight_max": max(f), "in_flight_mean": round(statistics.fmean(f), 1)}
+
+
+class ModelWatch:
+    """The benchmark's view of the models and Deployments, from two watches (cheap for the apiserver, unlike
+    listing 500 models every second): when each model's status was first written, and the latest copies."""
+
+    def __init__(self, api: Any, namespace: str) -> None:
+        from kubernetes import client, watch
+
+        self.co = client.CustomObjectsApi(api)
+        self.watch_mod = watch
+        self.ns = namespace
+        self.models: dict[str, dict[str, Any]] = {}
+        self.deployments: dict[str, dict[str, Any]] = {}
+        self.reported: dict[str, float] = {}  # model → monotonic time its status first had generation 1 + Ready
+        self._stop = threading.Event()
+        self._watches: list[Any] = []
+        self._threads = [threading.Thread(target=self._loop, args=(kind,), daemon=True, name=f"bench-watch-{kind}")
+                         for kind in ("models", "deployments")]
+
+    def _stream(self, kind: str, w: Any) -> Iterator[dict[str, Any]]:
+        # Both through the generic API: plain dicts, not the client's typed models (costly to build, and this
+        # process's CPU is shared with the operator's).
+        group, version, plural = (GROUP, VERSION, PLURAL) if kind == "models" else ("apps", "v1", "deployments")
+        yield from w.stream(self.co.list_namespaced_custom_object, group, version, self.ns, plural,
+                            timeout_seconds=3600)
+
+    def _loop(self, kind: str) -> None:
+        bench_thread()
+        while not self._stop.is_set():
+            w = self.watch_mod.Watch()
+            self._watches.append(w)
+            with contextlib.suppress(Exception):  # a dropped watch is re-opened (the copies stay)
+                for ev in self._stream(kind, w):
+                    obj = ev["object"]
+                    name = obj["metadata"]["name"]
+                    store = self.models if kind == "models" else self.deployments
+                    if ev["type"] == "DELETED":
+                        store.pop(name, None)
+                        continue
+                    store[name] = obj
+                    if kind == "models" and name not in self.reported and reported(obj):
+                        self.reported[name] = time.monotonic()
+                    if self._stop.is_set():
+                        return
+
+    def __enter__(self) -> ModelWatch:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for w in self._watches:
+            w.stop()
+
+
+def event_index(api: Any) -> dict[str, tuple[str, int]]:
+    """Every Event in the cluster: uid → ("reporting component: reason", count)."""
+    from kubernetes import client
+
+    out: dict[str, tuple[str, int]] = {}
+    for e in client.CoreV1Api(api).list_event_for_all_namespaces().items:
+        source = e.reporting_component or (e.source.component if e.source else None) or "?"
+        out[str(e.metadata.uid)] = (f"{source}: {e.reason}", int(e.count or 1))
+    return out
+
+
+def events_between(before: dict[str, tuple[str, int]], after: dict[str, tuple[str, int]]) -> dict[str, int]:
+    """Events written between two listings, by "reporting component: reason" (who wrote them: the apiserver's
+    request counters cannot tell the operator from kube-controller-manager); "(repeated)": an existing Event whose
+    count went up."""
+    out: Counter[str] = Counter()
+    for uid, (what, count) in after.items():
+        was = before.get(uid)
+        if was is None:
+            out[what] += 1
+        elif count > was[1]:
+            out[f"{what} (repeated)"] += count - was[1]
+    return dict(out.most_common())
+
+
+def reported(model: dict[str, Any]) -> bool:
+    """The operator's first complete report: status for generation 1 with a Ready condition."""
+    status = model.get("status") or {}
+    return bool(status.get("observedGeneration") == model["metadata"].get("generation")
+                and any(c.get("type") == "Ready" for c in status.get("conditions") or []))
+
+
+def deployment_settled(d: dict[str, Any]) -> bool:
+    return bool((d.get("status") or {}).get("replicas", 0) == (d.get("spec") or {}).get("replicas")
+                and (d.get("status") or {}).get("observedGeneration") == d["metadata"].get("generation"))
+
+
+def status_current(model: dict[str, Any], deployments: dict[str, dict[str, Any]]) -> bool:
+    """Does the model's status show what its worker Deployments report (pools.<pool>.replicas)?"""
+    name = model["metadata"]["name"]
+    pools = (model.get("status") or {}).get("pools") or {}
+    for role in ("prefill", "decode"):
+        d = deployments.get(f"{name}-{role}")
+        if d is None or (pools.get(role) or {}).get("replicas") != (d.get("status") or {}).get("replicas", 0):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------------------------------- one run
+
+def _phase(check: Callable[[], bool], timeout: float, what: str, t0: float) -> float | None:
+    """Seconds from t0 until ``check`` holds (polled), or None when it did not within ``timeout``."""
+    try:
+        wait_for(check, timeout, what, interval=0.5)
+    except WaitTimeoutError:
+        return None
+    return round(time.monotonic() - t0, 2)
+
+
+def run(models: int, steady_window_s: float = 60.0, timeout: float = 900.0, settle_timeout: float = 600.0,
+        say: Callable[[str], None] = print, controller_manager: bool = True) -> dict[str, Any]:
+    """One count on a fresh control plane. ``controller_manager=False`` leaves kube-controller-manager out (no
+    ReplicaSets, pods or Deployment status: the operator's own cost on the apiserver, alone)."""
     import kopf
     from kopf.testing import KopfRunner
     from kubernetes import client
@@ -40,61 +370,226 @@ def run(models: int, steady_window_s: float = 30.0, timeout: float = 600.0) -> O
     from ..api.crd import build_crd
     from ..controller.handlers import ControllerConfig, operator_settings, register
     from ..kube import api_client, install_crd
-    from ..local.controlplane import ControlPlane
 
-    with ControlPlane(with_controller_manager=True) as cp:
+    load_start = [round(x, 2) for x in os.getloadavg()]  # the machine is shared: how busy it was
+    with ControlPlane(with_controller_manager=controller_manager) as cp:
         api = api_client(cp.kubeconfig)
         install_crd(api, build_crd())
-        client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="bench")))
+        client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
         base = yaml.safe_load(EXAMPLE.read_text())
         registry = kopf.OperatorRegistry()
         rec = register(registry, ControllerConfig(kubeconfig=str(cp.kubeconfig)))
-        co, apps = client.CustomObjectsApi(api), client.AppsV1Api(api)
-        with KopfRunner(["run", "--standalone", "-n", "bench"], registry=registry, settings=operator_settings(),
-                        timeout=60):
+        timer = ReconcileTimer()
+        rec.reconcile = timer.wrap(rec.reconcile)  # type: ignore[method-assign]  # the handlers call it late-bound
+        settings = operator_settings()
+        metrics = ApiserverMetrics(cp)
+        cpu = CpuMeter(getattr(settings.execution.executor, "_thread_name_prefix", "") or "ThreadPoolExecutor")
+        co = client.CustomObjectsApi(api)
+        with (ThreadPoolExecutor(CREATORS, thread_name_prefix="bench-create", initializer=bench_thread) as creators,
+              KopfRunner(["run", "--standalone", "-n", NAMESPACE], registry=registry, settings=settings,
+                         timeout=60),
+              ModelWatch(api, NAMESPACE) as watch,
+              Sampler(settings.execution.executor, timer) as sampler):
+            m0, c0 = metrics.scrape(), cpu.read()
+            w0, a0 = rec.kube.writes, int(rec.counters["applies"])
+            say(f"{models} models: creating")
             t0 = time.monotonic()
-            for i in range(models):
+
+            def create(i: int) -> None:
                 body = copy.deepcopy(base)
                 body["metadata"]["name"] = f"m{i}"
-                co.create_namespaced_custom_object(GROUP, VERSION, "bench", PLURAL, body)
+                co.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, body)
+
+            list(creators.map(create, range(models)))  # "at once": as a GitOps sync or a script would
             created = time.monotonic() - t0
 
-            def all_status() -> bool:
-                got = co.list_namespaced_custom_object(GROUP, VERSION, "bench", PLURAL)
-                assert isinstance(got, dict)
-                written = sum((m.get("status") or {}).get("observedGeneration") == 1 for m in got["items"])
-                return bool(written == models)
+            wait_for(lambda: len(watch.reported) == models, timeout,
+                     "every model's status (observedGeneration 1 + Ready)", interval=0.2)
+            all_reported = max(watch.reported.values()) - t0
+            m1, c1, q1 = metrics.scrape(), cpu.read(), sampler.mark()
+            say(f"{models} models: every status reported after {all_reported:.1f}s")
 
-            wait_for(all_status, timeout, "every model's status", interval=0.5)
-            status_written = time.monotonic() - t0
+            def all_settled() -> bool:
+                return len(watch.deployments) == 3 * models and all(
+                    deployment_settled(d) for d in list(watch.deployments.values()))
 
-            def settled() -> bool:
-                deps = apps.list_namespaced_deployment("bench").items
-                return len(deps) == 3 * models and all(
-                    ((d.status.replicas if d.status else None) or 0) == (d.spec.replicas if d.spec else None)
-                    for d in deps)
+            def all_current() -> bool:
+                return len(watch.models) == models and all(
+                    status_current(m, watch.deployments) for m in list(watch.models.values()))
 
-            wait_for(settled, timeout, "every Deployment to report its replicas", interval=0.5)
-            deployments = time.monotonic() - t0
-            time.sleep(5)  # let the last status events drain before the quiet window starts
-            w0 = rec.kube.writes
-            time.sleep(steady_window_s)  # the measurement itself: writes during a window with no change
-            writes = rec.kube.writes - w0
-            applies = int(rec.counters["applies"])
-    return OperatorBench(models, round(created, 2), round(status_written, 2), round(deployments, 2), applies,
-                         steady_window_s, writes)
+            # kube-controller-manager's part (ReplicaSets, pods, Deployment status) may outlast the deadline at
+            # large N on a loaded machine: then the figure is null and the quiet window shows its writes.
+            settled = current = None
+            if controller_manager:
+                settled = _phase(all_settled, settle_timeout, "every Deployment to report its replicas", t0)
+                current = _phase(all_current, settle_timeout, "every model's status to show its Deployments' replicas",
+                                 t0)
+            say(f"{models} models: Deployments settled after {settled}s, statuses current after {current}s")
+
+            # Idle: no reconcile running or queued for 3 s in a row (polled), then the quiet window.
+            idle_since: list[float] = []
+
+            def idle() -> bool:
+                if timer.in_flight or (sampler.queued[-1:] or [0])[0]:
+                    idle_since.clear()
+                    return False
+                if not idle_since:
+                    idle_since.append(time.monotonic())
+                return time.monotonic() - idle_since[0] >= 3.0
+
+            wait_for(idle, timeout, "the operator to go idle", interval=0.25)
+            m2, c2, q2 = metrics.scrape(), cpu.read(), sampler.mark()
+            w2, r2 = rec.kube.writes, int(rec.counters["reconciles"])
+            ready_when = time.monotonic() - t0
+            say(f"{models} models: quiet window of {steady_window_s:g}s")
+            events0 = event_index(api)
+            time.sleep(steady_window_s)  # the measurement itself: a window with no change, not a synchronisation
+            m3, c3 = metrics.scrape(), cpu.read()
+            quiet_events = events_between(events0, event_index(api))
+            quiet_operator = rec.kube.writes - w2
+            quiet_reconciles = int(rec.counters["reconciles"]) - r2
+
+        reported_lat = sorted(v - t0 for v in watch.reported.values())
+        converge_writes = writes_by_class(m0, m2)
+        converge_s = ready_when
+        result = {
+            "models": models,
+            "controller_manager": controller_manager,
+            "loadavg": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
+            "children_per_model": 12,
+            "created_s": round(created, 2),
+            "status_reported_s": round(all_reported, 2),
+            "status_reported_p50_s": round(reported_lat[len(reported_lat) // 2], 2),
+            "deployments_settled_s": settled,
+            "status_current_s": current,
+            "idle_s": round(converge_s, 2),
+            "target": {"models": TARGET_MODELS, "seconds": TARGET_SECONDS,
+                       "met": models >= TARGET_MODELS and all_reported <= TARGET_SECONDS},
+            "applies": int(rec.counters["applies"]) - a0,
+            "status_patches": int(rec.counters["status_patches"]),
+            "reconciles": int(rec.counters["reconciles"]),
+            "operator_writes": w2 - w0,
+            "to_status": {
+                "apiserver_writes": writes_by_class(m0, m1),
+                "apiserver_writes_total": sum(writes_by_class(m0, m1).values()),
+                "apiserver_reads": reads_total(m0, m1),
+                "writes_per_s": round(sum(writes_by_class(m0, m1).values()) / max(all_reported, 1e-9), 1),
+                "cpu_s": {k: round(c1[k] - c0[k], 1) for k in c1},
+                "queue": sampler.summary(0, q1),
+            },
+            "to_idle": {
+                "apiserver_writes": converge_writes,
+                "apiserver_writes_total": sum(converge_writes.values()),
+                "apiserver_reads": reads_total(m0, m2),
+                "writes_per_s": round(sum(converge_writes.values()) / max(converge_s, 1e-9), 1),
+                "cpu_s": {k: round(c2[k] - c0[k], 1) for k in c2},
+                "queue": sampler.summary(0, q2),
+            },
+            "reconcile_latency": timer.summary(),
+            "reconcile_failures": dict(timer.failures.most_common(10)),
+            "counters": {k: int(v) for k, v in rec.counters.items()},
+            "quiet": {
+                "window_s": steady_window_s,
+                "apiserver_writes": writes_by_class(m2, m3),
+                "apiserver_writes_total": sum(writes_by_class(m2, m3).values()),
+                "operator_writes": quiet_operator,
+                "events_by_source": quiet_events,
+                "reconciles": quiet_reconciles,
+                "cpu_s": {k: round(c3[k] - c2[k], 1) for k in c3},
+            },
+        }
+    return result
 
 
-def main(models: list[int], out: Path | None, steady_window_s: float) -> int:
-    results = []
-    window = f"writes/{int(steady_window_s)}s"
-    print(f"{'models':>7} {'created':>9} {'status':>9} {'settled':>9} {'applies':>8} {window:>10}")
+# ------------------------------------------------------------------------------------------ output
+
+def _fmt_s(v: Any) -> str:
+    return "–" if v is None else f"{v:.1f} s"
+
+
+def _load(r: dict[str, Any]) -> str:
+    load = r.get("loadavg") or {}
+    return " → ".join(f"{v[0]:.1f}" for v in (load.get("start"), load.get("end")) if v) or "–"
+
+
+def _label(r: dict[str, Any]) -> str:
+    return str(r["models"]) if r.get("controller_manager", True) else f"{r['models']} (no controller-manager)"
+
+
+def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
+    """Markdown tables from docs/results/operator.json: ``summary`` (convergence per N), ``time`` (where the time
+    goes until every status is reported), ``quiet`` (writes in the quiet window)."""
+    runs = results_doc["results"]["runs"]
+    summary = ["| models | created | every status reported (p50) | Deployments settled | statuses current "
+               "| operator idle | applies | status patches | reconciles | target (500 in 60 s) | load average |",
+               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for r in runs:
+        target = ("met" if r["target"]["met"] else "missed") if r["models"] >= TARGET_MODELS else "n/a"
+        summary.append(
+            f"| {_label(r)} | {_fmt_s(r['created_s'])} | {_fmt_s(r['status_reported_s'])} "
+            f"({_fmt_s(r['status_reported_p50_s'])}) | {_fmt_s(r['deployments_settled_s'])} "
+            f"| {_fmt_s(r['status_current_s'])} | {_fmt_s(r['idle_s'])} | {r['applies']} | {r['status_patches']} "
+            f"| {r['reconciles']} | {target} | {_load(r)} |")
+    time_rows = ["| models | phase | apiserver writes (per s) | top write classes | apiserver reads "
+                 "| CPU s: operator (its handler threads) / apiserver / etcd / controller-manager "
+                 "| CPU s in all ÷ 2 cores | kopf queue max (mean) |",
+                 "| ---: | --- | ---: | --- | ---: | --- | ---: | ---: |"]
+    for r in runs:
+        for phase, key in (("to every status", "to_status"), ("to idle", "to_idle")):
+            p = r[key]
+            top = ", ".join(f"{k} {v}" for k, v in list(p["apiserver_writes"].items())[:4])
+            cpu = p["cpu_s"]
+            total = sum(cpu.get(k, 0.0) for k in ("operator", *CONTROL_PLANE))
+            time_rows.append(
+                f"| {_label(r)} | {phase} | {p['apiserver_writes_total']} ({p['writes_per_s']}) | {top} "
+                f"| {p['apiserver_reads']} | {cpu['operator']} ({cpu.get('operator_handlers', 0.0)}) / "
+                f"{cpu['kube-apiserver']} / {cpu['etcd']} / {cpu['kube-controller-manager']} "
+                f"| {total:.1f} ÷ 2 = {total / 2:.1f} s | {p['queue']['queued_max']} ({p['queue']['queued_mean']}) |")
+    latency = ["| models | trigger | calls | total s | p50 ms | p95 ms | max ms |",
+               "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in runs:
+        for cls, v in r["reconcile_latency"].items():
+            latency.append(f"| {_label(r)} | {cls} | {v['calls']} | {v['total_s']} | {v['p50_ms']} "
+                           f"| {v['p95_ms']} | {v['max_ms']} |")
+    quiet = ["| models | window | apiserver writes | by class | Events written, by reporting component "
+             "| operator writes | reconciles | operator CPU s |",
+             "| ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
+    for r in runs:
+        q = r["quiet"]
+        classes = ", ".join(f"{k} {v}" for k, v in q["apiserver_writes"].items()) or "none"
+        events = ", ".join(f"{k} {v}" for k, v in (q.get("events_by_source") or {}).items()) or "none"
+        quiet.append(f"| {_label(r)} | {q['window_s']:g} s | {q['apiserver_writes_total']} | {classes} | {events} "
+                     f"| {q['operator_writes']} | {q['reconciles']} | {q['cpu_s']['operator']} |")
+    return {"summary": "\n".join(summary), "time": "\n".join(time_rows), "latency": "\n".join(latency),
+            "quiet": "\n".join(quiet)}
+
+
+def results_doc(runs: list[dict[str, Any]], command: str, machine: dict[str, Any]) -> dict[str, Any]:
+    from . import docs
+
+    return docs.results_doc("operator", command, {"example": str(EXAMPLE.relative_to(REPO_ROOT)),
+                                                  "namespace": NAMESPACE, "runs": runs}, machine)
+
+
+def main(models: list[int], out: Path | None, steady_window_s: float, controller_manager: bool = True) -> int:
     for n in models:
-        r = run(n, steady_window_s)
-        results.append(asdict(r))
-        print(f"{r.models:>7} {r.created_s:>8.1f}s {r.status_written_s:>8.1f}s {r.deployments_settled_s:>8.1f}s "
-              f"{r.applies:>8} {r.steady_state_writes:>10}")
+        if n < 1:
+            raise SystemExit(f"--models: {n} is not a positive count")
+    if steady_window_s <= 0:
+        raise SystemExit(f"--steady-window: {steady_window_s:g} must be > 0 seconds")
+    from . import docs
+
+    machine = docs.machine_facts(loadavg_start=[round(x, 2) for x in os.getloadavg()])
+    command = docs.invoked_command(command_line(models, steady_window_s, out, controller_manager))
+    runs = []
+    for n in models:
+        # (sys.__stderr__: KopfRunner's click runner swaps sys.stdout/sys.stderr while the operator runs)
+        runs.append(run(n, steady_window_s, controller_manager=controller_manager,
+                        say=lambda m: print(f"bench operator: {m}", file=sys.__stderr__, flush=True)))
+    machine["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    doc = results_doc(runs, command, machine)
+    for name, table in render_tables(doc).items():
+        print(f"\n{name}:\n{table}")
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
+        docs.write_results(out, doc)
     return 0

@@ -3,11 +3,13 @@ Prometheus, runs the pure step (disagg.autoscaling.loop) and writes the outcome 
 
 What it writes (merge patch on the status subresource, guarded by resourceVersion and retried on conflict):
 - ``observed`` figures (including the mode probes seen in the window) and the conditions ``SLOMet``,
-  ``MetricsAvailable`` and ``KVTransferHealthy`` (measured: KV-transport fallbacks and transfer p95) — always. Every
-  figure is written, an unknown one as null (a merge patch that left it out would keep the previous value on
-  the printer columns); when Prometheus cannot be read every figure is null, ``observed.time`` stays at the last
-  measurement, and ``MetricsAvailable`` is False (reason ``PrometheusUnavailable`` or ``NoScrapeTargets``) with
-  the error;
+  ``MetricsAvailable`` and ``KVTransferHealthy`` (measured: KV-transport fallbacks and transfer p95) — whenever a
+  figure or a condition differs from the recorded one (a tick that would only move ``observed.time`` writes
+  nothing: a steady model makes no writes, which matters at hundreds of models; ``observed.time`` is then the time
+  of the last measurement that changed something). Every figure is written, an unknown one as null (a merge patch
+  that left it out would keep the previous value on the printer columns); when Prometheus cannot be read every
+  figure is null, ``observed.time`` stays at the last measurement, and ``MetricsAvailable`` is False (reason
+  ``PrometheusUnavailable`` or ``NoScrapeTargets``) with the error;
 - ``pools.<pool>.desiredReplicas`` + ``lastScale`` — when autoscaling is enabled: the record of each decision;
 - ``activeMode``/``modeReason``/``modeSince`` and the ``FallbackActive`` condition — when spec.mode is Auto (a
   pinned mode is written by the reconciler). The status change triggers the reconciler, which rewrites the
@@ -45,7 +47,7 @@ from .clock import Clock, RealClock, rfc3339
 from .kubeio import Kube, KubeError
 from .reconcile import replicas_managers
 from .scaling import scale_patch
-from .status import condition, merge_conditions
+from .status import condition, merge_conditions, status_patch
 
 log = logs.get("disagg.autoscaler")
 
@@ -67,6 +69,14 @@ STATUS_ATTEMPTS = 8  # the reconciler writes status too (conditions are a list: 
 Emit = Callable[[Mapping[str, Any], str, str, str], None]
 
 
+def unchanged_but_time(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``patch`` changes in ``current`` besides ``observed.time`` (empty: nothing). A tick whose figures and
+    conditions are the ones recorded writes nothing, so that at hundreds of models a steady state makes no writes
+    (docs/operator.md, "Scale"); ``observed.time`` is then the time of the last measurement that changed a figure."""
+    observed = {k: v for k, v in (patch.get("observed") or {}).items() if k != "time"}
+    return status_patch(current, {**patch, "observed": observed})
+
+
 @dataclass
 class Autoscaler:
     kube: Kube
@@ -74,6 +84,7 @@ class Autoscaler:
     states: dict[tuple[str, str], LoopState] = field(default_factory=dict)
     query_factory: Callable[..., Any] = connect
     clock: Clock = field(default_factory=RealClock)
+    skipped_writes: int = 0  # ticks whose outcome was already recorded (no status write)
 
     # ------------------------------------------------------------------ one tick
     def sample(self, dm: DisaggregatedModel, namespace: str, name: str) -> Sample:
@@ -126,6 +137,7 @@ class Autoscaler:
         return result
 
     def _patch(self, body: Mapping[str, Any], dm: DisaggregatedModel, r: StepResult, now: str) -> dict[str, Any]:
+        """The status merge patch of one step (``unchanged_but_time`` tells whether it changes anything)."""
         status = body.get("status") or {}
         gen = (body.get("metadata") or {}).get("generation")
         observed = r.observed.model_dump(by_alias=True, mode="json")  # None stays: null clears a stale figure
@@ -155,9 +167,12 @@ class Autoscaler:
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         before = {c.get("type"): c.get("status") for c in (body.get("status") or {}).get("conditions") or []}
         for attempt in range(STATUS_ATTEMPTS):
+            patch = self._patch(body, dm, r, now)
+            if not unchanged_but_time(body.get("status") or {}, patch):
+                self.skipped_writes += 1
+                break  # the same figures and conditions as recorded: no write (a quiet model stays quiet)
             try:
-                out = self.kube.patch_model_status(ns, name, self._patch(body, dm, r, now),
-                                                   body["metadata"].get("resourceVersion"))
+                out = self.kube.patch_model_status(ns, name, patch, body["metadata"].get("resourceVersion"))
                 if out:
                     body = out
                 break

@@ -11,7 +11,10 @@ apiserver); they differ only in what woke them up:
   edited child is restored; Deployment changes refresh the pool counts, ``starting`` and conditions in status.
 - ``@kopf.index``: in-memory caches of models and children, filled before any handler runs, so that a
   reconcile compares against the cluster without listing it. The model index only routes a child's event to its
-  model; no child is ever built from it.
+  model; no child is ever built from it. The indexers are coroutines (kopf's event loop, not its thread pool).
+- Event filters (``when=``, on kopf's event loop): a child event whose child is as the operator last applied or
+  verified it, and the operator's own status patch coming back, run no handler (``Reconciler.child_news`` /
+  ``model_news``; docs/operator.md, "Scale").
 - ``@kopf.timer`` (models with ``RolloutPending=True``): a held operator-upgrade rollout asks again for its turn.
 - ``@kopf.daemon`` (models with ``spec.autoscaling.prometheus``): the autoscaler / mode controller loop; with
   autoscaling on it writes pool sizes through each Deployment's /scale subresource itself.
@@ -35,6 +38,7 @@ from ..api.contract import LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from ..api.models import GROUP, PLURAL, VERSION
 from ..builders import BuildSettings
 from ..kube import api_client
+from .groups import register as register_groups
 from .kubeio import Kube, KubeError
 from .reconcile import REJECTED, ROLLOUT_CONDITION, UPGRADE_BOUND_SECONDS, Key, Reconciler, trim
 
@@ -49,6 +53,7 @@ CHILD_RESOURCES: tuple[tuple[str, str, str, str], ...] = (
     ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    ("apps", "v1", "statefulsets", "StatefulSet"),  # multi-node pools' groups (controller/groups.py)
 )
 MANAGED = {LABEL_MANAGED_BY: MANAGED_BY}
 MODELS_INDEX = "disagg_models"
@@ -139,11 +144,13 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     # ---------------------------------------------------------------------------------- indexes
 
     @kopf.index(GROUP, VERSION, PLURAL, id=MODELS_INDEX, registry=registry)
-    def index_models(namespace: str | None, name: str, uid: str, **_: Any) -> dict[Any, Any]:
+    async def index_models(namespace: str | None, name: str, uid: str, **_: Any) -> dict[Any, Any]:
         return {(namespace, name): uid}  # which models exist (children are never built from a cached copy)
 
+    # Indexers are coroutines: kopf runs them on its event loop, not in the thread pool of the sync handlers, where
+    # every child event would queue behind the reconciles (kopf indexes an event before it calls its handlers).
     def make_child_indexer(api_version: str, kind: str) -> Callable[..., Any]:
-        def index_children(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
+        async def index_children(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> Any:
             model = labels.get(LABEL_MODEL)
             if not model:
                 return None
@@ -172,7 +179,10 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
         log.info("reconciled", model=f"{namespace}/{name}", trigger=str(reason), applied=len(result.applied),
                  deleted=len(result.deleted), invalid=result.invalid)
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, id="status-inputs", registry=registry)
+    def status_news(type: str | None, body: kopf.Body, **_: Any) -> bool:
+        return type == "MODIFIED" and rec.model_news(body)  # not our own status patch coming back
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="status-inputs", when=status_news, registry=registry)
     def status_inputs(type: str | None, body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> None:
         if type != "MODIFIED" or body.get("metadata", {}).get("deletionTimestamp"):
             return
@@ -203,6 +213,8 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
             namespace = _ns(namespace)
             model = labels.get(LABEL_MODEL)
             if not model or _parent_of(kwargs, namespace, model) is None:
+                if type == "DELETED":
+                    rec.forget(namespace, kind, name)  # (a deleted model's children: drop what we recorded)
                 return  # not (or no longer) one of our models
             try:
                 rec.reconcile(namespace, model, lambda: _children_of(kwargs, namespace, model),
@@ -213,9 +225,16 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
         on_child.__name__ = f"on_{kind.lower()}"
         return on_child
 
+    def make_child_filter(kind: str) -> Callable[..., bool]:
+        def child_news(type: str | None, body: kopf.Body, **_: Any) -> bool:
+            return rec.child_news(kind, body, type)  # runs on kopf's event loop: no thread for a no-news event
+        return child_news
+
     for group, version, plural, kind in CHILD_RESOURCES:
-        kopf.on.event(group, version, plural, id=f"drift-{plural}", labels=MANAGED,
+        kopf.on.event(group, version, plural, id=f"drift-{plural}", labels=MANAGED, when=make_child_filter(kind),
                       registry=registry)(make_child_handler(kind))
+
+    register_groups(registry, rec, _children_of)  # pods of multi-node groups (controller/groups.py)
 
     if config.autoscaler:
         register_autoscaler(registry, rec)

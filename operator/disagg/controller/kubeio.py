@@ -29,6 +29,9 @@ KINDS: dict[str, tuple[str, str, str]] = {
     "RoleBinding": ("rbac.authorization.k8s.io/v1", "/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "PodDisruptionBudget": ("policy/v1", "/apis/policy/v1", "poddisruptionbudgets"),
     "Deployment": ("apps/v1", "/apis/apps/v1", "deployments"),
+    # multi-node pools (builders/multinode.py): StatefulSet groups, or a LeaderWorkerSet per pool
+    "StatefulSet": ("apps/v1", "/apis/apps/v1", "statefulsets"),
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "/apis/leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
 }
 
 RETRYABLE = {409, 429, 500, 502, 503, 504}

@@ -15,6 +15,9 @@ HELP = {
     "deletes": "Child objects deleted because the spec no longer wants them.",
     "status_patches": "Status subresource patches of DisaggregatedModels.",
     "scale_handovers": "Deployments whose spec.replicas the operator handed to the autoscaler's field manager.",
+    "coalesced": "Event-triggered reconciles folded into one already waiting for the same model.",
+    "events_skipped": "Watch events that needed no reconcile (a child as last applied or verified; our own status "
+                      "patch).",
 }
 
 

@@ -8,6 +8,13 @@ its parent. Every child is compared with its live copy (the event's object for t
 operator's watch cache for the others) and applied only when it is missing, its desired manifest changed, or
 someone else edited a field the operator sets (drift). A reconcile with nothing to do makes no API writes.
 
+At hundreds of models the work per watch event matters (docs/operator.md, "Scale"): event-triggered reconciles of a
+model that arrive while another waits for that model's lock join the waiting one (which has not read anything yet,
+so it sees their changes: a workqueue's de-duplication); children are rebuilt only when the builders' input changed
+(``build_key``); and ``child_news`` / ``model_news`` let the handlers drop events that bring nothing new — a child
+whose content (``child_fingerprint``) is as the operator last applied or verified it, the operator's own status
+patch coming back — before any thread, read or build.
+
 Replicas have one owner (``disagg.builders.replicas``): with autoscaling on, a pool Deployment's ``spec.replicas``
 is sent only when the Deployment is created; afterwards it is neither applied nor compared, and the operator hands
 its ownership of the field to the autoscaler's field manager before its first apply without it (the server-side
@@ -32,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from .. import logs
@@ -41,6 +49,7 @@ from ..api.validate import errors_of
 from ..builders import BuildError, BuildSettings, build_children, parse_model, replicas_owner
 from ..builders.meta import ANNOTATION_TEMPLATE_HASH, stamp_spec_hash, stamp_template_hash
 from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, autoscaled, desired_replicas
+from . import groups
 from . import status as st
 from .clock import Clock, RealClock, rfc3339
 from .diff import covers, drifted_fields, spec_hash, why_apply
@@ -117,6 +126,55 @@ def without_replicas(obj: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(obj)
     out.get("spec", {}).pop("replicas", None)
     return out
+
+
+# What status.py and rolled_out() read of a Deployment's status: a change elsewhere in it is no news.
+DEPLOYMENT_STATUS_READ = ("replicas", "readyReplicas", "updatedReplicas", "availableReplicas", "observedGeneration")
+# Metadata that changes with every write and says nothing about content.
+BOOKKEEPING = ("resourceVersion", "managedFields", "creationTimestamp", "selfLink")
+# Status fields of a model that no builder reads (builders read status.activeMode and status.pools.prefill.starting
+# (builders/router.py) and pools.<pool>.desiredReplicas (builders/replicas.py; dropped from the build input by
+# Reconciler.desired)): leaving them out of the build key lets a status write reuse the children already built.
+# tests/controller/test_pure.py checks that changing them does not change the build.
+STATUS_NOT_BUILT = ("conditions", "observed", "observedGeneration")
+POOL_STATUS_NOT_BUILT = ("replicas", "readyReplicas", "summary", "lastScale")
+
+
+def _canonical(value: Any) -> bytes:
+    return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+
+
+def build_key(body: Mapping[str, Any]) -> bytes:
+    """The builders' input of a model body, canonical: equal keys build equal children."""
+    meta = {k: v for k, v in (body.get("metadata") or {}).items() if k not in BOOKKEEPING}
+    status = {k: v for k, v in (body.get("status") or {}).items() if k not in STATUS_NOT_BUILT}
+    pools = status.get("pools")
+    if isinstance(pools, Mapping):
+        status["pools"] = {role: ({k: v for k, v in pool.items() if k not in POOL_STATUS_NOT_BUILT}
+                                  if isinstance(pool, Mapping) else pool) for role, pool in pools.items()}
+    return _canonical({**{k: v for k, v in body.items() if k not in ("metadata", "status")},
+                       "metadata": meta, "status": status})
+
+
+# Child kinds whose status the operator never reads (a PodDisruptionBudget's counts, a Service's load balancer).
+STATUS_UNREAD = frozenset({"Service", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget"})
+
+
+def child_fingerprint(kind: str, body: Mapping[str, Any]) -> int:
+    """A child's content as far as the operator cares: all but bookkeeping metadata, and of its status: nothing for
+    the kinds in STATUS_UNREAD, the counts and conditions (type, status, reason) the model's status is computed
+    from for a Deployment, everything for any other kind."""
+    plain = to_plain(body)
+    out = {k: v for k, v in plain.items() if k not in ("metadata", "status")}
+    out["metadata"] = {k: v for k, v in (plain.get("metadata") or {}).items() if k not in BOOKKEEPING}
+    st = plain.get("status") or {}
+    if kind == "Deployment":
+        out["status"] = {**{k: st.get(k) for k in DEPLOYMENT_STATUS_READ},
+                         "conditions": [(c.get("type"), c.get("status"), c.get("reason"))
+                                        for c in st.get("conditions") or []]}
+    elif kind not in STATUS_UNREAD:
+        out["status"] = st
+    return hash(_canonical(out))
 
 
 # Triggers that come from kopf's create/update/resume handlers (retried by kopf with backoff).
@@ -209,7 +267,22 @@ class Reconciler:
         # for a child the watch cache does not show yet (status must not report a Deployment we just created as
         # missing).
         self._written: dict[tuple[str, str, str], tuple[float, dict[str, Any]]] = {}
-        self.counters = {"reconciles": 0, "applies": 0, "deletes": 0, "status_patches": 0, "scale_handovers": 0}
+        self.counters = {"reconciles": 0, "applies": 0, "deletes": 0, "status_patches": 0, "scale_handovers": 0,
+                         "coalesced": 0, "events_skipped": 0}
+        # (namespace, name) → (build key, children as built): the builders are pure, so a model whose build
+        # input (``build_key``) is unchanged gets the same children without rebuilding them.
+        self._built: dict[tuple[str, str], tuple[bytes, bytes]] = {}  # (build key, the children as JSON)
+        # (namespace, kind, name) → fingerprint of the child as the operator last applied or verified it: a watch
+        # event that brings the same fingerprint (a status-only change, the ADDED event of our own create) needs
+        # no reconcile (``child_news``).
+        self._seen: dict[tuple[str, str, str], int] = {}
+        # (namespace, name) → resourceVersion our own status patch produced: its watch event is no news.
+        self._own_status: dict[tuple[str, str], str] = {}
+        # (namespace, name) → the child events queued for the next reconcile of that model (a reconcile waiting for
+        # the model's lock; it has not read anything yet). Later event-triggered reconciles join it instead of
+        # queueing behind it: one reconcile does the work of a burst of events (a workqueue's de-duplication).
+        self._pending: dict[tuple[str, str], dict[Key, Mapping[str, Any] | None]] = {}
+        self._pending_guard = threading.Lock()
         # (namespace, name) → (generation, message) of an apply the apiserver refused. Until a handler-triggered
         # reconcile of that generation succeeds (kopf retries it), Ready stays False with this message, and
         # event-triggered reconciles do not hammer the apiserver with the same refused object.
@@ -224,6 +297,35 @@ class Reconciler:
     def forget(self, namespace: str, kind: str, name: str) -> None:
         self._applied.pop((namespace, kind, name), None)
         self._written.pop((namespace, kind, name), None)
+        self._seen.pop((namespace, kind, name), None)
+
+    # ------------------------------------------------------------------------------- event filters
+
+    def child_news(self, kind: str, body: Mapping[str, Any], event_type: str | None) -> bool:
+        """Does a child's watch event need a reconcile? Not when the child is as the operator last applied or
+        verified it (``child_fingerprint``: everything but bookkeeping metadata and, for a Deployment, everything
+        of its status but what the model's status reads): the ADDED event of our own create, a PodDisruptionBudget's
+        or a Service's status update, a Deployment's status change that alters no count or condition."""
+        if event_type not in ("ADDED", "MODIFIED"):
+            return event_type == "DELETED"  # None: kopf's initial listing (the resume handler covers it)
+        meta = body.get("metadata") or {}
+        seen = self._seen.get((str(meta.get("namespace")), kind, str(meta.get("name"))))
+        if seen is not None and seen == child_fingerprint(kind, body):
+            self.counters["events_skipped"] += 1
+            return False
+        return True
+
+    def model_news(self, body: Mapping[str, Any]) -> bool:
+        """Does a model's MODIFIED event need a status-driven reconcile? Not when it is our own status patch's."""
+        meta = body.get("metadata") or {}
+        if self._own_status.get((str(meta.get("namespace")), str(meta.get("name")))) == meta.get("resourceVersion"):
+            self.counters["events_skipped"] += 1
+            return False
+        return True
+
+    def _verified(self, namespace: str, kind: str, live: Mapping[str, Any] | None) -> None:
+        if live is not None:
+            self._seen[(namespace, kind, str(live["metadata"]["name"]))] = child_fingerprint(kind, live)
 
     def now(self) -> str:
         return rfc3339(self.clock.now())
@@ -246,17 +348,24 @@ class Reconciler:
         readiness without waiting for a second pass).
         """
         dm = self.parse(body)
+        groups.refresh_settings(self, dm)  # (multi-node pools: is the LeaderWorkerSet CRD installed?)
         build = copy.deepcopy(dict(body))
         pools = (build.get("status") or {}).get("pools")
         if isinstance(pools, dict):
             for role in ("prefill", "decode"):
-                if isinstance(pools.get(role), dict):
+                if isinstance(pools.get(role), dict) and not groups.keeps_desired_replicas(dm, role):
                     pools[role].pop("desiredReplicas", None)
         if prefill_starting is not None:
             status: dict[str, Any] = build["status"] if isinstance(build.get("status"), dict) else {}
             build["status"] = status
             pools = status.setdefault("pools", {})
             pools["prefill"] = {**(pools.get("prefill") or {}), "starting": prefill_starting}
+        meta = build.get("metadata") or {}
+        model = (str(meta.get("namespace")), str(meta.get("name")))
+        key = build_key(build)
+        cached = self._built.get(model)
+        if cached is not None and cached[0] == key:
+            return dm, orjson.loads(cached[1])  # a fresh copy (callers may change it), cheaper than deepcopy
         try:
             objs = self.build(parse_model(build), self.settings)
         except BuildError as exc:
@@ -264,6 +373,7 @@ class Reconciler:
         for obj in objs:
             if obj["kind"] == "Deployment" and obj["metadata"].get("labels", {}).get(LABEL_ROLE) in WORKER_ROLES:
                 stamp_template_hash(obj)
+        self._built[model] = (key, orjson.dumps(objs))
         return dm, objs
 
     # ---------------------------------------------------------------------------------- upgrade slot
@@ -321,6 +431,8 @@ class Reconciler:
         key = (meta["namespace"], obj["kind"], meta["name"])
         self._applied[key] = (spec_hash(obj) or "", self.clock.monotonic())
         self._written[key] = (self.clock.monotonic(), trim(out))
+        if out.get("metadata"):
+            self._verified(meta["namespace"], obj["kind"], out)
         return out
 
     def _hand_over_replicas(self, live: dict[str, Any]) -> dict[str, Any]:
@@ -359,27 +471,43 @@ class Reconciler:
         the view is as recent as possible); ``event`` = (kind, name, object or None when deleted) is the child
         whose event triggered this reconcile: its copy is fresher than the cache's.
         """
+        model = (namespace, name)
+        mine: dict[Key, Mapping[str, Any] | None] = {}
+        if event is not None:
+            mine[(event[0], event[1])] = event[2]
+        with self._pending_guard:
+            queued = self._pending.get(model)
+            if queued is not None and trigger not in HANDLER_TRIGGERS:
+                queued.update(mine)  # the reconcile waiting for this model's lock does this one's work too
+                self.counters["coalesced"] += 1
+                return Result()
+            if queued is None:
+                self._pending[model] = mine
         with self.lock(namespace, name):
+            with self._pending_guard:
+                if self._pending.get(model) is mine:
+                    del self._pending[model]
             try:
                 body = self.kube.get_model(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     self._release_slot((namespace, name), "gone")
+                    self._built.pop(model, None)
                     return Result()  # gone or going: owner references let the garbage collector do the rest
                 view = children() if callable(children) else children
-                kids = {k: to_plain(v) for k, v in view.items()}
-                if event is not None:
-                    kind, child, live = event
+                # (the index holds plain dicts already, which the reconcile only reads)
+                kids = {k: v if isinstance(v, dict) else to_plain(v) for k, v in view.items()}
+                for (kind, child), live in mine.items():
                     if live is None:
                         kids.pop((kind, child), None)
                         self.forget(namespace, kind, child)
                     else:
                         kids[(kind, child)] = trim(live)
-                return self._reconcile(body, kids, trigger, event)
+                return self._reconcile(body, kids, trigger, mine)
             finally:
                 self.counters["reconciles"] += 1
 
     def _reconcile(self, body: dict[str, Any], children: dict[Key, Mapping[str, Any]], trigger: str,
-                   event: tuple[str, str, Mapping[str, Any] | None] | None) -> Result:
+                   events: Mapping[Key, Mapping[str, Any] | None]) -> Result:
         meta = body["metadata"]
         ns, name, generation = meta["namespace"], meta["name"], meta.get("generation")
         result = Result()
@@ -391,13 +519,15 @@ class Reconciler:
         now = self.clock.monotonic()
         for (wns, kind, child), (written_at, obj) in list(self._written.items()):
             if now - written_at >= APPLIED_GRACE:
-                del self._written[(wns, kind, child)]
-            elif (wns == ns and (kind, child) not in children and (event is None or event[:2] != (kind, child))
+                self._written.pop((wns, kind, child), None)  # (another model's reconcile may prune it too)
+            elif (wns == ns and (kind, child) not in children and (kind, child) not in events
                   and ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_MODEL) == name):
                 children[(kind, child)] = obj  # our own write, not in the watch cache yet
         try:
             dm = self.parse(body)
-            starting = st.pools_starting(dm, body.get("status") or {}, self._deployments(dm, children, {}))
+            plan = groups.observe(self, dm, ns)  # multi-node pools: group restarts, counts (controller/groups.py)
+            starting = st.pools_starting(dm, body.get("status") or {},
+                                         {**self._deployments(dm, children, {}), **plan.views})
             dm, objs = self.desired(body, prefill_starting=starting.get("prefill", False))
         except InvalidSpecError as exc:
             result.invalid = str(exc)
@@ -445,7 +575,7 @@ class Reconciler:
             if holding and live is not None:
                 compare = held(compare, live)
             record = self._applied.get((ns, *key))
-            evented = event is not None and (event[0], event[1]) == key  # its copy is the event's: fresh
+            evented = key in events  # its copy is the event's: fresh
             if not evented and record is not None and record[0] == spec_hash(obj) and (
                     live is not None or self.clock.monotonic() - record[1] < APPLIED_GRACE):
                 continue  # we applied exactly this; a newer watch event will tell if someone changed it
@@ -461,6 +591,7 @@ class Reconciler:
                     self._hand_over_replicas(current)
             if why is None:  # (a held Deployment records the held manifest: its roll is still to come)
                 self._applied[(ns, *key)] = (spec_hash(compare) or "", self.clock.monotonic())
+                self._verified(ns, key[0], live)
                 continue
             to_apply = compare
             if scaled and why == "missing":  # created: the only apply that carries the replica count
@@ -480,7 +611,7 @@ class Reconciler:
                 raise
             result.applied.append(ref(obj))
             if why == "missing":
-                (recreated if evented and event is not None and event[2] is None else created).append(ref(obj))
+                (recreated if evented and events[key] is None else created).append(ref(obj))
             elif why == "changed":
                 updated.append(ref(obj))
             else:
@@ -489,7 +620,7 @@ class Reconciler:
 
         wanted = {(o["kind"], o["metadata"]["name"]) for o in objs}
         for key, live in children.items():
-            if key not in wanted and owned_by(live, body):
+            if key not in wanted and owned_by(live, body) and not plan.keep(key, live):
                 log.info("prune", model=f"{ns}/{name}", object=f"{key[0]}/{key[1]}", trigger=trigger)
                 self.kube.delete(key[0], ns, key[1])
                 self.counters["deletes"] += 1
@@ -509,6 +640,7 @@ class Reconciler:
         if trigger in HANDLER_TRIGGERS:
             self._refused.pop((ns, name), None)
         deployments = self._deployments(dm, children, fresh)
+        deployments.update(plan.views)  # a multi-node pool's counts are its groups'
         rollout = self._rollout_condition(body, pools, deployments, pending if hold else [], holder)
         needed = {o["metadata"]["labels"].get(LABEL_ROLE, o["metadata"]["name"]): st.template_level(o)
                   for o in objs if o["kind"] == "Deployment"}
@@ -591,8 +723,10 @@ class Reconciler:
             if not patch:
                 return False
             try:
-                self.kube.patch_model_status(ns, name, patch, resource_version)
+                out = self.kube.patch_model_status(ns, name, patch, resource_version)
                 self.counters["status_patches"] += 1
+                if out:
+                    self._own_status[(ns, name)] = str((out.get("metadata") or {}).get("resourceVersion"))
                 self._report_transitions(body, dm, current, wanted)
                 return True
             except KubeError as exc:
