@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane prometheus nginx crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-autoscale bench-operator lint clean
+.PHONY: help setup control-plane prometheus nginx jaeger crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan gpu-microbench bench-autoscale bench-operator bench-soak docs lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -13,10 +13,14 @@ help:
 	@echo "make lint   - ruff and mypy over operator/, tests/ and e2e/"
 	@echo "make setup  - .venv with disagg installed (editable) and pinned dependencies"
 	@echo "make control-plane - build kube-apiserver, kube-controller-manager and etcd (cached)"
+	@echo "make jaeger - build Jaeger (traces backend for the tracing tests and the demo; cached)"
 	@echo "make crds   - regenerate crds/ from the API models"
 	@echo "make test-vllm - vLLM's own parser checks the rendered worker args (its own .venv-vllm, ~7 GB)"
-	@echo "make bench  - every benchmark (results under results/ and docs/results/)"
+	@echo "make bench  - every benchmark (results under results/ and docs/results/), then make docs"
+	@echo "make docs   - regenerate the benchmark tables in docs/*.md from docs/results/*.json"
 	@echo "make images / make push-images REGISTRY=... - build / push the operator, sim and vLLM worker images"
+	@echo "make images-local - the images with no registry (Debian rootfs + PyPI, podman; cached by content)"
+	@echo "make demo NODE=real - the demo on the real node (kubelet + containerd here, the chart installed by Helm)"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +38,10 @@ prometheus:
 nginx:
 	@bash hack/ensure-nginx.sh >/dev/null
 
+# Jaeger v2 (OTLP in, in-memory, query API) from its Go module, cached; the tracing tests and the demo use it
+jaeger:
+	@bash hack/build-jaeger.sh >/dev/null
+
 crds: setup
 	$(BIN)/disagg crds
 
@@ -45,7 +53,7 @@ lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy --explicit-package-bases operator/disagg tests e2e
 
-test: lint control-plane prometheus nginx
+test: lint control-plane prometheus nginx node-tools
 	$(BIN)/pytest
 
 # opt-in: vLLM's own argument parser checks the rendered worker args (installs vLLM, CPU only, --no-deps; GBs)
@@ -56,25 +64,50 @@ test-vllm:
 test-fast: setup
 	$(BIN)/pytest -m "not apiserver"
 
+# NODE=real: the same acts on the real node (kubelet + containerd here, the chart installed by Helm; root)
+NODE ?= process
 demo: setup control-plane prometheus
-	$(BIN)/disagg demo
+	$(BIN)/disagg demo --node $(NODE)
 
 bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator
+	$(MAKE) docs
 
+# the benchmark tables in docs/*.md, generated from docs/results/*.json (disagg.bench.docs; a test checks them)
+docs: setup
+	$(BIN)/python -m disagg.bench.docs
+
+# policies at equal GPUs, each at its best, in the discrete-event twin (deterministic; docs/benchmarks.md §1)
 bench-goodput: setup
-	$(BIN)/disagg bench goodput --out results/bench-goodput.json
+	$(BIN)/disagg bench goodput --out docs/results/goodput.json
 
 bench-router: setup nginx
-	$(BIN)/disagg bench router --out results/bench-router.json
+	$(BIN)/disagg bench router --out docs/results/router.json
 
 bench-autoscale: setup control-plane prometheus
-	$(BIN)/disagg bench autoscale --out results/bench-autoscale.json
+	$(BIN)/disagg bench autoscale --out docs/results/autoscale.json
 
 bench-operator: setup control-plane
-	$(BIN)/disagg bench operator --out results/bench-operator.json
+	$(BIN)/disagg bench operator --models 100 500 --out docs/results/operator.json
 
 bench-sim: setup
 	$(BIN)/disagg bench sim
+
+# the capacity planner's accuracy in the twin (docs/planning.md): predicted vs simulated goodput on held-out mixes
+bench-plan: setup
+	$(BIN)/disagg bench plan --out docs/results/plan.json
+
+# the H200 kernel microbenchmark behind docs/simulator.md §8's bound points: needs a CUDA GPU and torch (no vLLM);
+# `python3 hack/gpu/measure_h200.py --smoke` checks the script on a CPU
+gpu-microbench:
+	python3 hack/gpu/measure_h200.py --out docs/results/h200-microbench.json
+
+# the soak (docs/benchmarks.md R2): every component fails once under load, on the local stack
+bench-soak: setup control-plane prometheus
+	$(BIN)/disagg bench soak --out docs/results/soak.json
+
+# the twin's virtual-time speed (64 simulated GPUs, one process): docs/results/twin.json (disagg.twin.bench)
+bench-twin: setup
+	$(BIN)/python -m disagg.twin.bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache
@@ -116,3 +149,16 @@ push-images: images
 	$(CONTAINER_ENGINE) push $(IMAGE_VLLM)
 	@echo "pushed: $(IMAGE_DISAGG) $(IMAGE_SIM) $(IMAGE_VLLM)"
 	@echo "chart values: --set image.repository=$(REGISTRY)/disagg --set image.tag=$(VERSION); models: spec.engine.image: $(IMAGE_VLLM)"
+
+# ---------------------------------------------------------------------------------------------------- the real node
+# docs/development.md "The real node". node-tools installs the Debian packages when missing (root) and never fails
+# the build: the real-node e2e test fails by itself, naming what is missing (DISAGG_REAL_NODE=0 opts out).
+.PHONY: node-tools node images-local
+node-tools:
+	@bash hack/ensure-node-tools.sh >/dev/null || echo "note: the real node cannot run here (see above); e2e/test_real_node.py will fail unless DISAGG_REAL_NODE=0" >&2
+
+node:
+	@bash hack/build-node.sh >/dev/null
+
+images-local: node-tools
+	@bash hack/build-images.sh

@@ -83,7 +83,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo.run import run_demo
 
-    return run_demo(keep=args.keep, results_dir=args.results, quick=args.quick)
+    return run_demo(keep=args.keep, results_dir=args.results, quick=args.quick, node=args.node)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep everything running at the end until Ctrl-C")
     p.add_argument("--quick", action="store_true", help="half-length traffic phases")
     p.add_argument("--results", type=Path, default=None, help="results directory (default results/demo-<time>)")
+    p.add_argument("--node", choices=("process", "real"), default="process",
+                   help="process: pods run as processes (default, fast); real: kubelet + containerd on this machine, "
+                        "the chart installed by Helm, pods are containers (root; docs/development.md 'The real node')")
     p.set_defaults(func=_cmd_demo)
 
     for name in SUBCOMMAND_MODULES:

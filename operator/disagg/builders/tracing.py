@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.models import DisaggregatedModelSpec
+from ..api.models import DisaggregatedModel, DisaggregatedModelSpec
+from ..api.spec import TracingSpec
 from ..tracing import PROTOCOL, PROTOCOL_ENV
 
 
@@ -45,3 +46,13 @@ def router_tracing_args(spec: DisaggregatedModelSpec) -> list[str]:
     if t is None:
         return []
     return ["--otlp-traces-endpoint", t.endpoint, "--trace-sample-ratio", _ratio(t.sampling_ratio)]
+
+
+def with_default_tracing(dm: DisaggregatedModel, endpoint: str | None, sampling_ratio: float) -> DisaggregatedModel:
+    """``dm`` with the cluster-wide tracing default (the chart's ``tracing.*`` values, through the operator's
+    settings) when its spec leaves ``observability.tracing`` out; a model's own setting wins. Pure: a copy."""
+    if not endpoint or dm.spec.observability.tracing is not None:
+        return dm
+    obs = dm.spec.observability.model_copy(
+        update={"tracing": TracingSpec(endpoint=endpoint, sampling_ratio=sampling_ratio)})
+    return dm.model_copy(update={"spec": dm.spec.model_copy(update={"observability": obs})})

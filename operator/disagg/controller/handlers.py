@@ -87,6 +87,9 @@ def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.Ope
     settings.execution.max_workers = 16
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
+    # no cluster-wide namespace/CRD scanning: with the chart's watch.scope namespace the operator's Role cannot list
+    # namespaces, and kopf would retry 403s forever (found by e2e/test_real_node.py); we name namespaces exactly
+    settings.scanning.disabled = True
     return settings
 
 

@@ -166,3 +166,27 @@ def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def slowest_traced_request(runs: list[PhaseResult], router_log: str, trace_url: Any) -> str | None:
+    """The report's link to one trace: the slowest request (by TTFT, else end-to-end time) whose router log line
+    carries a ``trace_id`` (the router traces it when tracing is on and sampled it), as a line
+    ``slowest request <id>: TTFT … ms, path …, trace <url>``; ``trace_url``: trace id → the backend's page
+    (``LocalJaeger.trace_url``). None when no request was traced."""
+    traced: dict[str, str] = {}
+    for raw in router_log.splitlines():
+        if '"trace_id"' not in raw or not raw.startswith("{"):
+            continue
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if rec.get("event") == "request" and rec.get("trace_id"):
+            traced[str(rec.get("request_id"))] = str(rec["trace_id"])
+    cands = [r for ph in runs for r in ph.results if r.id in traced and (r.ttft_s or r.e2e_s) is not None]
+    if not cands:
+        return None
+    slow = max(cands, key=lambda r: r.ttft_s if r.ttft_s is not None else (r.e2e_s or 0.0))
+    took = (f"TTFT {slow.ttft_s * 1000:,.0f} ms" if slow.ttft_s is not None
+            else f"e2e {(slow.e2e_s or 0) * 1000:,.0f} ms")
+    return f"slowest request {slow.id}: {took}, path {slow.path or '?'}, trace {trace_url(traced[slow.id])}"

@@ -14,11 +14,19 @@ from .acts import run_loop, say
 from .report import write_report
 
 
-def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = False) -> int:
+def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = False, node: str = "process") -> int:
+    """``node``: ``process`` (the local pod runtime: pods are processes, seconds to start) or ``real`` (the real
+    node: kubelet + containerd on this machine, the chart installed by Helm, pods are containers; needs root)."""
     started = time.monotonic()
     results_dir = results_dir or (REPO_ROOT / "results" / time.strftime("demo-%Y%m%d-%H%M%S"))
     results_dir.mkdir(parents=True, exist_ok=True)
-    stack = LocalStack(log_dir=results_dir / "logs", sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
+    stack: LocalStack
+    if node == "real":
+        from ..local.cluster import ClusterStack
+
+        stack = ClusterStack(log_dir=results_dir / "logs")
+    else:
+        stack = LocalStack(log_dir=results_dir / "logs", sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
     model: ModelHarness | None = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:

@@ -145,6 +145,8 @@ class ControlPlane:
             "--secure-port", str(api_port), "--cert-dir", str(self._tmp / "certs"),
             "--tls-cert-file", str(pki / "server.crt"), "--tls-private-key-file", str(pki / "server.key"),
             "--client-ca-file", str(pki / "ca.crt"), "--authorization-mode", "RBAC",
+            # kubectl logs/exec through a real kubelet (local/cluster.py) authenticate as the admin client
+            "--kubelet-client-certificate", str(pki / "admin.crt"), "--kubelet-client-key", str(pki / "admin.key"),
             "--service-cluster-ip-range", "10.96.0.0/16", "--allow-privileged=true",
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(pki / "sa.pub"),
