@@ -18,7 +18,14 @@ from tests.paths import REPO
 
 from disagg.api.crd import render_crd_yaml
 from disagg.builders.security import NON_ROOT_UID
-from disagg.builders.settings import ENV_ROUTER_IMAGE, ENV_ROUTER_IMAGE_PULL_POLICY, ENV_ROUTER_REPLICAS
+from disagg.builders.settings import (
+    ENV_ROUTER_IMAGE,
+    ENV_ROUTER_IMAGE_PULL_POLICY,
+    ENV_ROUTER_REPLICAS,
+    ENV_TRACING_ENDPOINT,
+    ENV_TRACING_SAMPLING_RATIO,
+    BuildSettings,
+)
 
 K8S_VERSION = "1.34.0"
 VALUE_SETS = [None, *CI_VALUES]
@@ -174,6 +181,30 @@ def test_standalone_and_router_image() -> None:
     assert env[ENV_ROUTER_IMAGE] == "registry.example.com/ml/disagg-router:0.1.0"
     assert env[ENV_ROUTER_REPLICAS] == "2"
     assert "--log-level=debug" in c["args"]
+
+
+def test_tracing_default_reaches_the_operator_and_its_builds() -> None:
+    """The chart's tracing.* values become the operator's DISAGG_TRACING_* settings, which give every model without
+    spec.observability.tracing the workers' and router's tracing flags; off by default."""
+    from disagg.api.models import DisaggregatedModel
+    from disagg.builders import build_children
+
+    docs = rendered_for(CHART / "ci" / "monitoring-values.yaml")[1]
+    env = {e["name"]: e.get("value") for e in _container(docs)["env"]}
+    assert env[ENV_TRACING_ENDPOINT] == "http://jaeger-collector.observability:4318/v1/traces"
+    assert env[ENV_TRACING_SAMPLING_RATIO] == "0.05"
+    default_env = {e["name"] for e in _container(rendered_for(None)[1])["env"]}
+    assert ENV_TRACING_ENDPOINT not in default_env
+    settings = BuildSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    dm = DisaggregatedModel.model_validate(yaml.safe_load((REPO / "docs/examples/llama-8b-nvlink.yaml").read_text()))
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in build_children(dm, settings)}
+    router = next(o for (k, _), o in objs.items() if k == "Deployment" and "router" in o["metadata"]["name"])
+    cmd = router["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--otlp-traces-endpoint") + 1] == env[ENV_TRACING_ENDPOINT]
+    assert cmd[cmd.index("--trace-sample-ratio") + 1] == "0.05"
+    assert "--otlp-traces-endpoint" not in str(build_children(dm, BuildSettings()))
+    with pytest.raises(ValueError, match=ENV_TRACING_SAMPLING_RATIO):
+        BuildSettings.from_env({ENV_TRACING_ENDPOINT: env[ENV_TRACING_ENDPOINT], ENV_TRACING_SAMPLING_RATIO: "2"})
 
 
 def test_image_digest_pins_both_images() -> None:

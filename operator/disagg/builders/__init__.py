@@ -18,6 +18,7 @@ from .meta import ANNOTATION_SPEC_HASH, BuildError, check_child_names, model_nam
 from .replicas import desired_replicas, replicas_owner
 from .router import active_mode, router_config, router_configmap, router_deployment, router_rbac, router_service
 from .settings import BuildSettings
+from .tracing import with_default_tracing
 from .transport import kv_transfer_config, transport_summary
 from .workers import (
     compat_hash,
@@ -72,6 +73,7 @@ def build_children(dm: DisaggregatedModel, settings: BuildSettings | None = None
     returned then, so the caller applies all or nothing.
     """
     settings = settings or BuildSettings()
+    dm = with_default_tracing(dm, settings.tracing_endpoint, settings.tracing_sampling_ratio)
     model = model_name(dm)
     roles = worker_roles(dm)
     check_child_names(model, {**{r: c.pool_name(model, r) for r in roles}, "router": c.router_name(model)})

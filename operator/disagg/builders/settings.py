@@ -12,6 +12,10 @@ ENV_ROUTER_IMAGE = "DISAGG_ROUTER_IMAGE"
 ENV_ROUTER_IMAGE_PULL_POLICY = "DISAGG_ROUTER_IMAGE_PULL_POLICY"
 ENV_ROUTER_REPLICAS = "DISAGG_ROUTER_REPLICAS"
 ENV_ROUTER_CPU_REQUEST = "DISAGG_ROUTER_CPU_REQUEST"
+# The cluster-wide tracing default (the chart's tracing.* values) for models without spec.observability.tracing
+ENV_TRACING_ENDPOINT = "DISAGG_TRACING_ENDPOINT"
+ENV_TRACING_SAMPLING_RATIO = "DISAGG_TRACING_SAMPLING_RATIO"
+DEFAULT_TRACING_SAMPLING_RATIO = 0.01
 
 DEFAULT_ROUTER_CPU_REQUEST = "250m"
 
@@ -48,9 +52,23 @@ class BuildSettings:
     # Is the LeaderWorkerSet CRD (builders.multinode.LWS_CRD) installed? Picks the back end of multi-node pools with
     # spec.multiNode.backend Auto. The controller sets it from a cached read of the CRD (controller/groups.py).
     lws_installed: bool = False
+    # The tracing default for models whose spec leaves observability.tracing out (None: off); a model's own wins.
+    tracing_endpoint: str | None = None
+    tracing_sampling_ratio: float = DEFAULT_TRACING_SAMPLING_RATIO
 
     def __post_init__(self) -> None:
         cpu_cores(self.router_cpu_request)  # a bad quantity fails at start-up, not at every reconcile
+        if self.tracing_endpoint:  # the same rules as spec.observability.tracing, checked once at start-up
+            from pydantic import ValidationError
+
+            from ..api.spec import TracingSpec
+
+            try:
+                TracingSpec(endpoint=self.tracing_endpoint, sampling_ratio=self.tracing_sampling_ratio)
+            except ValidationError as e:
+                bad = "; ".join(f"{ENV_TRACING_ENDPOINT if err['loc'][0] == 'endpoint' else ENV_TRACING_SAMPLING_RATIO}"
+                                f": {err['msg']}" for err in e.errors())
+                raise ValueError(f"tracing default (chart values tracing.*): {bad}") from None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BuildSettings:
@@ -60,4 +78,15 @@ class BuildSettings:
             router_image_pull_policy=env.get(ENV_ROUTER_IMAGE_PULL_POLICY) or "IfNotPresent",
             router_replicas=int(env.get(ENV_ROUTER_REPLICAS) or 1),
             router_cpu_request=env.get(ENV_ROUTER_CPU_REQUEST) or DEFAULT_ROUTER_CPU_REQUEST,
+            tracing_endpoint=env.get(ENV_TRACING_ENDPOINT) or None,
+            tracing_sampling_ratio=_ratio(env.get(ENV_TRACING_SAMPLING_RATIO)),
         )
+
+
+def _ratio(text: str | None) -> float:
+    if not text:
+        return DEFAULT_TRACING_SAMPLING_RATIO
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{ENV_TRACING_SAMPLING_RATIO}: not a number: {text!r}") from None
