@@ -14,8 +14,11 @@ def test_timers_fire_in_order_at_their_virtual_times() -> None:
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        def fire(name: str) -> None:
+            fired.append((name, loop.time()))
+
         for name, delay in (("c", 3.0), ("a", 0.5), ("b", 1.25), ("a2", 0.5)):
-            loop.call_later(delay, lambda n=name: fired.append((n, loop.time())))
+            loop.call_later(delay, fire, name)
         await asyncio.sleep(10.0)
 
     run_virtual(main())
@@ -81,3 +84,26 @@ def test_loop_counts_advances() -> None:
         assert loop.advances >= 2
     finally:
         loop.close()
+
+
+def test_advance_only_when_nothing_else_could_run_first() -> None:
+    """VirtualTimeLoop.advance (the engine's jump over a step): refused while a callback is ready or a timer is
+    due before the target (or within the loop's clock resolution after it); a cancelled timer does not count."""
+    seen: list[tuple[str, float]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, VirtualTimeLoop)
+        h = loop.call_later(1.0, lambda: seen.append(("t", loop.time())))
+        assert not loop.advance(1.5)  # the timer at 1.0 must run first
+        assert not loop.advance(1.0)  # same time: the timer would be batched with the wake-up
+        assert loop.time() == 0.0
+        assert loop.advance(0.75) and loop.time() == 0.75
+        h.cancel()
+        assert loop.advance(2.0) and loop.time() == 2.0  # nothing left before it
+        loop.call_soon(lambda: seen.append(("soon", loop.time())))
+        assert not loop.advance(3.0)  # a ready callback runs at the current time first
+        await asyncio.sleep(0)
+
+    run_virtual(main())
+    assert seen == [("soon", 2.0)]

@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from .. import logs
 from .config import SimConfig
@@ -23,7 +23,7 @@ from .metrics import Metrics, Registry
 from .nixl import PullOutcome, SideChannelClient, SideChannelServer, compat_hash
 from .perf import PerfModel, SeqWork
 from .presets import human_bytes
-from .scheduler import Request, Scheduler, SchedulerStats, Status
+from .scheduler import Batch, Request, Scheduler, SchedulerStats, Status
 
 log = logs.get("disagg.sim.engine")
 
@@ -31,6 +31,9 @@ log = logs.get("disagg.sim.engine")
 # simulated time, or 20 ms of wall time, whichever is more (see docs/simulator.md, "Time").
 MAX_CLOCK_LAG_S = 0.025
 MAX_CLOCK_LAG_WALL_S = 0.020
+# Decode fast-forward (virtual time only): at most this many decode steps planned at once. Planning prices every
+# step; an interrupt (an arrival, an abort) cuts the rest, so a longer plan mostly wastes pricing.
+FF_MAX_STEPS = 32
 
 
 class StartupError(RuntimeError):
@@ -41,12 +44,35 @@ class SimClock:
     """Simulated seconds since start = wall seconds since start ÷ time_scale.
 
     ``timer`` is the wall clock (``time.monotonic``); the twin (disagg.twin) passes its virtual-time loop's
-    ``loop.time`` with a scale of 1, so the same engine loop runs in virtual time."""
+    ``loop.time`` with a scale of 1, so the same engine loop runs in virtual time, and ``advance`` (the loop's
+    ``VirtualTimeLoop.advance``): :meth:`jump_to` then moves virtual time to a step's end without a loop turn
+    whenever nothing else could run before it (the results are the same; see twin/clock.py)."""
 
-    def __init__(self, time_scale: float, timer: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, time_scale: float, timer: Callable[[], float] = time.monotonic,
+                 advance: Callable[[float], bool] | None = None) -> None:
         self.scale = time_scale
         self.timer = timer
         self.wall0 = timer()
+        self.advance = advance
+
+    def wake_time(self, t: float, at: float) -> float:
+        """The timer reading at which :meth:`sleep_until` ``(t)``, called when the timer read ``at``, wakes."""
+        d = (t - (at - self.wall0) / self.scale) * self.scale
+        return at + d if d > 0 else at
+
+    def sim_time(self, at: float) -> float:
+        """:meth:`now` when the timer reads ``at``."""
+        return (at - self.wall0) / self.scale
+
+    def jump_to(self, t: float) -> bool:
+        """True when the clock now reads what :meth:`sleep_until` ``(t)`` would have woken at, with no other
+        callback having run meanwhile (virtual time only); False: sleep instead."""
+        if self.advance is None:
+            return False
+        d = (t - self.now()) * self.scale
+        if d <= 0:
+            return True  # sleep_until would not sleep either
+        return self.advance(self.timer() + d)  # asyncio.sleep(d) → call_at(loop.time() + d): the same float
 
     def now(self) -> float:
         return (self.timer() - self.wall0) / self.scale
@@ -72,6 +98,33 @@ class ReqCtx:
     engine: Any = None  # the Engine (data-parallel rank) serving the request
     # In-process consumers (the twin) take (kind, value, time) events here instead of from ``queue``.
     sink: Callable[[str, Any, float], None] | None = None
+    # ... and optionally a fast-forwarded run of tokens at once: (tokens so far, first's time, last's time, the
+    # largest gap between consecutive tokens of the run); without it each token goes to ``sink``
+    sink_run: Callable[[int, float, float, float], None] | None = None
+
+
+@dataclass(eq=False)
+class _FastForward:
+    """Decode steps planned at once (virtual time). Step ``i`` (0-based) ends at ``ends[i]`` (simulated time), the
+    step-by-step loop would wake at timer reading ``whens[i]``; ``applied`` steps have produced their tokens,
+    ``allocated`` steps have their KV blocks (step 0's by schedule(); step i's are taken when step i-1 ends), and
+    the engine wakes after step ``last - 1`` (fewer than planned once an interrupt cut the plan)."""
+
+    reqs: list[Request]
+    ends: list[float]
+    whens: list[float]
+    dts: list[float]
+    allocs: dict[int, list[Request]]  # step → requests that cross a KV block boundary there (running order)
+    last: int
+    applied: int = 0
+    allocated: int = 1
+    fut: asyncio.Future[None] | None = None
+    handle: asyncio.TimerHandle | None = None
+
+
+def _release(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class KVClient(Protocol):
@@ -166,6 +219,10 @@ class Engine:
         self._busy_until: float | None = None  # end of the last step while continuously busy
         self._ready_at = 0.0  # simulated time of the latest event that made work available while idle
         self._metrics_on = metrics_enabled
+        # decode fast-forward: only on a virtual clock (it moves timers) and without Prometheus series (it skips
+        # the per-token observations)
+        self._ff_on = self.clock.advance is not None and not metrics_enabled
+        self._ff: _FastForward | None = None
         self.steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps (utilisation)
         self.transfers_ok = 0
@@ -184,6 +241,7 @@ class Engine:
         self._task = asyncio.create_task(self._loop(), name="sim-engine")
 
     async def stop(self) -> None:
+        self.sync()
         for t in list(self._pulls):
             t.cancel()
         if self._task:
@@ -195,12 +253,16 @@ class Engine:
             await self.side_server.close()
 
     def wake(self, at: float | None = None) -> None:
+        if self._ff is not None:
+            self._ff_interrupt(cut=True)
         self._ready_at = max(self._ready_at, self.clock.now() if at is None else at)
         if self._wake is not None:
             self._wake.set()
 
     # ------------------------------------------------------------------------------------ requests
     def submit(self, req: Request) -> ReqCtx:
+        if self._ff is not None:
+            self._ff_interrupt(cut=True)
         ctx = req.ctx if isinstance(req.ctx, ReqCtx) else ReqCtx()
         req.ctx = ctx
         rp = req.remote_prefill
@@ -220,6 +282,8 @@ class Engine:
         return ctx
 
     def abort(self, req: Request) -> None:
+        if self._ff is not None:
+            self._ff_interrupt(cut=True)
         if req.status == Status.FINISHED:
             return
         self.sched.abort(req)
@@ -229,6 +293,7 @@ class Engine:
 
     @property
     def busy(self) -> bool:
+        self.sync()
         return bool(self.sched.running or self.sched.waiting)
 
     # ------------------------------------------------------------------------------------ loop
@@ -279,12 +344,18 @@ class Engine:
                         fs = r.first_scheduled = start
                     if fs < r.arrival:
                         r.first_scheduled = r.arrival
-            cost = self.perf.step(SeqWork(s.new_tokens, s.context, s.samples) for s in batch.items)
+            # Scheduled carries SeqWork's three fields (new_tokens, context, samples): priced as they are, without
+            # a SeqWork per sequence per step
+            cost = self.perf.step(cast("list[SeqWork]", items))
             dt = cost.total_s
             if self.cfg.faults.prefill_stall_ms and any(s.context < s.request.prompt_len for s in batch.items):
                 dt += self.cfg.faults.prefill_stall_ms / 1000.0
             end = start + dt
-            await self.clock.sleep_until(end)
+            if self._ff_on and (ff := self._ff_plan(batch, end, dt, newest)) is not None:
+                await self._ff_run(ff)
+                continue
+            if not self.clock.jump_to(end):
+                await self.clock.sleep_until(end)
             self._busy_until = end
             self.steps += 1
             self.busy_s += dt
@@ -294,6 +365,136 @@ class Engine:
                 self._on_token(req, done, end)
             self._sync_stats()
             self.update_gauges()
+
+    # ------------------------------------------------------------------------------------ decode fast-forward
+    # A decode-only step whose batch nothing can change for a while (nothing waiting, no KV held for a decode
+    # engine, no request finishing, enough free blocks) is the first of several identical-but-for-context steps:
+    # they are priced at once (the same PerfModel.step, on a batch with the same token, sequence and context sums:
+    # the same float results), the engine sleeps until the last one ends, and their effects (tokens with their
+    # own step-end times, KV blocks in the order the scheduler would take them) are applied lazily — when the plan
+    # ends, or as far as the current time when something outside looks (sync: scrapes, busy, state) or changes the
+    # engine (submit, abort, wake, KV release: the plan is then cut at the step in progress, where the
+    # step-by-step loop would next schedule). Same records as the step-by-step path (tests/twin: fast_forward=False).
+    def _ff_plan(self, batch: Batch, end: float, dt: float, newest: float) -> _FastForward | None:
+        sched = self.sched
+        if batch.preempted or batch.pulls or sched.waiting or sched.held:
+            return None
+        items = batch.items
+        first_finish = FF_MAX_STEPS + 1
+        for s in items:
+            r = s.request
+            if s.new_tokens != 1 or r.num_output < 1:
+                return None
+            left = r.max_new_tokens - r.num_output  # the step (1-based) that finishes it
+            if left < first_finish:
+                first_finish = left
+        m = first_finish - 1  # steps before any request finishes (a finish resolves futures: the normal path)
+        if m < 2:
+            return None
+        bs = self.pool.block_size
+        allocs: dict[int, list[Request]] = {}
+        total = 0
+        for s in items:
+            r = s.request
+            k = len(r.blocks) * bs - s.context  # first step whose token does not fit the blocks held
+            while k < m:
+                allocs.setdefault(k, []).append(r)
+                total += 1
+                k += bs
+        if total > self.pool.num_free:
+            return None
+        n = len(items)
+        c0 = sum(s.context for s in items)
+        base = [SeqWork(1, 0, True)] * (n - 1)
+        clock = self.clock
+        ends, dts = [end], [dt]
+        whens = [clock.wake_time(end, clock.timer())]
+        step = self.perf.step
+        for i in range(1, m):
+            w = whens[-1]
+            st = max(ends[-1], newest, clock.sim_time(w) - self.max_lag)
+            d = step([*base, SeqWork(1, c0 + n * i, True)]).total_s
+            ends.append(st + d)
+            dts.append(d)
+            whens.append(clock.wake_time(st + d, w))
+        return _FastForward([s.request for s in items], ends, whens, dts, allocs, m)
+
+    async def _ff_run(self, ff: _FastForward) -> None:
+        self._ff = ff
+        try:
+            if not (self.clock.advance is not None and self.clock.advance(ff.whens[-1])):
+                loop = asyncio.get_running_loop()
+                ff.fut = loop.create_future()
+                ff.handle = loop.call_at(ff.whens[ff.last - 1], _release, ff.fut)
+                await ff.fut
+            self._ff_apply(ff, ff.last)
+        finally:
+            if ff.handle is not None:
+                ff.handle.cancel()
+            self._ff = None
+
+    def sync(self) -> None:
+        """Bring a fast-forwarded engine's state (tokens, KV blocks, step counts) up to the current time."""
+        if self._ff is not None:
+            self._ff_interrupt(cut=False)
+
+    def _ff_interrupt(self, cut: bool) -> None:
+        ff = self._ff
+        assert ff is not None
+        t = self.clock.timer()
+        j = ff.applied
+        while j < ff.last - 1 and ff.whens[j] < t:  # steps the step-by-step loop has applied by now
+            j += 1
+        self._ff_apply(ff, j)
+        if cut and ff.last > j + 1:
+            ff.last = j + 1  # the step in progress ends the plan: the next schedule() sees the change
+            if ff.handle is not None and ff.fut is not None:
+                ff.handle.cancel()
+                ff.handle = asyncio.get_running_loop().call_at(ff.whens[j], _release, ff.fut)
+
+    def _ff_apply(self, ff: _FastForward, j: int) -> None:
+        """Apply steps ``ff.applied .. j-1`` (tokens out) and take the blocks of the steps scheduled by then."""
+        running = Status.RUNNING
+        a = ff.applied
+        if j > a:
+            ends = ff.ends
+            k = j - a
+            first, last = ends[a], ends[j - 1]
+            gap = max([ends[i] - ends[i - 1] for i in range(a + 1, j)], default=0.0)
+            for r in ff.reqs:
+                if r.status is not running:
+                    continue  # aborted meanwhile
+                ctx: ReqCtx = r.ctx
+                if ctx.sink_run is not None:
+                    r.num_computed += k
+                    r.num_output += k
+                    r.last_token = last
+                    ctx.last_ts = last
+                    ctx.sink_run(r.num_output, first, last, gap)
+                    continue
+                for i in range(a, j):
+                    e = ends[i]
+                    r.num_computed += 1
+                    r.num_output += 1
+                    r.last_token = e
+                    ctx.last_ts = e
+                    if ctx.sink is not None:
+                        ctx.sink("token", r.num_output, e)
+                    else:
+                        ctx.queue.put_nowait(("token", r.num_output, e))
+            for i in range(a, j):  # the same sums, in the same order, as step by step
+                self.steps += 1
+                self.busy_s += ff.dts[i]
+            self._busy_until = last
+            ff.applied = j
+        upto = min(j + 1, ff.last)
+        for k in range(ff.allocated, upto):
+            for r in ff.allocs.get(k, ()):
+                if r.status is running:
+                    new = self.pool.allocate(1)
+                    assert new is not None, "fast-forward planned more blocks than were free"
+                    r.blocks += new
+        ff.allocated = max(ff.allocated, upto)
 
     def _sync_stats(self) -> None:
         if not self._metrics_on:
@@ -398,6 +599,8 @@ class Engine:
         return True, "", req.prompt_len, self.perf.transfer_bytes(req.prompt_len)
 
     def serve_release(self, request_id: str) -> bool:
+        if self._ff is not None:
+            self._ff_interrupt(cut=True)
         freed = self.sched.release_held(request_id) is not None
         if not freed and self.metrics.nixl:
             # A completion notification for a request no longer held (its lease expired): vLLM >= 0.32.0 counts
@@ -438,6 +641,8 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - any failure of a pull is a failed load, handled by the policy
             outcome = PullOutcome(False, f"side channel error: {e!r}")
         t1 = self.clock.now()
+        if self._ff is not None:
+            self._ff_interrupt(cut=True)
         if outcome.ok and marks:  # done when the bytes are in and the modelled time has passed (the NIXL
             t1 = min(t1, max(marks["data"], marks["target"]))  # notification rides on the transfer itself)
         m = self.metrics
@@ -467,6 +672,7 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
+        self.sync()
         c = self.cfg
         return {
             "dp_rank": self.dp_rank,

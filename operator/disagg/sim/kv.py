@@ -35,7 +35,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.ref = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[bytes, int] = {}
 
     # ------------------------------------------------------------------------------------ queries

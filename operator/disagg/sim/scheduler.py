@@ -63,21 +63,25 @@ class Request:
     finish_reason: str | None = None
     prompt_computed_counted: bool = False
     ctx: Any = None  # the engine's per-request state (output queue, timings)
+    plen: int = field(init=False, default=0)  # len(prompt_ids), read every step (the prompt never changes)
+
+    def __post_init__(self) -> None:
+        self.plen = len(self.prompt_ids)
 
     @property
     def prompt_len(self) -> int:
-        return len(self.prompt_ids)
+        return self.plen
 
     @property
     def num_tokens(self) -> int:
-        return self.prompt_len + self.num_output
+        return self.plen + self.num_output
 
     @property
     def finished(self) -> bool:
         return self.status == Status.FINISHED
 
 
-@dataclass
+@dataclass(slots=True)
 class Scheduled:
     request: Request
     new_tokens: int
@@ -155,27 +159,41 @@ class Scheduler:
     def schedule(self, now: float) -> Batch:
         batch = Batch()
         budget = self.max_num_batched_tokens
+        # The running pass is the per-step hot path (every decode token): _chunk and blocks_for inlined.
+        items = batch.items
+        running = self.running
+        threshold = self.long_prefill_token_threshold
+        bs = self.pool.block_size
+        active = Status.RUNNING
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            remaining = req.num_tokens - req.num_computed
-            n = self._chunk(remaining, budget)
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed
+            total = req.plen + req.num_output
+            n = total - computed
+            if threshold and n > 1 and n > threshold:
+                n = threshold
+            if n > budget:
+                n = budget
             if n <= 0:
                 i += 1
                 continue
-            need = self.pool.blocks_for(req.num_computed + n) - len(req.blocks)
-            new: list[int] | None = []
-            while need > 0:
-                new = self.pool.allocate(need)
-                if new is not None:
+            need = -(-(computed + n) // bs) - len(req.blocks)
+            if need > 0:
+                new: list[int] | None = None
+                while True:
+                    new = self.pool.allocate(need)
+                    if new is not None:
+                        break
+                    victim = self._preempt_last(batch)
+                    if victim is req:
+                        break
+                if req.status is not active:  # preempted itself: nothing left to try
                     break
-                victim = self._preempt_last(batch)
-                if victim is req:
-                    break
-            if req.status != Status.RUNNING:  # preempted itself: nothing left to try
-                break
-            req.blocks += new or []
-            batch.items.append(Scheduled(req, n, req.num_computed, req.num_computed + n >= req.num_tokens))
+                if new:
+                    req.blocks += new
+                items = batch.items  # a preemption rebuilds the list
+            items.append(Scheduled(req, n, computed, computed + n >= total))
             budget -= n
             i += 1
 
@@ -264,17 +282,21 @@ class Scheduler:
         """Apply a priced step. Returns (request, finished) for every request that sampled a token."""
         out: list[tuple[Request, bool]] = []
         bs = self.pool.block_size
+        active = Status.RUNNING
+        finished = False
         for s in batch.items:
             req = s.request
-            if req.status != Status.RUNNING:
+            if req.status is not active:
                 continue  # aborted while the step ran
+            plen = req.plen
+            computed = req.num_computed
             if req.num_output == 0:
-                self.stats.computed_prompt_tokens += min(s.new_tokens, max(0, req.prompt_len - req.num_computed))
-            prompt_step = req.num_computed < req.prompt_len  # only prompt blocks are ever committed: a decode step
-            req.num_computed += s.new_tokens                  # re-registering them all cost a third of a twin step
-            if prompt_step:
-                self.pool.commit(req.blocks, req.hashes, min(req.num_computed, req.prompt_len) // bs)
-            if req.num_computed < req.num_tokens:
+                self.stats.computed_prompt_tokens += min(s.new_tokens, max(0, plen - computed))
+            computed += s.new_tokens
+            req.num_computed = computed
+            if computed - s.new_tokens < plen:  # a prompt step: only prompt blocks are ever committed (a decode
+                self.pool.commit(req.blocks, req.hashes, min(computed, plen) // bs)  # step re-registering them
+            if computed < plen + req.num_output:                                    # all cost a third of a step)
                 continue
             req.num_output += 1
             if req.first_token is None:
@@ -283,8 +305,10 @@ class Scheduler:
             done = req.num_output >= req.max_new_tokens
             if done:
                 self._finish(req, req.limit_reason, now)
+                finished = True
             out.append((req, done))
-        self.running = [r for r in self.running if r.status == Status.RUNNING]
+        if finished:  # aborts leave the list themselves; only requests finished here need dropping
+            self.running = [r for r in self.running if r.status is active]
         return out
 
     def _finish(self, req: Request, reason: str, now: float) -> None:
@@ -342,6 +366,8 @@ class Scheduler:
         return req
 
     def expire_held(self, now: float) -> list[Request]:
+        if not self.held:
+            return []
         gone = [rid for rid, (_, exp) in self.held.items() if exp <= now]
         return [r for r in (self.release_held(rid) for rid in gone) if r is not None]
 

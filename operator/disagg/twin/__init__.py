@@ -37,6 +37,9 @@ Public API (stable; later tools — goodput sweeps, the autoscale hindsight orac
   times it chooses with ``asyncio.sleep`` — the autoscale oracle's hook; GPU-seconds count each worker's time in
   service. :class:`TwinCluster` is the lower level (an engine per worker + the router shim) for tools that drive a
   run themselves (``async``, inside :func:`clock.run_virtual`).
+* Speed: decode steps that nothing can change run as one planned run (sim/engine.py, "decode fast-forward"):
+  the same records, bit for bit, as step by step — ``simulate(..., fast_forward=False)`` is that reference path
+  (tests/twin/test_fastforward.py compares them).
 * Goodput uses load/loadgen.py's definition (``Result.meets``: status 200, TTFT ≤ SLO, TPOT ≤ SLO or no TPOT),
   the one place; goodput_rps = requests meeting both SLOs ÷ the arrival window.
 

@@ -1,9 +1,9 @@
 """The twin's speed benchmark: how fast virtual time runs for a 64-GPU cluster (``python -m disagg.twin.bench``).
 
 Each scenario is one :func:`disagg.twin.simulate` run (one process, one core); it reports wall and CPU seconds,
-virtual seconds per wall second, loop events (virtual-time advances) and engine steps per second, and generated
-tokens per CPU second. The results document follows the benchmark convention (disagg.bench.docs):
-``docs/results/twin.json`` with :func:`render_tables`.
+virtual seconds per wall second, loop events (virtual-time advances: a fast-forwarded run of decode steps is one)
+and engine steps per second, and generated tokens per CPU second. The results document follows the benchmark
+convention (disagg.bench.docs): ``docs/results/twin.json`` with :func:`render_tables`.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ insertion), so a run is deterministic.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -61,6 +62,26 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def advances(self) -> int:
         """How many times virtual time jumped forward (≈ distinct event times)."""
         return self._vsel.advances
+
+    def advance(self, when: float) -> bool:
+        """Move the clock to ``when`` at once, from inside a running callback, when doing so changes nothing:
+        no callback is ready and no timer is due before ``when`` (nor within the loop's clock resolution after
+        it, which ``_run_once`` would batch with it). Then a coroutine that would ``await asyncio.sleep`` until
+        ``when`` may instead carry on synchronously — the simulator's engine does (``SimClock.jump_to``), which
+        saves the timer, the loop turn and the task wake-up of every engine step. False: sleep as usual."""
+        if self._ready:  # type: ignore[attr-defined]
+            return False
+        sched = self._scheduled  # type: ignore[attr-defined]
+        while sched and sched[0].cancelled():  # what _run_once would drop first anyway
+            h = heapq.heappop(sched)
+            h._scheduled = False  # noqa: SLF001 - as base_events._run_once does when it drops one
+            self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+        if sched and sched[0].when() < when + self._clock_resolution:
+            return False
+        if when > self._vsel.now:
+            self._vsel.now = when
+            self._vsel.advances += 1
+        return True
 
     def _run_once(self) -> None:
         # Land exactly on the next timer: ``now + (when - now)`` can fall a rounding error short of ``when``.

@@ -30,6 +30,7 @@ from ..sim.engine import Engine, ReqCtx, SimClock, make_request
 from ..sim.nixl import PullOutcome
 from ..sim.scheduler import Request
 from .arrivals import Arrival, Prepared, prepare
+from .clock import VirtualTimeLoop
 
 ROLES = ("prefill", "decode", "aggregated")
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -190,6 +191,15 @@ class Leg:
     done: asyncio.Future[None] | None = None
     first_token: asyncio.Future[None] | None = None
 
+    def sink_run(self, tokens: int, first: float, last: float, gap: float) -> None:
+        """A fast-forwarded run of decode tokens (the engine's ``ReqCtx.sink_run``): as many ``sink`` calls."""
+        if self.last is not None:
+            gap = max(gap, first - self.last)
+        if gap > self.itl_max:
+            self.itl_max = gap
+        self.last = last
+        self.tokens = tokens
+
     def sink(self, kind: str, value: Any, now: float) -> None:
         if kind == "token":
             if self.first is None:
@@ -236,6 +246,7 @@ class TwinWorker:
                 _add(h, "vllm:request_prefill_time_seconds", req.first_token - req.first_scheduled)
 
     def scrape(self) -> dict[str, float]:
+        self.engine.sync()
         s = self.engine.sched
         return {"vllm:num_requests_waiting": float(len(s.waiting)),
                 "vllm:num_requests_running": float(len(s.running)),
@@ -274,14 +285,17 @@ class TwinCluster:
     """The engines and the router shim. Construct and :meth:`run` inside a virtual loop (clock.run_virtual);
     :func:`disagg.twin.simulate` does both."""
 
-    def __init__(self, spec: ClusterSpec, *, seed: int = 0) -> None:
+    def __init__(self, spec: ClusterSpec, *, seed: int = 0, fast_forward: bool = True) -> None:
+        """``fast_forward`` False: every engine step waits on a loop timer (the reference path the fast one is
+        tested against; identical results, slower)."""
         spec.validate()
         self.spec = spec
         self.seed = seed
         self.config = spec.router_config()
         self.tuning = spec.tuning
         self.loop = asyncio.get_running_loop()
-        self.clock = SimClock(1.0, timer=self.loop.time)
+        adv = self.loop.advance if fast_forward and isinstance(self.loop, VirtualTimeLoop) else None
+        self.clock = SimClock(1.0, timer=self.loop.time, advance=adv)
         self.workers: dict[str, TwinWorker] = {}
         self.ws = WorkerSet()
         self.prefix = PrefixIndex()
@@ -483,7 +497,7 @@ class TwinCluster:
                            seed=0)
         leg = Leg(req, w.engine, w, done=self.loop.create_future(),
                   first_token=self.loop.create_future() if want_first else None)
-        req.ctx = ReqCtx(max_tokens_param=max_tokens, engine=w.engine, sink=leg.sink)
+        req.ctx = ReqCtx(max_tokens_param=max_tokens, engine=w.engine, sink=leg.sink, sink_run=leg.sink_run)
         w.engine.submit(req)
         return leg
 

@@ -172,20 +172,22 @@ def _record(o: Outcome) -> RequestRecord:
 
 
 def simulate(spec: ClusterSpec, arrivals: Sequence[Arrival], *, seed: int = 0, slo: SLO | None = None,
-             window_s: float | None = None, controller: Controller | None = None) -> TwinResult:
+             window_s: float | None = None, controller: Controller | None = None,
+             fast_forward: bool = True) -> TwinResult:
     """Run ``arrivals`` (sorted by time) through a fresh :class:`TwinCluster` in virtual time.
 
     Deterministic: the same spec, arrivals and seed give identical records, whatever the machine does.
     ``window_s``: the arrival window goodput is divided by (default: the last arrival's time).
     ``controller``: ``async def f(cluster)`` run beside the traffic (scale with ``cluster.add_worker`` /
-    ``remove_worker``, reconfigure with ``set_config``, sleeping in virtual time with ``asyncio.sleep``)."""
+    ``remove_worker``, reconfigure with ``set_config``, sleeping in virtual time with ``asyncio.sleep``).
+    ``fast_forward`` False: the step-by-step reference path (same records, slower; see ``TwinCluster``)."""
     spec.validate()
     check_sorted(arrivals)
     slo = slo or SLO()
     stats: dict[str, Any] = {}
 
     async def main() -> list[Outcome]:
-        cluster = TwinCluster(spec, seed=seed)
+        cluster = TwinCluster(spec, seed=seed, fast_forward=fast_forward)
         outcomes = await cluster.run(arrivals, controller=controller)
         loop = asyncio_loop()
         stats["makespan"] = max([o.end for o in outcomes if o.end is not None], default=0.0)
