@@ -5,6 +5,7 @@ it, the operator's own status patch coming back) run none."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -54,7 +55,11 @@ def test_events_that_bring_nothing_new_run_no_reconcile(control_plane, cluster):
     cluster.create_model(load_example("llama-8b-nvlink"))
     rec.reconcile(cluster.ns, MODEL, {}, trigger="create")
     # each child as a watch event carries it: the apiserver's JSON (the typed client would drop fields)
-    children = {k: rec.kube.get(k.split("/")[0], cluster.ns, k.split("/", 1)[1]) for k in cluster.children(MODEL)}
+    children: dict[str, dict[str, Any]] = {}
+    for k in cluster.children(MODEL):
+        obj = rec.kube.get(k.split("/")[0], cluster.ns, k.split("/", 1)[1])
+        assert obj is not None, k
+        children[k] = obj
     pdb = next(v for k, v in children.items() if k.startswith("PodDisruptionBudget/"))
     deployment = children[f"Deployment/{MODEL}-decode"]
 

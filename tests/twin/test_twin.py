@@ -20,7 +20,7 @@ from disagg.twin import SLO, Arrival, ClusterSpec, PoolSpec, TwinResult, arrival
 from disagg.twin.clock import run_virtual
 from disagg.twin.cluster import TwinCluster, _parse_sim
 
-CONDITIONAL = {"mode": "Disaggregated", "routing": {
+CONDITIONAL: dict[str, Any] = {"mode": "Disaggregated", "routing": {
     "remotePrefill": {"minInputTokens": 2048, "maxPrefillQueueWaitMs": 150, "minExpectedOutputTokens": 64,
                       "requireDecodePoolPressure": False},
     "localPrefill": {"maxInputTokens": 1024, "preferWhenPrefixCacheHit": True}}}
