@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane prometheus nginx jaeger crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan gpu-microbench bench-autoscale bench-operator bench-soak docs lint clean
+.PHONY: help setup control-plane prometheus nginx jaeger bench-twin crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan gpu-microbench bench-autoscale bench-operator bench-soak docs lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -53,7 +53,7 @@ lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy --explicit-package-bases operator/disagg tests e2e
 
-test: lint control-plane prometheus nginx node-tools
+test: lint control-plane prometheus nginx node-tools jaeger
 	$(BIN)/pytest
 
 # opt-in: vLLM's own argument parser checks the rendered worker args (installs vLLM, CPU only, --no-deps; GBs)
@@ -66,10 +66,10 @@ test-fast: setup
 
 # NODE=real: the same acts on the real node (kubelet + containerd here, the chart installed by Helm; root)
 NODE ?= process
-demo: setup control-plane prometheus
+demo: setup control-plane prometheus jaeger
 	$(BIN)/disagg demo --node $(NODE)
 
-bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator
+bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator bench-plan bench-twin bench-soak
 	$(MAKE) docs
 
 # the benchmark tables in docs/*.md, generated from docs/results/*.json (disagg.bench.docs; a test checks them)
@@ -78,7 +78,7 @@ docs: setup
 
 # policies at equal GPUs, each at its best, in the discrete-event twin (deterministic; docs/benchmarks.md §1)
 bench-goodput: setup
-	$(BIN)/disagg bench goodput --out docs/results/goodput.json
+	$(BIN)/disagg bench goodput --gpus 4 8 --out docs/results/goodput.json
 
 bench-router: setup nginx
 	$(BIN)/disagg bench router --out docs/results/router.json

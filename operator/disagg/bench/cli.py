@@ -14,27 +14,48 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                                   "sim (roofline vs references); see docs/benchmarks.md")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
 
-    g = sub.add_parser("goodput", help="aggregated vs always-disaggregated vs conditional at equal GPU count",
-                       description="Starts fresh sims + a router per (mix, deployment) on loopback, drives the mix "
-                       "open-loop, prints goodput / TTFT / TPOT and the ratios c/a, c/b.")
+    g = sub.add_parser("goodput", help="aggregated vs always-disaggregated vs conditional at equal GPU count, each "
+                       "at its best (a sweep in the discrete-event twin)",
+                       description="In the discrete-event twin (virtual time, deterministic for a seed): per mix and "
+                       "rate, sweeps (a)'s chunked-prefill budget and the P:D split of (b) and (c) (c with the CRD's "
+                       "default thresholds and tuned ones), scores every run at TTFT/TPOT 1000/50, 1000/25 and "
+                       "2000/100 ms and reports the best of each, the knees and the targets (disagg.bench.goodput). "
+                       "--real: the real-process run (sims + router on loopback) on a small case, as a cross-check.")
     g.add_argument("--mixes", nargs="+", default=["short-chat", "long-rag", "mixed"])
-    g.add_argument("--deployments", nargs="+", default=["aggregated", "disaggregated", "conditional"],
-                   choices=["aggregated", "disaggregated", "conditional"])
-    g.add_argument("--gpus", type=int, default=4, help="simulated GPUs per deployment (one worker per GPU)")
-    g.add_argument("--time-scale", type=float, default=1.0,
-                   help="sim wall seconds per simulated second (the offered token rate / time-scale must fit the CPUs)")
+    g.add_argument("--gpus", type=int, nargs="+", default=[4],
+                   help="simulated GPUs per deployment (one worker per GPU); the twin sweep runs each count given "
+                   "(rates scale with it), --real the first")
     g.add_argument("--gpu", default="H100-SXM")
     g.add_argument("--model-preset", default="Llama-3.1-8B")
-    g.add_argument("--ttft-slo-ms", type=float, default=1000.0)
-    g.add_argument("--tpot-slo-ms", type=float, default=50.0)
+    g.add_argument("--rates-per-gpu", action="append", default=[], metavar="MIX=RPS[,RPS...]",
+                   help="the twin sweep's rate ladder for a mix, requests per simulated second per GPU (default: "
+                   "goodput.SWEEP_PLANS)")
     g.add_argument("--rate", action="append", default=[], metavar="MIX=RPS",
-                   help="offered requests per simulated second for a mix (default: the plan's)")
-    g.add_argument("--split", action="append", default=[], metavar="MIX=P[,Pc]",
-                   help="prefill workers of (b) [and (c)] for a mix")
+                   help="--real: offered requests per simulated second for a mix (default: goodput.PLANS)")
     g.add_argument("--duration", type=float, default=None, help="simulated seconds of arrivals per run")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--out", type=Path, default=Path("results/bench-goodput.json"))
-    g.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
+    g.add_argument("--splits", default=None, metavar="P,P,...",
+                   help="prefill workers of (b) and (c) to sweep (default: every P up to 4 GPUs, else 1/8..5/8)")
+    g.add_argument("--budgets", default="2048,8192", metavar="N,N,...",
+                   help="(a)'s chunked-prefill budgets (--max-num-batched-tokens) to sweep")
+    g.add_argument("--variants", nargs="+", default=["a", "b", "c-default", "c-tuned"],
+                   choices=["a", "b", "c-default", "c-tuned"], help="deployments of the twin sweep")
+    g.add_argument("--jobs", type=int, default=1, help="twin runs in parallel processes (results do not change)")
+    g.add_argument("--out", type=Path, default=None,
+                   help="results file (default docs/results/goodput.json: the docs' tables come from it, `make docs`; "
+                   "with --real: results/bench-goodput-real.json)")
+    g.add_argument("--real", action="store_true",
+                   help="the real-process run instead (fresh sims + a router per run on loopback, real time)")
+    g.add_argument("--deployments", nargs="+", default=["aggregated", "disaggregated", "conditional"],
+                   choices=["aggregated", "disaggregated", "conditional"], help="--real: deployments to run")
+    g.add_argument("--time-scale", type=float, default=1.0,
+                   help="--real: sim wall seconds per simulated second (the offered token rate / time-scale must fit "
+                   "the CPUs)")
+    g.add_argument("--ttft-slo-ms", type=float, default=1000.0, help="--real: the TTFT SLO")
+    g.add_argument("--tpot-slo-ms", type=float, default=50.0, help="--real: the TPOT SLO")
+    g.add_argument("--split", action="append", default=[], metavar="MIX=P[,Pc]",
+                   help="--real: prefill workers of (b) [and (c)] for a mix")
+    g.add_argument("--log-dir", type=Path, default=None, help="--real: keep the processes' logs here")
     g.set_defaults(func=_cmd_goodput)
 
     r = sub.add_parser("router", help="added latency and streaming throughput: direct vs router vs nginx",
@@ -49,37 +70,50 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     r.add_argument("--targets", nargs="+", default=["direct", "router", "nginx"],
                    choices=["direct", "router", "nginx"])
     r.add_argument("--nginx", default=None, help="nginx binary (default: PATH, /usr/sbin/nginx)")
-    r.add_argument("--out", type=Path, default=Path("results/bench-router.json"))
+    r.add_argument("--out", type=Path, default=Path("docs/results/router.json"),
+                   help="results file (docs/results/router.json: the docs' tables come from it; `make docs`)")
     r.set_defaults(func=_cmd_router)
 
     s = sub.add_parser("sim", help="the twin's prefill/decode tokens/s per preset vs published references "
                        "(disagg.sim.bench)")
-    s.add_argument("--strict", action="store_true", help="exit 1 when a reference is outside ±25 %%")
+    s.add_argument("--strict", action="store_true",
+                   help="exit 1 when a fit/held-out vLLM point is outside the documented tolerance "
+                   "(disagg.sim.bench.TOLERANCE) or a torch bound is broken")
+    s.add_argument("--out", type=Path, default=None, help="results file (default docs/results/sim.json)")
+    s.add_argument("--no-write", action="store_true", help="print only")
     s.set_defaults(func=_cmd_sim)
 
     o = sub.add_parser("operator", help="operator convergence for N models on the real control plane")
     o.add_argument("--models", type=int, nargs="+", default=[10, 50, 200],
                    help="model counts to run (default 10 50 200)")
-    o.add_argument("--steady-window", type=float, default=30.0, help="seconds of no change to count writes in")
+    o.add_argument("--steady-window", type=float, default=60.0,
+                   help="seconds of no change to count writes in (the quiet minute; default 60)")
     o.add_argument("--out", type=Path, default=None, help="JSON results file")
+    o.add_argument("--without-controller-manager", action="store_true",
+                   help="no kube-controller-manager: the operator's own cost on the apiserver, alone (Deployments "
+                   "get no status)")
     o.set_defaults(func=_cmd_operator)
 
-    a = sub.add_parser("autoscale", help="the autoscaler in the twin: 3x load step recovery, diurnal GPU-seconds vs "
-                       "an oracle static split (local stack)",
+    a = sub.add_parser("autoscale", help="the autoscaler in the twin: load step recovery, diurnal GPU-seconds vs "
+                       "the cheapest static allocation that holds the peak (local stack)",
                        description="Starts the local stack (control plane, operator, sim pods, Prometheus) and runs "
-                       "a load step, a compressed diurnal day and oracle probes; see disagg.bench.autoscale.")
-    a.add_argument("--parts", nargs="+", default=["step", "diurnal", "oracle"], choices=["step", "diurnal", "oracle"])
-    a.add_argument("--base-rate", type=float, default=1.0, help="req/s before the step")
-    a.add_argument("--step-factor", type=float, default=3.0)
+                       "a load step, a compressed diurnal day and static-allocation probes at the peak rate; see "
+                       "disagg.bench.autoscale.")
+    a.add_argument("--parts", nargs="+", default=["step", "diurnal", "static_peak"],
+                   choices=["step", "diurnal", "static_peak"])
+    a.add_argument("--base-rate", type=float, default=0.5, help="req/s before the step (1P + 1D holds it)")
+    a.add_argument("--step-factor", type=float, default=6.0,
+                   help="rate after the step ÷ before it (default: to the peak rate, beyond 1P + 1D: it breaches)")
     a.add_argument("--step-pre", type=float, default=30.0, help="seconds before the step")
     a.add_argument("--step-post", type=float, default=75.0, help="seconds after the step")
     a.add_argument("--trough-rate", type=float, default=0.5)
     a.add_argument("--peak-rate", type=float, default=3.0)
     a.add_argument("--day", type=float, default=150.0, help="wall seconds of the compressed day")
-    a.add_argument("--probe", type=float, default=25.0, help="seconds per oracle probe")
+    a.add_argument("--probe", type=float, default=25.0, help="seconds per static-allocation probe")
     a.add_argument("--scale-down-stabilization", type=int, default=30)
     a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--out", type=Path, default=Path("results/bench-autoscale.json"))
+    a.add_argument("--out", type=Path, default=Path("docs/results/autoscale.json"),
+                   help="results file (docs/results/autoscale.json: the docs' table comes from it; `make docs`)")
     a.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
     a.set_defaults(func=_cmd_autoscale)
 
@@ -87,12 +121,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        description="Starts the local stack, deploys the demo model (two decode replicas) and, under "
                        "steady mixed load, kills a prefill pod, kills a decode pod with streams in flight, stalls KV "
                        "pulls, stops Prometheus for two intervals, restarts the operator and the router; see "
-                       "disagg.local.soak and docs/benchmarks.md R2.")
+                       "disagg.local.soak, disagg.bench.soak and docs/benchmarks.md R2.")
     k.add_argument("--rate", type=float, default=1.5, help="req/s of the soak mix")
     k.add_argument("--seed", type=int, default=7)
-    k.add_argument("--out", type=Path, default=Path("results/bench-soak.json"))
+    k.add_argument("--out", type=Path, default=Path("docs/results/soak.json"),
+                   help="results file (docs/results/soak.json: the docs' tables come from it; `make docs`)")
     k.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
     k.set_defaults(func=_cmd_soak)
+
+    pa = sub.add_parser("plan", help="the capacity planner's accuracy in the twin: predicted vs simulated goodput "
+                        "of its pick, and its pick vs a brute-force sweep (disagg.bench.plan_accuracy)")
+    pa.add_argument("--mixes", nargs="+", default=None, help="held-out mixes (default: all of HELD_OUT)")
+    pa.add_argument("--seed", type=int, default=0)
+    pa.add_argument("--out", type=Path, default=Path("docs/results/plan.json"),
+                    help="results file (docs/results/plan.json: the docs' tables come from it; `make docs`)")
+    pa.set_defaults(func=_cmd_plan_accuracy)
 
 
 def _kv(items: list[str], what: str) -> dict[str, str]:
@@ -115,7 +158,18 @@ def _run_and_report(run: Callable[[], Any], table: Callable[[Any], str], out: Pa
     print()
     print(table(result))
     print(f"\nresults: {out}")
+    if out is not None and out.parent.as_posix().endswith("docs/results"):
+        print("regenerate the docs' tables from it: make docs (python -m disagg.bench.docs)")
     return 0
+
+
+def _ints(value: str | None, flag: str) -> tuple[int, ...]:
+    if not value:
+        return ()
+    try:
+        return tuple(int(x) for x in value.split(","))
+    except ValueError:
+        raise SystemExit(f"disagg bench goodput: {flag} must be integers separated by commas, got {value!r}") from None
 
 
 def _cmd_goodput(args: argparse.Namespace) -> int:
@@ -128,21 +182,54 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
     if unknown:
         print(f"disagg bench goodput: unknown mix {unknown}; known: {sorted(MIXES)}")
         return 2
-    plans = dict(goodput.PLANS)
-    for m, v in _kv(args.rate, "--rate").items():
-        plans[m] = dataclasses.replace(plans[m], rate=float(v))
+    def floats(items: list[str], flag: str) -> dict[str, tuple[float, ...]]:
+        out = {}
+        for m, v in _kv(items, flag).items():
+            try:
+                out[m] = tuple(float(x) for x in v.split(","))
+            except ValueError:
+                raise SystemExit(f"disagg bench goodput: {flag} {m}: rates must be numbers, got {v!r}") from None
+        return out
+
+    if any(n < 2 for n in args.gpus):
+        print(f"disagg bench goodput: --gpus: each count must be >= 2, got {args.gpus}")
+        return 2
+    if not args.real:
+        from .docs import invoked_command
+
+        plans = dict(goodput.SWEEP_PLANS)
+        for m, rs in floats(args.rates_per_gpu, "--rates-per-gpu").items():
+            plans[m] = dataclasses.replace(plans.get(m, goodput.SweepPlan(m, ())), rates_per_gpu=rs)
+        ts = goodput.TwinSettings(gpus=args.gpus[0], gpu=args.gpu, model_preset=args.model_preset, seed=args.seed,
+                                  duration_s=args.duration or goodput.TwinSettings.duration_s,
+                                  splits=_ints(args.splits, "--splits"), budgets=_ints(args.budgets, "--budgets"),
+                                  variants=tuple(args.variants), jobs=args.jobs)
+        out = args.out or goodput.RESULTS
+        try:
+            for n in args.gpus:
+                dataclasses.replace(ts, gpus=n).validate()
+        except ValueError as e:
+            print(f"disagg bench goodput: {e}")
+            return 2
+        return _run_and_report(lambda: goodput.run_twin(args.mixes, ts, plans, out=out, gpus=args.gpus,
+                                                        command=invoked_command(goodput.COMMAND)),
+                               goodput.twin_table, out)
+    real_plans = dict(goodput.PLANS)
+    for m, rs in floats(args.rate, "--rate").items():
+        real_plans[m] = dataclasses.replace(real_plans[m], rate=rs[0])
     for m, v in _kv(args.split, "--split").items():
         ps = [int(x) for x in v.split(",")]
-        plans[m] = dataclasses.replace(plans[m], prefill=ps[0], prefill_conditional=ps[-1])
+        real_plans[m] = dataclasses.replace(real_plans[m], prefill=ps[0], prefill_conditional=ps[-1])
     if args.duration:
-        plans = {m: dataclasses.replace(p, duration_s=args.duration) for m, p in plans.items()}
-    s = goodput.Settings(gpus=args.gpus, time_scale=args.time_scale, gpu=args.gpu, model_preset=args.model_preset,
+        real_plans = {m: dataclasses.replace(p, duration_s=args.duration) for m, p in real_plans.items()}
+    s = goodput.Settings(gpus=args.gpus[0], time_scale=args.time_scale, gpu=args.gpu, model_preset=args.model_preset,
                          ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, seed=args.seed)
-    header = (f"goodput benchmark: {s.gpus} simulated {s.gpu} GPUs × {s.model_preset}, time-scale {s.time_scale}, "
-              f"SLO TTFT ≤ {s.ttft_slo_ms:g} ms and TPOT ≤ {s.tpot_slo_ms:g} ms per request\n")
+    header = (f"goodput benchmark (real processes): {s.gpus} simulated {s.gpu} GPUs × {s.model_preset}, time-scale "
+              f"{s.time_scale}, SLO TTFT ≤ {s.ttft_slo_ms:g} ms and TPOT ≤ {s.tpot_slo_ms:g} ms per request\n")
+    real_out = args.out or Path("results/bench-goodput-real.json")
     return _run_and_report(
-        lambda: goodput.run(args.mixes, args.deployments, s, plans, out=args.out, log_dir=args.log_dir),
-        lambda r: header + goodput.table(r["rows"], r["ratios"]), args.out)
+        lambda: goodput.run(args.mixes, args.deployments, s, real_plans, out=real_out, log_dir=args.log_dir),
+        lambda r: header + goodput.table(r["rows"], r["ratios"]), real_out)
 
 
 def _cmd_router(args: argparse.Namespace) -> int:
@@ -165,21 +252,36 @@ def _cmd_autoscale(args: argparse.Namespace) -> int:
 
 
 def _cmd_soak(args: argparse.Namespace) -> int:
-    from ..local import soak
+    from . import soak
 
-    s = soak.Settings(rate=args.rate, seed=args.seed)
-    return _run_and_report(lambda: soak.run_bench(s, out=args.out, log_dir=args.log_dir,
-                                                  say=lambda m: print(f"soak: {m}", flush=True)),
+    return _run_and_report(lambda: soak.run(rate=args.rate, seed=args.seed, out=args.out, log_dir=args.log_dir,
+                                            say=lambda m: print(f"soak: {m}", flush=True)),
                            soak.table, args.out)
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
     from .operator_bench import main
 
-    return main(args.models, args.out, args.steady_window)
+    return main(args.models, args.out, args.steady_window, controller_manager=not args.without_controller_manager)
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:
     from ..sim.bench import main
 
-    return main(["--strict"] if args.strict else [])
+    return main((["--strict"] if args.strict else []) + (["--out", str(args.out)] if args.out else [])
+                + (["--no-write"] if args.no_write else []))
+
+
+def _cmd_plan_accuracy(args: argparse.Namespace) -> int:
+    from . import plan_accuracy
+
+    unknown = [m for m in args.mixes or [] if m not in plan_accuracy.HELD_OUT]
+    if unknown:
+        print(f"disagg bench plan: unknown mix {unknown}; known: {sorted(plan_accuracy.HELD_OUT)}")
+        return 2
+    from ..plan.twin import quiet_logs
+
+    with quiet_logs():
+        return _run_and_report(lambda: plan_accuracy.run(args.mixes, args.seed, out=args.out,
+                                                         say=lambda m: print(f"plan: {m}", flush=True)),
+                               plan_accuracy.table, args.out)

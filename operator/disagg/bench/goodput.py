@@ -1,19 +1,32 @@
-"""``disagg bench goodput``: aggregated vs always-disaggregated vs the conditional policy at equal GPU count.
+"""``disagg bench goodput``: aggregated vs always-disaggregated vs the conditional policy at equal GPU count, in the
+discrete-event twin (virtual time, one process: disagg.twin), every deployment at its best.
 
-For every workload mix (workload.MIXES) and each deployment — all with the same number of simulated GPUs —
-start fresh `disagg sim` workers and a `disagg router` on loopback, drive the mix open-loop at the mix's offered
-rate (loadgen), and measure per request TTFT/TPOT against fixed SLOs:
+For every workload mix (load/workload.py ``MIXES``) and every offered rate of the mix's ladder, the same Poisson
+arrivals (one seed) go through each configuration of each deployment — all with the same number of simulated GPUs
+(one worker per GPU) — and every run is scored at the three SLOs of :data:`SLOS`:
 
-* (a) ``aggregated``: N workers without a KV connector; the router in mode Aggregated (least-loaded worker
-  with prefix affinity, every request prefilled where it is decoded).
-* (b) ``disaggregated``: P prefill (kv_producer) + D decode (kv_consumer) workers, P + D = N; the router forces
-  every request to remote prefill (a bucket ``prefill: Remote`` for all prompts, queue overload → Queue).
-* (c) ``conditional``: the same P + D workers; the router's per-request policy (remotePrefill / localPrefill
-  thresholds, prefix-cache preference, prefill-queue overload → local prefill).
+* (a) ``aggregated``: N workers, router mode Aggregated; swept over the chunked-prefill budget
+  (``--max-num-batched-tokens``; vLLM's default on an H100 is 8192): a small budget bounds the decode stall a
+  long prefill causes (TPOT), a large one finishes prefills sooner (TTFT).
+* (b) ``disaggregated``: P prefill + D decode workers, P + D = N, every request remote (a bucket
+  ``prefill: Remote`` for all prompts, prefill-queue overload → Queue); swept over P.
+* (c) ``conditional``: the same pools with the router's per-request policy, swept over P, with two threshold sets:
+  ``c-default`` — the CRD's defaults (``RoutingSpec()`` in api/spec.py, read at run time, never copied) — and
+  ``c-tuned`` — :data:`CONDITIONAL_ROUTING` (a shorter prefill-queue limit and a lower output threshold).
 
-Goodput = requests meeting both SLOs (TTFT ≤ SLO and TPOT ≤ SLO, per request) per simulated second of offered
-load; attainment = the share of requests meeting them. All latencies are in simulated (GPU) seconds
-(loadgen divides wall time by the time scale). Every process is stopped at the end of each run, also on Ctrl-C.
+Per (mix, rate, SLO) the best configuration of each deployment is reported (c = the best of both threshold sets,
+c-default also on its own), with the ratios c/a and c/b and the targets of :data:`TARGETS`; per (mix, SLO) each
+deployment's *knee*: the highest rate of the ladder at which its best configuration still keeps ≥ 90 % of requests
+within the SLO. Goodput and attainment follow load/loadgen.py (the one definition, through disagg.twin): a request
+counts when it succeeded with TTFT ≤ the SLO and TPOT ≤ the SLO; goodput = such requests ÷ the arrival window.
+
+Deterministic for a seed (the twin runs in virtual time): the same command gives the same results on any machine,
+under any load; only ``wall_s`` moves. The real-process run (sims + router on loopback, real time) stays as a
+cross-check on a small case: ``disagg bench goodput --real`` (:func:`run` below), and tests/twin/test_crosscheck.py
+asserts the twin against real processes within the twin's stated tolerance.
+
+Results: docs/results/goodput.json (the convention of disagg.bench.docs) and :func:`render_tables` (``summary``,
+``knee``, ``sweep``, ``targets``).
 """
 
 from __future__ import annotations
@@ -24,8 +37,9 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +55,7 @@ from ..poll import wait_for
 DEPLOYMENTS = ("aggregated", "disaggregated", "conditional")
 LABEL = {"aggregated": "a", "disaggregated": "b", "conditional": "c"}
 
-# The conditional policy: the RouterConfig `routing` used for (c), unless a mix overrides it (see PLANS).
+# The tuned conditional policy (c-tuned): the RouterConfig `routing` used for (c) next to the CRD's defaults.
 CONDITIONAL_ROUTING: dict[str, Any] = {
     "remotePrefill": {"minInputTokens": 2048, "maxPrefillQueueWaitMs": 150, "minExpectedOutputTokens": 64,
                       "requireDecodePoolPressure": False},
@@ -53,8 +67,413 @@ ALWAYS_ROUTING: dict[str, Any] = {
     "buckets": [{"name": "all", "minInputTokens": 0, "prefill": "Remote"}],
     "fallback": {"onKVTransferTimeout": "LocalAggregated", "onPrefillQueueOverload": "Queue"},
 }
+# Above any prefill-queue wait of these runs: (b) never falls back on a timeout, so it stays always-remote.
+TRANSFER_TIMEOUT_MS = 30_000
+
+# ============================================================================================ the twin sweep
+COMMAND = "disagg bench goodput"
+RESULTS = Path("docs") / "results" / "goodput.json"
+ATTAINMENT_KNEE = 0.90  # a deployment holds a rate when ≥ 90 % of its requests meet the SLO
+VARIANTS = ("a", "b", "c-default", "c-tuned")
+VARIANT_DEPLOYMENT = {"a": "aggregated", "b": "disaggregated", "c-default": "conditional", "c-tuned": "conditional"}
+FAMILIES = ("a", "b", "c", "c-default")  # what the summary compares: c = the best of c-default and c-tuned
 
 
+@dataclass(frozen=True)
+class SLOSpec:
+    ttft_ms: float
+    tpot_ms: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.ttft_ms:g}/{self.tpot_ms:g}"
+
+
+# 1000/50: the headline SLO (interactive); 1000/25: tight TPOT; 2000/100: the CRD's default spec.slo.
+SLOS: tuple[SLOSpec, ...] = (SLOSpec(1000, 50), SLOSpec(1000, 25), SLOSpec(2000, 100))
+
+
+def drain_s(slos: Sequence[SLOSpec] = SLOS) -> float:
+    """How long after the last arrival a run keeps going: a request still unfinished then cannot meet any SLO
+    (meeting one means finishing within TTFT + (tokens − 1) × TPOT of arrival), so stopping there changes no score
+    — and spares simulating the backlog of an overloaded deployment (the twin's default drain is an hour)."""
+    longest = max(c.output_tokens[1] for m in MIXES.values() for c in m.classes)
+    return max(s.ttft_ms + (longest - 1) * s.tpot_ms for s in slos) / 1000.0 + 1.0
+# The targets per SLO (issue 17): each compares the best configuration of each deployment at the same rate.
+TARGETS: dict[str, tuple[str, ...]] = {
+    "1000/50": ("c ≥ max(a, b)", "long-rag: c ≥ 2 × a"),
+    "1000/25": ("c ≥ max(a, b)",),
+    "2000/100": ("c ≥ max(a, b)",),
+}
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """One mix's sweep: the rate ladder in requests per simulated second *per GPU* (a run at N GPUs offers
+    N × rate), and the simulated seconds of arrivals per run (None: the settings')."""
+
+    mix: str
+    rates_per_gpu: tuple[float, ...]
+    duration_s: float | None = None
+    note: str = ""
+
+
+# Rate ladders per H100-SXM GPU, Llama-3.1-8B, chosen to bracket the best aggregated deployment's knee at
+# 1000/50 ms in the twin at 4 GPUs (a first sweep: short-chat between 100 and 140 req/s per GPU; long-rag above
+# 5.5 and mixed above 16 with a 2048-token chunk budget). Short-chat runs 6 simulated seconds (its requests last
+# about a second; thousands of them per run).
+SWEEP_PLANS: dict[str, SweepPlan] = {
+    "short-chat": SweepPlan("short-chat", (100.0, 140.0), 6.0, "decode-bound: short prompts and answers"),
+    "long-rag": SweepPlan("long-rag", (4.5, 6.0, 7.5), None, "prefill-heavy: 6-12k-token prompts, 4k shared prefix"),
+    "mixed": SweepPlan("mixed", (13.0, 16.0, 20.0), None, "long RAG prompts next to chats and long streams"),
+}
+
+
+@dataclass(frozen=True)
+class TwinSettings:
+    gpus: int = 4
+    gpu: str = "H100-SXM"
+    model_preset: str = "Llama-3.1-8B"
+    duration_s: float = 15.0  # simulated seconds of arrivals per run (a plan may set its own)
+    seed: int = 0
+    splits: tuple[int, ...] = ()  # P values for (b) and (c); () = default_splits(gpus)
+    budgets: tuple[int, ...] = (2048, 8192)  # (a)'s --max-num-batched-tokens (8192: vLLM's default on an H100)
+    variants: tuple[str, ...] = VARIANTS
+    jobs: int = 1  # runs in parallel (processes); results do not depend on it
+
+    def split_grid(self) -> tuple[int, ...]:
+        return self.splits or default_splits(self.gpus)
+
+    def validate(self) -> None:
+        if self.gpus < 2:
+            raise ValueError(f"--gpus: must be >= 2 (one prefill + one decode worker), got {self.gpus}")
+        if self.duration_s <= 0:
+            raise ValueError(f"--duration: must be > 0, got {self.duration_s}")
+        bad = [p for p in self.split_grid() if not 1 <= p < self.gpus]
+        if bad:
+            raise ValueError(f"--splits: prefill workers must be in 1..{self.gpus - 1}, got {bad}")
+        if any(b < 1 for b in self.budgets):
+            raise ValueError(f"--budgets: must be >= 1, got {list(self.budgets)}")
+        unknown = [v for v in self.variants if v not in VARIANTS]
+        if unknown:
+            raise ValueError(f"--variants: unknown {unknown}; known: {list(VARIANTS)}")
+        if self.jobs < 1:
+            raise ValueError(f"--jobs: must be >= 1, got {self.jobs}")
+
+
+def default_splits(gpus: int) -> tuple[int, ...]:
+    """Every P for up to 4 GPUs; else P at 1/8 … 5/8 of the GPUs (the splits a prefill pool plausibly takes)."""
+    if gpus <= 4:
+        return tuple(range(1, gpus))
+    return tuple(sorted({min(gpus - 1, max(1, round(gpus * f))) for f in (0.125, 0.25, 0.375, 0.5, 0.625)}))
+
+
+def crd_default_routing() -> dict[str, Any]:
+    """spec.routing's thresholds as the CRD defaults them (api/spec.py ``RoutingSpec()``)."""
+    from ..api.spec import RoutingSpec
+
+    d = RoutingSpec().model_dump(by_alias=True, mode="json")
+    return {k: d[k] for k in ("remotePrefill", "localPrefill", "fallback")}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One deployment configuration at ``gpus`` GPUs."""
+
+    variant: str  # a | b | c-default | c-tuned
+    prefill: int = 0  # prefill workers (0 for a)
+    workers: int = 0  # decode workers (b, c) or aggregated workers (a)
+    budget: int | None = None  # a: --max-num-batched-tokens (None: vLLM's default)
+
+    @property
+    def label(self) -> str:
+        if self.variant == "a":
+            return f"{self.workers} agg" + (f", budget {self.budget}" if self.budget else "")
+        return f"{self.prefill}P+{self.workers}D"
+
+    def router(self) -> dict[str, Any]:
+        base: dict[str, Any] = {"model": SIM_MODEL, "transferTimeoutMs": TRANSFER_TIMEOUT_MS}
+        if self.variant == "a":
+            return {**base, "mode": "Aggregated"}
+        if self.variant == "b":
+            return {**base, "mode": "Disaggregated", "routing": copy.deepcopy(ALWAYS_ROUTING)}
+        if self.variant == "c-tuned":
+            return {**base, "mode": "Disaggregated", "routing": copy.deepcopy(CONDITIONAL_ROUTING)}
+        return {"model": SIM_MODEL, "mode": "Disaggregated"}  # c-default: the CRD's routing and transfer timeout
+
+    def cluster(self, s: TwinSettings) -> Any:
+        from ..twin import ClusterSpec, PoolSpec
+
+        def pool(n: int, budget: int | None = None) -> PoolSpec:
+            return PoolSpec(n, gpu=s.gpu, model_preset=s.model_preset, max_num_batched_tokens=budget)
+
+        if self.variant == "a":
+            return ClusterSpec(aggregated=pool(self.workers, self.budget), router=self.router(), drain_s=drain_s())
+        return ClusterSpec(prefill=pool(self.prefill), decode=pool(self.workers), router=self.router(),
+                           drain_s=drain_s())
+
+
+def configs(s: TwinSettings) -> list[Config]:
+    out: list[Config] = []
+    for v in s.variants:
+        if v == "a":
+            out += [Config("a", 0, s.gpus, b) for b in s.budgets]
+        else:
+            out += [Config(v, p, s.gpus - p) for p in s.split_grid()]
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 1)
+
+
+_ARRIVALS: dict[tuple[str, float, float, int], Any] = {}
+
+
+def run_config(cfg: Config, mix: str, rate: float, s: TwinSettings) -> dict[str, Any]:
+    """One twin run: the mix's arrivals at ``rate`` through ``cfg``; scored at every SLO of :data:`SLOS`."""
+    from ..twin import SLO, arrivals_from_mix, simulate
+
+    key = (mix, rate, s.duration_s, s.seed)
+    if key not in _ARRIVALS:  # the same arrivals for every configuration of a (mix, rate)
+        _ARRIVALS.clear()
+        _ARRIVALS[key] = arrivals_from_mix(mix, rate, s.duration_s, seed=s.seed, model=SIM_MODEL)
+    arrivals = _ARRIVALS[key]
+    t0 = time.perf_counter()
+    r = simulate(cfg.cluster(s), arrivals, seed=s.seed, slo=SLO(SLOS[0].ttft_ms, SLOS[0].tpot_ms),
+                 window_s=s.duration_s)
+    wall = time.perf_counter() - t0
+    summ = r.summary()
+    ok = [x for x in r.records if x.ok]
+    remote = sum(1 for x in r.records if x.path == "remote")
+    return {
+        "gpus": s.gpus, "mix": mix, "rate": rate, "duration_s": s.duration_s, "variant": cfg.variant,
+        "deployment": VARIANT_DEPLOYMENT[cfg.variant],
+        "config": cfg.label, "prefill": cfg.prefill, "workers": cfg.workers, "budget": cfg.budget,
+        "requests": summ.requests, "errors": sum(1 for x in r.records if not x.ok and x.status != 0),
+        "unfinished": sum(1 for x in r.records if x.status == 0),  # still running at the drain limit
+        "slos": {slo.key: r.at_slo(SLO(slo.ttft_ms, slo.tpot_ms)) for slo in SLOS},
+        "ttft_p50_ms": _pct([x.ttft_s for x in ok if x.ttft_s is not None], 0.50),
+        "ttft_p95_ms": _pct([x.ttft_s for x in ok if x.ttft_s is not None], 0.95),
+        "tpot_p50_ms": _pct([x.tpot_s for x in ok if x.tpot_s is not None], 0.50),
+        "tpot_p95_ms": _pct([x.tpot_s for x in ok if x.tpot_s is not None], 0.95),
+        "remote_share": round(remote / len(r.records), 4) if r.records else 0.0,
+        "fallbacks": sum(1 for x in r.records if x.fallback),
+        "decisions": dict(sorted(r.decisions.items())),
+        "utilisation": {k: round(v.utilisation, 3) for k, v in r.pools.items()},
+        "wall_s": round(wall, 2),
+    }
+
+
+def _run_job(job: tuple[Config, str, float, TwinSettings]) -> dict[str, Any]:
+    return run_config(*job)
+
+
+def sweep(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] | None = None,
+          progress: Callable[[str], None] = print, gpus: Sequence[int] = ()) -> list[dict[str, Any]]:
+    """Every (GPU count, mix, rate, config): one twin run each, in a fixed order (``jobs`` > 1 runs them in
+    processes). ``gpus``: the GPU counts (default: ``s.gpus``); rates scale with them (per-GPU ladders)."""
+    plans = plans or SWEEP_PLANS
+    for m in mixes:
+        if m not in MIXES:
+            raise ValueError(f"--mixes: unknown mix {m!r}; known: {sorted(MIXES)}")
+        if m not in plans:
+            raise ValueError(f"--rate: no rate ladder for mix {m!r}: pass --rate {m}=RPS[,RPS...]")
+        if not plans[m].rates_per_gpu or any(x <= 0 for x in plans[m].rates_per_gpu):
+            raise ValueError(f"--rate: {m}: rates must be > 0, got {list(plans[m].rates_per_gpu)}")
+    jobs = []
+    for n in gpus or (s.gpus,):
+        sn = replace(s, gpus=n)
+        sn.validate()
+        for m in mixes:
+            sm = replace(sn, duration_s=plans[m].duration_s or s.duration_s)
+            jobs += [(c, m, round(n * r, 3), sm) for r in plans[m].rates_per_gpu for c in configs(sm)]
+    rows: list[dict[str, Any]] = []
+
+    def done(row: dict[str, Any]) -> None:
+        rows.append(row)
+        sc = row["slos"][SLOS[0].key]
+        progress(f"[goodput] {len(rows)}/{len(jobs)} {row['gpus']} GPUs {row['mix']} @ {row['rate']:g}/s "
+                 f"{row['variant']} {row['config']}: attainment {sc['attainment']:.3f} at {SLOS[0].key} ms, TTFT p95 "
+                 f"{row['ttft_p95_ms']} ms, TPOT p95 {row['tpot_p95_ms']} ms, remote {row['remote_share']:.0%} "
+                 f"({row['requests']} requests, {row['wall_s']} s)")
+
+    if s.jobs == 1:
+        for j in jobs:
+            done(_run_job(j))
+    else:
+        with ProcessPoolExecutor(max_workers=s.jobs) as ex:
+            for row in ex.map(_run_job, jobs):
+                done(row)
+    return rows
+
+
+def _best(rows: list[dict[str, Any]], family: str, slo: str) -> dict[str, Any] | None:
+    """The family's best row at an SLO: most goodput, then fewest prefill workers (ties: the listed order)."""
+    pick = [r for r in rows if r["variant"] == family or (family == "c" and r["variant"].startswith("c-"))]
+    if not pick:
+        return None
+    return max(pick, key=lambda r: (r["slos"][slo]["goodput_rps"], -r["prefill"]))
+
+
+def _ratio(x: float, y: float) -> float | None:
+    if y > 0:
+        return round(x / y, 3)
+    return None if x == 0 else float("inf")
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Best per family per (GPUs, mix, rate, SLO), the ratios and targets; each family's knee per (GPUs, mix,
+    SLO); the verdict of each target of :data:`TARGETS` over all of them."""
+    best: list[dict[str, Any]] = []
+    knees: list[dict[str, Any]] = []
+    for n, mix in dict.fromkeys((r["gpus"], r["mix"]) for r in rows):
+        here = [r for r in rows if r["gpus"] == n and r["mix"] == mix]
+        rates = sorted({r["rate"] for r in here})
+        families = [f for f in FAMILIES if _best(here, f, SLOS[0].key) is not None]
+        for slo in (x.key for x in SLOS):
+            entries = []
+            for rate in rates:
+                at = [r for r in here if r["rate"] == rate]
+                entry: dict[str, Any] = {"gpus": n, "mix": mix, "rate": rate, "slo": slo}
+                for fam in FAMILIES:
+                    b = _best(at, fam, slo)
+                    entry[fam] = None if b is None else {
+                        "variant": b["variant"], "config": b["config"], **b["slos"][slo],
+                        "ttft_p95_ms": b["ttft_p95_ms"], "tpot_p95_ms": b["tpot_p95_ms"],
+                        "remote_share": b["remote_share"]}
+                g = {f: entry[f]["goodput_rps"] for f in FAMILIES if entry[f] is not None}
+                if {"a", "b", "c"} <= set(g):
+                    entry["c_over_a"] = _ratio(g["c"], g["a"])
+                    entry["c_over_b"] = _ratio(g["c"], g["b"])
+                    targets = {"c ≥ max(a, b)": g["c"] >= max(g["a"], g["b"])}
+                    if "c-default" in g:
+                        entry["c_default_over_max_ab"] = _ratio(g["c-default"], max(g["a"], g["b"]))
+                    if mix == "long-rag" and slo == SLOS[0].key:
+                        targets["long-rag: c ≥ 2 × a"] = g["c"] >= 2 * g["a"]
+                    entry["targets"] = targets
+                entries.append(entry)
+            best += entries
+            knee: dict[str, Any] = {"gpus": n, "mix": mix, "slo": slo, "rates": rates}
+            for fam in families:
+                held = [e["rate"] for e in entries if e[fam]["attainment"] >= ATTAINMENT_KNEE]
+                knee[fam] = max(held) if held else None
+            knees.append(knee)
+    verdicts: dict[str, dict[str, Any]] = {}
+    for slo in (x.key for x in SLOS):
+        for t in TARGETS[slo]:
+            cases = [(e["gpus"], e["mix"], e["rate"], e["targets"][t]) for e in best
+                     if e["slo"] == slo and t in e.get("targets", {})]
+            verdicts.setdefault(slo, {})[t] = {
+                "met": sum(ok for *_, ok in cases), "of": len(cases),
+                "missed": [f"{m} @ {r:g}/s ({n} GPUs)" for n, m, r, ok in cases if not ok]}
+    return {"best": best, "knees": knees, "targets": verdicts}
+
+
+def run_twin(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] | None = None,
+             out: Path | None = RESULTS, command: str = COMMAND, gpus: Sequence[int] = (),
+             progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """The sweep, its summary and the results document (written to ``out`` when given)."""
+    from .docs import machine_facts, results_doc, write_results
+
+    plans = plans or SWEEP_PLANS
+    gpus = tuple(gpus or (s.gpus,))
+    t0 = time.perf_counter()
+    rows = sweep(mixes, s, plans, progress, gpus)
+    wall = time.perf_counter() - t0
+    results = {
+        "settings": {**asdict(s), "gpus": list(gpus), "splits": {n: list(replace(s, gpus=n).split_grid())
+                                                                 for n in gpus},
+                     "slos": [x.key for x in SLOS], "attainment_knee": ATTAINMENT_KNEE},
+        "plans": {m: asdict(plans[m]) for m in mixes},
+        "routing": {"c-default": crd_default_routing(), "c-tuned": CONDITIONAL_ROUTING, "b": ALWAYS_ROUTING},
+        "targets_per_slo": {k: list(v) for k, v in TARGETS.items()},
+        "rows": rows, **summarise(rows),
+        "cross_check": "tests/twin/test_crosscheck.py: the twin against real disagg sim + disagg router processes "
+                       "on a small mixed case (same decisions; median TTFT/TPOT within 15 %); "
+                       "`disagg bench goodput --real` runs the real-process benchmark on a small case",
+    }
+    doc = results_doc("goodput", command, results, machine_facts(wall_s=round(wall, 1), jobs=s.jobs))
+    if out is not None:
+        write_results(out, doc)
+    return doc
+
+
+# --------------------------------------------------------------------------------------------- rendering
+def _f(v: Any, nd: int = 2) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return "∞" if v == float("inf") else f"{v:.{nd}f}"
+    return str(v)
+
+
+def _cell(e: dict[str, Any] | None) -> str:
+    if e is None:
+        return "–"
+    return f"{_f(e['goodput_rps'], 1)} ({_f(e['attainment'], 2)}) {e['config']}" + (
+        f" [{e['variant']}]" if e["variant"].startswith("c-") else "")
+
+
+def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
+    """``summary`` (best of each deployment per GPU count, mix, rate and SLO), ``knee``, ``targets``, ``sweep``."""
+    res = results_doc["results"]
+    st = res["settings"]
+    where = (f"{st['gpu']}, {st['model_preset']}, one worker per GPU; Poisson arrivals, seed {st['seed']}, "
+             + "; ".join(f"{m}: {p['duration_s'] or st['duration_s']:g} simulated s per run"
+                         for m, p in res["plans"].items()))
+    head = ("| GPUs | mix | rate /s | SLO ms | (a) aggregated | (b) disaggregated | (c) conditional | "
+            "(c) CRD defaults | c/a | c/b | targets |\n|---:|---|---:|---|---|---|---|---|---:|---:|---|")
+    lines = [head]
+    for e in res["best"]:
+        t = ", ".join(f"{k}: {'met' if v else '**missed**'}" for k, v in (e.get("targets") or {}).items())
+        lines.append(f"| {e['gpus']} | {e['mix']} | {e['rate']:g} | {e['slo']} | {_cell(e.get('a'))} | "
+                     f"{_cell(e.get('b'))} | {_cell(e.get('c'))} | {_cell(e.get('c-default'))} | "
+                     f"{_f(e.get('c_over_a'))} | {_f(e.get('c_over_b'))} | {t or '–'} |")
+    summary = ("Each cell: goodput in req/s (attainment) and the deployment's best configuration of the sweep at "
+               f"that rate and SLO. {where}. Goodput counts the requests of the Poisson sample, so at full "
+               "attainment it can exceed the nominal rate.\n\n" + "\n".join(lines))
+
+    kl = ["| GPUs | mix | SLO ms | rates swept /s | (a) | (b) | (c) | (c) CRD defaults |",
+          "|---:|---|---|---|---:|---:|---:|---:|"]
+    for k in res["knees"]:
+        rates = ", ".join(f"{x:g}" for x in k["rates"])
+        cells = " | ".join("–" if f not in k else f"≥ {k[f]:g}" if k[f] is not None else f"< {k['rates'][0]:g}"
+                           for f in FAMILIES)
+        kl.append(f"| {k['gpus']} | {k['mix']} | {k['slo']} | {rates} | {cells} |")
+    knee = (f"The highest swept rate (req/s) at which the deployment's best configuration keeps ≥ "
+            f"{st['attainment_knee']:.0%} of requests within the SLO (`<` the lowest rate: none did).\n\n"
+            + "\n".join(kl))
+
+    tl = ["| SLO ms | target | met | missed at |", "|---|---|---:|---|"]
+    for slo, ts in res["targets"].items():
+        for t, v in ts.items():
+            tl.append(f"| {slo} | {t} | {v['met']}/{v['of']} | {', '.join(v['missed']) or '–'} |")
+    targets = "\n".join(tl)
+
+    keys = st["slos"]
+    sl = ["| GPUs | mix | rate /s | variant | config | " + " | ".join(f"att. {k}" for k in keys)
+          + " | TTFT p95 ms | TPOT p95 ms | remote | errors | unfinished |",
+          "|---:|---|---:|---|---|" + "---:|" * (len(keys) + 5)]
+    for r in res["rows"]:
+        sl.append(f"| {r['gpus']} | {r['mix']} | {r['rate']:g} | {r['variant']} | {r['config']} | "
+                  + " | ".join(_f(r["slos"][k]["attainment"], 3) for k in keys)
+                  + f" | {_f(r['ttft_p95_ms'], 0)} | {_f(r['tpot_p95_ms'], 1)} | {r['remote_share']:.0%} | "
+                  f"{r['errors']} | {r.get('unfinished', 0)} |")
+    sweep = ("Every run (TTFT/TPOT p95 over the requests that finished; `unfinished`: still running "
+             f"{drain_s():g} s after the last arrival, when no SLO can be met any more).\n\n" + "\n".join(sl))
+    return {"summary": summary, "knee": knee, "targets": targets, "sweep": sweep}
+
+
+def twin_table(doc: dict[str, Any]) -> str:
+    t = render_tables(doc)
+    return "\n\n".join([t["summary"], t["knee"], t["targets"]])
+
+
+# ================================================================ the real-process run (cross-check: --real)
 @dataclass(frozen=True)
 class Plan:
     """One workload mix's run: offered load, duration and the P/D split of (b) and (c)."""
@@ -96,7 +515,7 @@ class Settings:
 
 
 def router_config(deployment: str, plan: Plan, s: Settings) -> dict[str, Any]:
-    base: dict[str, Any] = {"model": SIM_MODEL, "transferTimeoutMs": 30_000,
+    base: dict[str, Any] = {"model": SIM_MODEL, "transferTimeoutMs": TRANSFER_TIMEOUT_MS,
                             "slo": {"ttftP95Ms": int(s.ttft_slo_ms), "tpotP95Ms": int(s.tpot_slo_ms)}}
     if deployment == "aggregated":
         return {**base, "mode": "Aggregated"}
@@ -209,12 +628,6 @@ def run_one(deployment: str, plan: Plan, s: Settings, log_dir: Path | None = Non
         "crashed": crashed, "router_config": cfg,
         "errors_sample": sorted({r.error[:120] for r in measured if r.error})[:3],
     }
-
-
-def _ratio(x: float, y: float) -> float | None:
-    if y > 0:
-        return round(x / y, 3)
-    return None if x == 0 else float("inf")
 
 
 def evaluate(rows: list[dict[str, Any]]) -> dict[str, Any]:
