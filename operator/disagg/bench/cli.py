@@ -248,7 +248,13 @@ def _cmd_autoscale(args: argparse.Namespace) -> int:
                            day_s=args.day, probe_s=args.probe,
                            scale_down_stabilization_s=args.scale_down_stabilization, seed=args.seed,
                            parts=tuple(args.parts))
-    return _run_and_report(lambda: autoscale.run(s, out=args.out, log_dir=args.log_dir), autoscale.table, args.out)
+    from .oracle import OracleSettings, autoscale_oracle
+
+    # the hindsight oracle: per time bucket, the fewest GPUs whose split holds that bucket's load (twin probes)
+    oracle = autoscale_oracle(OracleSettings(max_replicas=s.max_replicas, target=autoscale.ATTAINMENT_TARGET,
+                                             seed=s.seed))
+    return _run_and_report(lambda: autoscale.run(s, out=args.out, log_dir=args.log_dir, hindsight_oracle=oracle),
+                           autoscale.table, args.out)
 
 
 def _cmd_soak(args: argparse.Namespace) -> int:
