@@ -10,8 +10,9 @@ Once the model serves with both pools ready:
 3. KV-transfer failures injected into the decode workers → per-request fallbacks (no client errors) → the
    operator flips the model to Aggregated → faults healed → it flips back after the hold.
 
-Results: a summary in the terminal, PNG plots and report.html in the results directory. Everything started is
-stopped at the end, on Ctrl-C, or on error.
+Every request is traced to a local Jaeger (its query API's URL is printed); the summary links the slowest traced
+request's trace and prints its waterfall (docs/demo.md, Traces). Results: a summary in the terminal, PNG plots and
+report.html in the results directory. Everything started is stopped at the end, on Ctrl-C, or on error.
 
 Modules: :mod:`.acts` (the three acts, on a :class:`disagg.local.harness.ModelHarness`), :mod:`.report` (the
 report), :mod:`.run` (``run_demo``: the stack, the acts, the report).

@@ -5,12 +5,13 @@ from __future__ import annotations
 import html
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..load.loadgen import Result
 from ..local.harness import PhaseResult, Timeline
 from ..router.metrics import PHASES
 from .acts import LoadStep
@@ -20,6 +21,37 @@ from .acts import LoadStep
 class Report:
     terminal: str
     files: list[Path]
+
+
+TRACE_FILE = "slowest_trace.json"
+
+
+@dataclass
+class TraceSection:
+    """What the report says about traces: where Jaeger's query API is, the slowest traced request
+    (:func:`slowest_traced_request`'s line), that trace's waterfall (:func:`disagg.local.jaeger.waterfall`) and the
+    trace itself (Jaeger's JSON, saved as :data:`TRACE_FILE`: Jaeger keeps traces in memory and stops with the
+    demo); ``missing``: why there is no trace to show."""
+
+    query_url: str
+    slowest: str | None = None
+    trace_url: str | None = None
+    waterfall: list[str] = field(default_factory=list)
+    trace: dict[str, Any] | None = None
+    missing: str | None = None
+
+    def lines(self) -> list[str]:
+        out = [f"traces: Jaeger query API at {self.query_url} (JSON; a Jaeger built from its Go module has no web "
+               "UI)"]
+        if self.slowest is None:
+            return [*out, f"no trace to show: {self.missing or 'no request was traced'}"]
+        out.append(self.slowest + (f" (saved as {TRACE_FILE})" if self.trace is not None else ""))
+        if self.waterfall:
+            out.append(f"  {'start':>12} {'duration':>12}  span [service] attributes (gen_ai.latency.* in ms)")
+            out += ["  " + ln for ln in self.waterfall]
+        elif self.missing:
+            out.append(f"  no waterfall: {self.missing}")
+        return out
 
 
 def phase_means(metrics_text: str) -> dict[str, dict[str, float]]:
@@ -48,9 +80,11 @@ def _fmt(v: Any, unit: str = "") -> str:
 
 
 def write_report(results_dir: Path, runs: list[PhaseResult], timeline: Timeline, slo: tuple[int, int],
-                 load_steps: dict[str, LoadStep], router_metrics: str = "") -> Report:
+                 load_steps: dict[str, LoadStep], router_metrics: str = "", traces: TraceSection | None = None
+                 ) -> Report:
     """The report of a demo run: its traffic phases, its status timeline, the SLO (TTFT, TPOT p95 ms), its load
-    steps (by key: long_outputs, long_prompts), and the router's /metrics text at the end (phase breakdown)."""
+    steps (by key: long_outputs, long_prompts), the router's /metrics text at the end (phase breakdown), and what
+    the traces show (None: the run traced nothing)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     phases = phase_means(router_metrics)
     lines: list[str] = ["", "=" * 100, "disagg demo — results (latencies in ms; SLO: TTFT p95 "
@@ -78,21 +112,48 @@ def write_report(results_dir: Path, runs: list[PhaseResult], timeline: Timeline,
     for key, label in (("long_outputs", "long-output step"), ("long_prompts", "long-prompt step")):
         if key in load_steps:
             lines.append(f"{label}: desired replicas {load_steps[key].line()}")
+    if traces is not None:
+        lines += ["", *traces.lines()]
     terminal = "\n".join(lines)
 
     files = [results_dir / "results.json"]
     files[0].write_text(json.dumps({"phases": rows, "decisions": dict(reasons), "phase_means_s": phases,
                                     "timeline": timeline.samples, "marks": timeline.marks,
-                                    "load_steps": {k: asdict(v) for k, v in load_steps.items()}},
+                                    "load_steps": {k: asdict(v) for k, v in load_steps.items()},
+                                    "traces": None if traces is None else {
+                                        k: v for k, v in asdict(traces).items() if k != "trace"}},
                                    indent=1, default=str))
+    trace_html = ""
+    if traces is not None:
+        if traces.trace is not None:
+            files.append(results_dir / TRACE_FILE)
+            files[-1].write_text(json.dumps(traces.trace, indent=1))
+        trace_html = _trace_html(traces)
     files += _plots(results_dir, runs, timeline, slo, phases)
     html_path = results_dir / "report.html"
     imgs = "".join(f'<h2>{html.escape(p.stem)}</h2><img src="{p.name}" style="max-width:100%">'
                    for p in files if p.suffix == ".png")
     html_path.write_text(f"<!doctype html><meta charset=utf-8><title>disagg demo</title>"
-                         f"<h1>disagg demo</h1><pre>{html.escape(terminal)}</pre>{imgs}")
+                         f"<h1>disagg demo</h1><pre>{html.escape(terminal)}</pre>{trace_html}{imgs}")
     files.append(html_path)
     return Report(terminal, files)
+
+
+def _trace_html(traces: TraceSection) -> str:
+    """Links to the slowest traced request's trace: live in Jaeger's query API (while the demo runs, or with
+    ``--keep``) and the copy saved next to the report."""
+    def a(href: str, text: str) -> str:
+        return f'<a href="{html.escape(href, quote=True)}">{html.escape(text)}</a>'
+
+    parts = [f"<h2>traces</h2><p>Jaeger query API: {a(traces.query_url + '/api/services', traces.query_url)} "
+             "(JSON: a Jaeger built from its Go module has no web UI)</p>"]
+    if traces.slowest is not None and traces.trace_url is not None:
+        saved = f", saved copy {a(TRACE_FILE, TRACE_FILE)}" if traces.trace is not None else ""
+        parts.append(f"<p>{html.escape(traces.slowest)}<br>trace: {a(traces.trace_url, 'live in Jaeger')} "
+                     f"(while the demo runs){saved}; its waterfall is in the summary above</p>")
+    elif traces.missing:
+        parts.append(f"<p>no trace to show: {html.escape(traces.missing)}</p>")
+    return "".join(parts)
 
 
 def _plots(results_dir: Path, runs: list[PhaseResult], timeline: Timeline, slo: tuple[int, int],
@@ -168,11 +229,9 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def slowest_traced_request(runs: list[PhaseResult], router_log: str, trace_url: Any) -> str | None:
-    """The report's link to one trace: the slowest request (by TTFT, else end-to-end time) whose router log line
-    carries a ``trace_id`` (the router traces it when tracing is on and sampled it), as a line
-    ``slowest request <id>: TTFT … ms, path …, trace <url>``; ``trace_url``: trace id → the backend's page
-    (``LocalJaeger.trace_url``). None when no request was traced."""
+def traced_requests(router_log: str) -> dict[str, str]:
+    """Request id → trace id, from the router's request log lines that carry a ``trace_id`` (the router traces a
+    request when tracing is on and it sampled it)."""
     traced: dict[str, str] = {}
     for raw in router_log.splitlines():
         if '"trace_id"' not in raw or not raw.startswith("{"):
@@ -183,10 +242,28 @@ def slowest_traced_request(runs: list[PhaseResult], router_log: str, trace_url: 
             continue
         if rec.get("event") == "request" and rec.get("trace_id"):
             traced[str(rec.get("request_id"))] = str(rec["trace_id"])
+    return traced
+
+
+def slowest_traced(runs: list[PhaseResult], router_log: str) -> tuple[Result, str] | None:
+    """The slowest request (by TTFT, else end-to-end time) that the router traced, and its trace id; None when no
+    request was traced."""
+    traced = traced_requests(router_log)
     cands = [r for ph in runs for r in ph.results if r.id in traced and (r.ttft_s or r.e2e_s) is not None]
     if not cands:
         return None
     slow = max(cands, key=lambda r: r.ttft_s if r.ttft_s is not None else (r.e2e_s or 0.0))
+    return slow, traced[slow.id]
+
+
+def slowest_traced_request(runs: list[PhaseResult], router_log: str, trace_url: Any) -> str | None:
+    """The report's link to one trace: :func:`slowest_traced`, as a line
+    ``slowest request <id>: TTFT … ms, path …, trace <url>``; ``trace_url``: trace id → the backend's page
+    (``LocalJaeger.trace_url``). None when no request was traced."""
+    found = slowest_traced(runs, router_log)
+    if found is None:
+        return None
+    slow, trace_id = found
     took = (f"TTFT {slow.ttft_s * 1000:,.0f} ms" if slow.ttft_s is not None
             else f"e2e {(slow.e2e_s or 0) * 1000:,.0f} ms")
-    return f"slowest request {slow.id}: {took}, path {slow.path or '?'}, trace {trace_url(traced[slow.id])}"
+    return f"slowest request {slow.id}: {took}, path {slow.path or '?'}, trace {trace_url(trace_id)}"

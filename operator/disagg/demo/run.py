@@ -1,4 +1,10 @@
-"""``run_demo``: start the local stack, deploy the demo model, run the acts, write the report, stop everything."""
+"""``run_demo``: start the local stack, deploy the demo model, run the acts, write the report, stop everything.
+
+Traces (the process demo): the stack runs Jaeger, the model traces every request (``samplingRatio`` 1, see
+:data:`SAMPLING_RATIO`) to it, and the report shows the slowest traced request, its trace's waterfall and a link to
+it. The real-node demo (``--node real``) runs without traces: its pods are containers on the node's bridge, and
+Jaeger would have to be exposed there as Prometheus is (:class:`disagg.local.cluster.ClusterStack`).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,22 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..local.controlplane import REPO_ROOT
 from ..local.harness import ModelHarness
+from ..local.jaeger import spans_by_name, waterfall
 from ..local.stack import LocalStack
+from ..poll import WaitTimeoutError, wait_for
+from ..tracing import ROUTER_SPAN
 from .acts import run_loop, say
-from .report import write_report
+from .report import TraceSection, slowest_traced, slowest_traced_request, write_report
+
+# Every request traced. The demo sends a few hundred requests at 1-4 req/s, a few spans each (router span, two
+# legs, the workers' llm_request spans, the KV pull): trivial next to the sims' own work, and Jaeger keeps them in
+# memory. At a ratio below 1 the report's "slowest request" would be the slowest *sampled* one, which is not the
+# slowest request of the run (act 3's stalled KV transfers) unless that one happened to be sampled.
+SAMPLING_RATIO = 1.0
 
 
 def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = False, node: str = "process") -> int:
@@ -26,21 +42,27 @@ def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = 
 
         stack = ClusterStack(log_dir=results_dir / "logs")
     else:
-        stack = LocalStack(log_dir=results_dir / "logs", sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
+        stack = LocalStack(log_dir=results_dir / "logs", sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"}, tracing=True)
     model: ModelHarness | None = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         stack.start(say=say)
         say(f"control plane at {stack.cp.server}; Prometheus at {stack.prometheus.url} "
             f"({time.monotonic() - started:.0f}s)")
+        overrides: dict[str, Any] = {}
+        if stack.jaeger is not None:
+            say(f"Jaeger (traces) at {stack.jaeger.url} — its query API (JSON: /api/services, "
+                "/api/traces/<trace id>); a Jaeger built from its Go module has no web UI")
+            overrides["observability"] = stack.tracing_spec(SAMPLING_RATIO)
         model = ModelHarness(stack)
-        say("applying DisaggregatedModel 'demo' (docs/examples/local-demo.yaml); waiting for both pools")
-        url = model.deploy()
+        say("applying DisaggregatedModel 'demo' (docs/examples/local-demo.yaml"
+            f"{', every request traced' if overrides else ''}); waiting for both pools")
+        url = model.deploy(overrides)
         say(f"router ready at {url}; prefill and decode pools ready ({time.monotonic() - started:.0f}s)")
         outcome = run_loop(model, quick=quick)
         model.stop()
         report = write_report(results_dir, model.phases, model.timeline, model.slo, outcome.load_steps(),
-                              router_metrics=model.router_metrics())
+                              router_metrics=model.router_metrics(), traces=trace_section(stack, model))
         print(report.terminal)
         say(f"plots and report: {results_dir}/report.html ({time.monotonic() - started:.0f}s)")
         if keep:
@@ -55,3 +77,34 @@ def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = 
             model.stop()
         stack.stop()
         say(f"stopped everything ({time.monotonic() - started:.0f}s)")
+
+
+def trace_section(stack: LocalStack, model: ModelHarness, timeout: float = 30) -> TraceSection | None:
+    """The report's traces: the slowest request the router traced (its request log lines carry the trace id), and
+    that trace read back from Jaeger once it holds the router's span (exporters batch: the spans of a request
+    that ended last arrive a few seconds later). None when the stack runs no Jaeger."""
+    jaeger = stack.jaeger
+    if jaeger is None:
+        return None
+    section = TraceSection(jaeger.url)
+    router_log = stack.pod_logs(model.name, "router")
+    found = slowest_traced(model.phases, router_log)
+    if found is None:
+        section.missing = "no request line of the router carries a trace id"
+        return section
+    trace_id = found[1]
+    section.slowest = slowest_traced_request(model.phases, router_log, jaeger.trace_url)
+    section.trace_url = jaeger.trace_url(trace_id)
+
+    def with_router_span() -> dict[str, Any] | None:
+        t = jaeger.trace(trace_id)
+        return t if t is not None and ROUTER_SPAN in spans_by_name(t) else None
+
+    try:
+        section.trace = wait_for(with_router_span, timeout, f"trace {trace_id} in Jaeger", interval=0.5)
+    except WaitTimeoutError:
+        section.trace = jaeger.trace(trace_id)
+        section.missing = f"Jaeger has no {ROUTER_SPAN} span of trace {trace_id} after {timeout:g}s"
+    if section.trace is not None:
+        section.waterfall = waterfall(section.trace)
+    return section

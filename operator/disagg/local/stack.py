@@ -1,4 +1,5 @@
-"""The whole local stack in one object: control plane, pod runtime, operator, Prometheus.
+"""The whole local stack in one object: control plane, pod runtime, operator, Prometheus, and (``tracing=True``)
+Jaeger.
 
 Used by ``disagg demo`` and the e2e tests. Everything runs on 127.0.0.0/8; :meth:`LocalStack.stop` (also on
 interpreter exit) stops every process it started.
@@ -23,6 +24,7 @@ from ..api.crd import build_crd
 from ..kube import api_client, install_crd, server_side_apply
 from ..poll import wait_for
 from .controlplane import ControlPlane
+from .jaeger import LocalJaeger
 from .procs import free_ports, stop_group
 from .prometheus import LocalPrometheus, Target
 from .runtime import LocalRuntime
@@ -33,9 +35,13 @@ T = TypeVar("T")
 
 
 class LocalStack:
+    """``tracing``: also run a :class:`LocalJaeger` as :attr:`jaeger` (its binary comes from ``make jaeger``, built
+    on first use); a model traces to it when its spec says so (:meth:`tracing_spec`). Off by default: the e2e tests
+    and benchmarks that do not read traces do not pay for a collector."""
+
     def __init__(self, namespace: str = "default", workdir: Path | None = None,
                  sim_env: dict[str, str] | None = None, log_dir: Path | None = None,
-                 operator_args: tuple[str, ...] = ()) -> None:
+                 operator_args: tuple[str, ...] = (), tracing: bool = False) -> None:
         self.namespace = namespace
         self.workdir = workdir
         self.log_dir = log_dir
@@ -43,6 +49,7 @@ class LocalStack:
         self.operator_args = operator_args
         self.cp = ControlPlane(with_controller_manager=True, workdir=workdir, log_to=log_dir)
         self.prometheus = LocalPrometheus()
+        self.jaeger: LocalJaeger | None = LocalJaeger() if tracing else None
         self.runtime: LocalRuntime | None = None
         self.operator: subprocess.Popen[bytes] | None = None
         self.api: client.ApiClient | None = None
@@ -64,6 +71,9 @@ class LocalStack:
         self.prometheus.start()
         self._targets_thread = threading.Thread(target=self._sync_targets, daemon=True, name="prom-targets")
         self._targets_thread.start()
+        if self.jaeger is not None:
+            say("starting Jaeger (OTLP/HTTP in, in-memory, query API; built by `make jaeger`)")
+            self.jaeger.start()
         say("starting the operator (`disagg operator`)")
         self._start_operator()
 
@@ -93,6 +103,8 @@ class LocalStack:
             self.runtime.stop()
             self.runtime = None
         self.prometheus.stop()
+        if self.jaeger is not None:
+            self.jaeger.stop()
         self.cp.stop()
 
     def __enter__(self) -> LocalStack:
@@ -182,6 +194,25 @@ class LocalStack:
         got = client.CoreV1Api(self.api).list_namespaced_event(
             self.namespace, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}").items
         return sorted(got, key=lambda e: (e.metadata.creation_timestamp, e.metadata.resource_version or ""))
+
+    def tracing_spec(self, sampling_ratio: float = 1.0) -> dict[str, Any]:
+        """``spec.observability`` that sends a model's traces (router and both pools) to :attr:`jaeger`."""
+        assert self.jaeger is not None and self.jaeger.otlp_endpoint, "LocalStack(tracing=True).start() first"
+        return {"tracing": {"endpoint": self.jaeger.otlp_endpoint, "samplingRatio": sampling_ratio}}
+
+    def pod_logs(self, model: str, role: str) -> str:
+        """The container logs of the model's ``role`` pods that exist now, one after another ("" without the
+        local pod runtime, as on the real node)."""
+        if self.runtime is None:
+            return ""
+        out = []
+        for p in self.pods(model, role):
+            if p.metadata is None or not p.metadata.name:
+                continue
+            path = self.runtime.log_path(self.namespace, p.metadata.name)
+            if path.exists():
+                out.append(path.read_text(errors="replace"))
+        return "\n".join(out)
 
     def router_url(self, model: str) -> str | None:
         ips = self.ready_pod_ips(model, "router")
