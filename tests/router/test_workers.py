@@ -83,6 +83,13 @@ async def test_workers_share_the_port_sum_metrics_and_stop_on_sigterm(tmp_path, 
 
             bodies = await asyncio.gather(*(one(LONG if i % 2 else "hi") for i in range(30)))
             assert all(b.endswith(b"data: [DONE]\n\n") for b in bodies)
+
+            # a request is accounted just after its last chunk is sent (requests_total last): wait for all 30
+            async def all_accounted() -> bool:
+                async with s.get(url + "/metrics") as r:
+                    return metric_value(await r.text(), "disagg_requests_total", outcome="ok") == 30
+
+            await until(all_accounted, 10, "the 30 requests accounted")
             for _ in range(4):  # whichever worker answers, /metrics is the replica's total
                 async with s.get(url + "/metrics") as r:
                     text = await r.text()
@@ -113,8 +120,14 @@ async def test_workers_share_the_port_sum_metrics_and_stop_on_sigterm(tmp_path, 
         pids = (pids - {victim}) | restarted
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
             assert (await one_more(s, url)).endswith(b"data: [DONE]\n\n")
-            async with s.get(url + "/metrics") as r:
-                assert metric_value(await r.text(), "disagg_requests_total", outcome="ok") == 31
+
+            async def counted_once_more() -> bool:  # monotonic across the restart: 30 before it, this one after
+                async with s.get(url + "/metrics") as r:
+                    n = metric_value(await r.text(), "disagg_requests_total", outcome="ok")
+                assert n in (30, 31), n
+                return n == 31
+
+            await until(counted_once_more, 10, "the 31st request accounted")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -178,7 +178,6 @@ class Accounting:
             ctx.timings["request_queue"] = ctx.first_upstream_at - ctx.t0
         path = ctx.path or "none"
         m = self.metrics
-        m.requests.labels(ctx.outcome or "unknown", path).inc()
         if ctx.probe and ctx.outcome != "cancelled":
             m.mode_probes.labels("ok" if path == "remote" and ctx.outcome == "ok" else "failed").inc()
         if path in ("remote", "local", "fallback") and ctx.outcome == "ok":
@@ -195,6 +194,9 @@ class Accounting:
             m.slo_requests.labels(ctx.tenant).inc()
             if slo_met(ctx, self.slo(), e2e):
                 m.slo_met.labels(ctx.tenant).inc()
+        # last: a scrape that counts this request also has its phases (with --workers N another process may
+        # render /metrics between these writes)
+        m.requests.labels(ctx.outcome or "unknown", path).inc()
         self.log(
             log_schema=REQUEST_LOG_SCHEMA, arrival_unix=round(ctx.arrival_unix, 6), max_tokens=ctx.max_tokens,
             prefix_hash=ctx.prefix_hash, prefix_tokens=ctx.prefix_tokens,
