@@ -159,6 +159,8 @@ def test_every_rendered_pool_means_the_same_to_vllm(vllm: Vllm, example: str, tr
         else:
             assert kv is None or kv.kv_connector is None, role
         # Drain: the release that has --shutdown-timeout gets the spec's value, and the pod outlives it.
+        # Exact prefill phases: prefill workers return per-request metrics where the release has the flag.
+        assert getattr(ns, "enable_per_request_metrics", False) is (role == "prefill" and p.per_request_metrics)
         drain = getattr(ea, "shutdown_timeout", getattr(ns, "shutdown_timeout", 0))
         assert drain == (dm.spec.engine.shutdown_timeout_seconds if p.shutdown_timeout else 0), role
         grace = worker_deployment(dm, role)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -169,6 +171,11 @@ def test_every_rendered_pool_means_the_same_to_vllm(vllm: Vllm, example: str, tr
 
 def test_table_shutdown_timeout_matches_the_parser(vllm: Vllm) -> None:
     assert profile(_version(vllm)).shutdown_timeout is ("--shutdown-timeout" in vllm.option_strings())
+
+
+def test_table_per_request_metrics_matches_the_parser(vllm: Vllm) -> None:
+    """The table renders --enable-per-request-metrics (exact prefill phases) only where the parser knows it."""
+    assert profile(_version(vllm)).per_request_metrics is ("--enable-per-request-metrics" in vllm.option_strings())
 
 
 def test_table_kv_load_failure_policy_matches_the_parser(vllm: Vllm) -> None:
