@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,11 +25,10 @@ from typing import Any
 import orjson
 import pytest
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.load import loadgen
 from disagg.load.workload import Mix, RequestClass, generate
-from disagg.local.harness import ModelHarness, router_workers_at
+from disagg.local.harness import ModelHarness, requests_running_at, router_workers_at
 from disagg.local.stack import LocalStack, pod_ip, pod_ready
 from disagg.poll import wait_for
 
@@ -115,17 +113,6 @@ def decode_args(h: ModelHarness) -> list[str]:
     return list(spec.containers[0].args or [])
 
 
-def _running(ip: str) -> float:
-    """vllm:num_requests_running of the worker at ``ip`` (0 when it does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return 0.0
-    return sum(s.value for fam in text_string_to_metric_families(text) if fam.name == "vllm:num_requests_running"
-               for s in fam.samples)
-
-
 def _router_log(h: ModelHarness) -> dict[str, dict[str, Any]]:
     stack = h.stack
     assert stack.runtime is not None
@@ -155,7 +142,7 @@ def scale_down_under_load(h: ModelHarness, seed: int) -> ScaleDown:
     load.start()
     try:
         # both decode workers stream answers; then the pool is scaled down, as a user edits the model
-        wait_for(lambda: all(_running(ip) >= IN_FLIGHT for ip in ips.values()), 20,
+        wait_for(lambda: all(requests_running_at(ip) >= IN_FLIGHT for ip in ips.values()), 20,
                  f"{IN_FLIGHT} streams running on each decode worker", interval=0.1)
         stack.patch_spec(h.name, {"decode": {"replicas": 1}})
 

@@ -22,12 +22,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.builders import multinode as mn
 from disagg.load import loadgen
 from disagg.load.workload import Mix, RequestClass, generate
-from disagg.local.harness import ModelHarness, router_workers_at
+from disagg.local.harness import ModelHarness, requests_running_at, router_workers_at
 from disagg.local.stack import LocalStack, pod_ip, pod_ready
 
 pytestmark = pytest.mark.e2e
@@ -105,17 +104,6 @@ def send(h: ModelHarness, n: int, rate: float, seed: int, stop: threading.Event 
     return h.send(requests, timeout_s=60, stop=(stop.is_set if stop else None))
 
 
-def _running(ip: str) -> float:
-    """vllm:num_requests_running of the leader at ``ip`` (0 when it does not answer)."""
-    try:
-        with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return 0.0
-    return sum(s.value for fam in text_string_to_metric_families(text) if fam.name == "vllm:num_requests_running"
-               for s in fam.samples)
-
-
 def _errors(results: list[loadgen.Result]) -> list[tuple[str, int, str]]:
     return [(r.id, r.status, r.error) for r in results if not r.ok]
 
@@ -150,7 +138,8 @@ def test_a_lost_worker_restarts_its_group_without_client_errors(model: ModelHarn
     try:
         # the group's leader has requests in flight when its worker goes: they must fall back, not fail
         leader = next(p for p in before[group].values() if _labels(p)[mn.LABEL_NODE_RANK] == "0")
-        h.stack.wait_for(lambda: _running(str(pod_ip(leader))) >= 1, 20, f"requests running on {group}'s leader")
+        h.stack.wait_for(lambda: requests_running_at(str(pod_ip(leader))) >= 1, 20,
+                         f"requests running on {group}'s leader")
         killed_at = time.monotonic()
         client.CoreV1Api(h.stack.api).delete_namespaced_pod(_name(worker), NS)
 

@@ -46,7 +46,7 @@ from kubernetes.client.exceptions import ApiException
 from ..kube import api_client
 from ..poll import WaitTimeoutError, wait_for
 from .controlplane import REPO_ROOT, ControlPlane, _openssl, find_binaries
-from .procs import free_ports, stop_group
+from .procs import free_ports, stop_group, tail_lines
 from .stack import LocalStack
 
 NODE_NAME = "localhost"
@@ -228,11 +228,7 @@ class LocalCluster:
         return any(n == name and p.poll() is None for n, p in self._procs)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
-        try:
-            text = (self.state_dir / "logs" / f"{name}.log").read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return tail_lines(self.state_dir / "logs" / f"{name}.log", lines)
 
     def _write_state(self) -> None:
         state = {"pids": {n: p.pid for n, p in self._procs if p.poll() is None}}

@@ -25,7 +25,7 @@ from typing import IO, Any
 import yaml
 
 from ..poll import WaitTimeoutError, wait_for
-from .procs import free_ports, stop_group
+from .procs import free_ports, stop_group, tail_lines
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-control-plane.sh"
@@ -188,11 +188,7 @@ class ControlPlane:
         self._procs.append((name, proc))
 
     def log_tail(self, name: str, lines: int = 30) -> str:
-        path = (self.log_to or (self._tmp / "logs" if self._tmp else Path("."))) / f"{name}.log"
-        try:
-            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return tail_lines((self.log_to or (self._tmp / "logs" if self._tmp else Path("."))) / f"{name}.log", lines)
 
     def _ssl_context(self) -> ssl.SSLContext:
         assert self._tmp is not None

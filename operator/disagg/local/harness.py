@@ -78,6 +78,14 @@ def router_workers_at(router_url: str) -> dict[str, int]:
     return router_workers(_get(router_url + "/metrics"))
 
 
+def requests_running_at(worker_ip: str, port: int = 8000) -> float:
+    """``vllm:num_requests_running`` of the worker (a pool's pod, a group's leader) at ``worker_ip`` (0 when it does
+    not answer)."""
+    text = _get(f"http://{worker_ip}:{port}/metrics")
+    return sum(s.value for fam in text_string_to_metric_families(text) if fam.name == "vllm:num_requests_running"
+               for s in fam.samples)
+
+
 def not_serving(model: dict[str, Any], workers: dict[str, int]) -> str | None:
     """Why the model does not yet serve as deployed — None when it does: Ready, both pools (the decode pool alone
     when the spec pins Aggregated) at their desired replicas (at least one) and known to the router as that many

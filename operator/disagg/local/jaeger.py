@@ -27,7 +27,7 @@ import yaml
 
 from ..poll import WaitTimeoutError, wait_for
 from .controlplane import REPO_ROOT
-from .procs import HOST, free_ports, stop_group, wait_http
+from .procs import HOST, free_ports, stop_group, tail_lines, wait_http
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-jaeger.sh"
 
@@ -140,12 +140,7 @@ class LocalJaeger:
         return wait_for(ready, timeout, f"trace {trace_id} with {min_spans} spans in jaeger", interval=0.2)
 
     def log_tail(self, lines: int = 20) -> str:
-        if not self._tmp:
-            return ""
-        try:
-            return "\n".join((self._tmp / "jaeger.log").read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return tail_lines(self._tmp / "jaeger.log" if self._tmp else None, lines)
 
     def stop(self) -> None:
         stop_group(self._proc, grace=10)

@@ -122,6 +122,16 @@ def _signal(proc: subprocess.Popen[Any], sig: int, group: bool = True) -> None:
         pass
 
 
+def tail_lines(path: Path | None, lines: int) -> str:
+    """The last ``lines`` lines of a process's log file ("" when there is none yet)."""
+    if path is None:
+        return ""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User+system CPU seconds of the given processes and of every process in their process groups (nginx's
     workers, say), from Linux /proc, for reporting CPU use."""

@@ -19,7 +19,7 @@ import yaml
 
 from ..poll import WaitTimeoutError
 from .controlplane import REPO_ROOT
-from .procs import free_ports, stop_group, wait_http
+from .procs import free_ports, stop_group, tail_lines, wait_http
 
 ENSURE_SCRIPT = REPO_ROOT / "hack" / "ensure-prometheus.sh"
 
@@ -117,12 +117,7 @@ class LocalPrometheus:
         os.replace(tmp, self.targets_file)  # atomic: Prometheus never reads a half-written file
 
     def log_tail(self, lines: int = 20) -> str:
-        if not self._tmp:
-            return ""
-        try:
-            return "\n".join((self._tmp / "prometheus.log").read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return tail_lines(self._tmp / "prometheus.log" if self._tmp else None, lines)
 
     def stop(self) -> None:
         stop_group(self._proc, grace=10)
