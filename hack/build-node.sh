@@ -26,46 +26,9 @@ exec 9>"$CACHE/node/.build.lock"
 flock 9
 if have_all; then log "cached: $BIN"; echo "$BIN"; exit 0; fi
 
-log "resolving k8s.io/kubernetes@$K8S_VERSION through the module proxy"
-modjson="$(cd "$WORK" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION")"
-gomod="$(printf '%s' "$modjson" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
-[[ -f "$gomod" ]] || { log "could not download k8s.io/kubernetes@$K8S_VERSION: $modjson"; exit 1; }
-staging_tag="v0.${K8S_VERSION#v1.}"
-cd "$WORK"
-{
-  echo "module disagg.dev/node"
-  echo
-  echo "go 1.24"
-  echo
-  echo "require k8s.io/kubernetes $K8S_VERSION"
-  echo
-  grep -E '^[[:space:]]*k8s\.io/[^ ]+ => \./staging/' "$gomod" \
-    | awk -v tag="$staging_tag" '{print "replace " $1 " => " $1 " " tag}'
-} > go.mod
-log "$(grep -c '^replace' go.mod) staging modules mapped to $staging_tag"
-cat > tools.go <<'GO'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-)
-GO
-log "go mod tidy"
-go mod tidy -e >&2
-ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION"
-ld="$ld -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2)"
-ld="$ld -X k8s.io/component-base/version.gitTreeState=clean"
-for b in "${BINARIES[@]}"; do
-  [[ -x "$BIN/$b" ]] && continue
-  log "building $b $K8S_VERSION (several minutes on 2 cores the first time)"
-  go build -v -trimpath -ldflags "$ld" -o "$BIN/$b.tmp" "k8s.io/kubernetes/cmd/$b" 2>&1 \
-    | awk '{n++; if (n % 100 == 0) {printf "[node]   %d packages compiled (%s)\n", n, $0 > "/dev/stderr"}}'
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || { log "build of $b failed"; exit 1; }
-  mv "$BIN/$b.tmp" "$BIN/$b"
-done
+# shellcheck source=hack/lib/k8s-commands.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/k8s-commands.sh"
+k8s_build_commands "$WORK" disagg.dev/node "$BIN" node "${BINARIES[@]}"
 
 have_all || { log "missing binaries in $BIN"; exit 1; }
 log "built: $BIN"
