@@ -149,6 +149,14 @@ def match_tenant(headers: Any, tenants: Iterable[Any]) -> Any | None:
     return None
 
 
+def tenant_named(name: str | None, tenants: Iterable[Any]) -> Any | None:
+    """The TenantPolicy called ``name``, else None: the twin's arrivals and replayed request logs carry the tenant
+    the router matched (its log line's ``tenant``), not the headers it matched on."""
+    if name is None:
+        return None
+    return next((t for t in tenants if t.name == name), None)
+
+
 def request_hash_fraction(request_id: str) -> float:
     """A deterministic number in [0, 1) per request id (canary slice membership)."""
     h = hashlib.blake2b(request_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()

@@ -17,40 +17,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
+from typing_extensions import override
 
 from .. import tracing
 from .accounting import derive_phases, worker_request_metrics
+from .core import Legs, OnCommit
 from .load import Worker, WorkerSet
-from .metrics import RouterMetrics
-from .prefix import PrefixIndex
 from .proxy import (
     COMMIT,
     ERROR,
     StreamAccount,
     StreamStart,
     UpstreamError,
+    decode_body,
     has_error_finish,
     is_generation_error,
+    local_body,
     prefill_body,
     usage_completion_tokens,
 )
 from .rawstream import RawConnectError, RawDisconnectedError, RawPool, RawResponse
-from .request import Ctx, decision_headers, fwd_headers
+from .request import Ctx, decision_headers, fwd_headers, openai_error
 
 # What a client sees when the worker fails after tokens were relayed: vLLM's own in-stream error shape (an SSE event
 # with an OpenAI error object, then [DONE]; see docs/simulator.md for vLLM 0.33.0's), so that an OpenAI client raises
 # instead of taking a truncated answer for a complete one.
 MID_STREAM_ERROR = (b'data: {"error": {"message": "the worker failed mid-stream; the answer is incomplete", '
                     b'"type": "upstream_error", "param": null, "code": 502}}\n\ndata: [DONE]\n\n')
-
-OnCommit = Callable[[], None]
-
 
 class SinkRelay:
     """The per-chunk work of a lean relay, run inside the upstream's data callback: account, frame, write."""
@@ -164,33 +163,17 @@ class WriteDeadline:
 
 
 class Upstream:
-    def __init__(self, workers: WorkerSet, metrics: RouterMetrics, prefix: PrefixIndex,
-                 session: Callable[[], aiohttp.ClientSession], down_seconds: float,
+    """The HTTP side of the legs, shared by a router's requests: the clients (lean and aiohttp), tracing spans,
+    the prefill request and the relay. The bookkeeping around each leg (in-flight counts, the prefill backlog,
+    the prefix index, passive health) is the request core's (core.py)."""
+
+    def __init__(self, workers: WorkerSet, session: Callable[[], aiohttp.ClientSession],
                  client_write_timeout: float, raw: Callable[[], RawPool | None] = lambda: None) -> None:
         self.workers = workers
         self.raw = raw
-        self.metrics = metrics
-        self.prefix = prefix
         self.session = session
-        self.down_seconds = down_seconds
         self.client_write_timeout = client_write_timeout
         self.tracing: tracing.Tracing | None = None  # set by the Router when tracing is on
-
-    @contextlib.contextmanager
-    def track(self, url: str, pool: str, tokens: int = 0) -> Iterator[Worker | None]:
-        w = self.workers.get(url)
-        g = self.metrics.inflight.labels(pool)
-        g.inc()
-        if w is not None:
-            w.inflight += 1
-            w.inflight_tokens += tokens
-        try:
-            yield w
-        finally:
-            g.dec()
-            if w is not None:
-                w.inflight -= 1
-                w.inflight_tokens -= tokens
 
     def leg_span(self, ctx: Ctx, name: str, url: str, headers: dict[str, str], remote: bool) -> Any:
         """A child span of the request's for one upstream leg, and its ``traceparent`` in ``headers`` (W3C): the
@@ -204,23 +187,15 @@ class Upstream:
             headers["tracestate"] = state.to_header()
         return span
 
-    def connect_failed(self, url: str) -> None:
-        w = self.workers.get(url)
-        if w is not None:
-            w.down_until = time.monotonic() + self.down_seconds
-
     async def prefill_leg(self, request: web.Request, ctx: Ctx, body: dict[str, Any], url: str,
                           deadline: float) -> Any:
         """The prefill leg → the prefill response's kv_transfer_params (opaque). Causes: prefill_*."""
         payload = orjson.dumps(prefill_body(body))
-        w = self.workers.get(url)
-        ahead = w.inflight_tokens if w else 0
-        waiting = w.scraped.get("vllm:num_requests_waiting", 0.0) if w else 0.0
         ctx.mark_upstream()
         headers = fwd_headers(request, ctx.upstream_id)
         span = self.leg_span(ctx, tracing.PREFILL_LEG_SPAN, url, headers, True) if ctx.span is not None else None
         try:
-            return await self._prefill_leg(ctx, url, payload, headers, deadline, w, ahead, waiting)
+            return await self._prefill_leg(ctx, url, payload, headers, deadline)
         except UpstreamError as e:
             if span is not None:
                 span.set_attribute("disagg.error", e.cause)
@@ -230,38 +205,30 @@ class Upstream:
             if span is not None:
                 span.end()
 
-    async def _prefill_leg(self, ctx: Ctx, url: str, payload: bytes, headers: dict[str, str], deadline: float,
-                           w: Worker | None, ahead: int, waiting: float) -> Any:
+    async def _prefill_leg(self, ctx: Ctx, url: str, payload: bytes, headers: dict[str, str],
+                           deadline: float) -> Any:
         t = time.monotonic()
-        with self.track(url, "prefill", ctx.input_tokens):
-            if w is not None:
-                w.prefill_started(ctx.input_tokens, t)
-            raw = self.raw() if url.startswith("http://") else None  # https: aiohttp
-            rr: RawResponse | None = None
-            try:
-                async with asyncio.timeout(max(deadline - t, 0.001)):
-                    if raw is not None:  # the lean client (rawstream.py): a fraction of aiohttp's cost per leg
-                        rr = await raw.request(url, ctx.endpoint, headers, payload)
-                        data = await rr.read()
-                        status = rr.status
-                    else:
-                        async with self.session().post(url + ctx.endpoint, data=payload, headers=headers) as r:
-                            data = await r.read()
-                            status = r.status
-            except TimeoutError:
-                # Queued behind other prefills (ours or other clients') → capacity, not a transport fault.
-                queued = ahead > 0 or waiting > 0
-                raise UpstreamError("prefill_queue_timeout" if queued else "prefill_timeout", worker=url) from None
-            except (aiohttp.ClientConnectorError, RawConnectError):
-                self.connect_failed(url)
-                raise UpstreamError("prefill_connect_error", worker=url) from None
-            except (aiohttp.ClientError, RawDisconnectedError):
-                raise UpstreamError("prefill_error", worker=url) from None
-            finally:
-                if rr is not None:
-                    rr.close()  # unfinished (timeout, cancel): the worker sees the connection go and aborts
-                if w is not None:
-                    w.prefill_ended(others_in_flight=w.inflight - 1)
+        raw = self.raw() if url.startswith("http://") else None  # https: aiohttp
+        rr: RawResponse | None = None
+        try:
+            async with asyncio.timeout(max(deadline - t, 0.001)):
+                if raw is not None:  # the lean client (rawstream.py): a fraction of aiohttp's cost per leg
+                    rr = await raw.request(url, ctx.endpoint, headers, payload)
+                    data = await rr.read()
+                    status = rr.status
+                else:
+                    async with self.session().post(url + ctx.endpoint, data=payload, headers=headers) as r:
+                        data = await r.read()
+                        status = r.status
+        except TimeoutError:
+            raise UpstreamError("prefill_timeout", worker=url) from None  # the core tells a queued one apart
+        except (aiohttp.ClientConnectorError, RawConnectError):
+            raise UpstreamError("prefill_connect_error", worker=url) from None
+        except (aiohttp.ClientError, RawDisconnectedError):
+            raise UpstreamError("prefill_error", worker=url) from None
+        finally:
+            if rr is not None:
+                rr.close()  # unfinished (timeout, cancel): the worker sees the connection go and aborts
         leg = time.monotonic() - t
         ctx.timings["prefill_leg"] = leg
         if status != 200:
@@ -273,9 +240,8 @@ class Upstream:
             raise UpstreamError("prefill_bad_response", worker=url) from None
         if not kv:
             raise UpstreamError("prefill_no_kv_params", worker=url)
-        if w is not None:
-            w.observe_prefill_leg(leg, ahead + ctx.input_tokens)
         q, compute = worker_request_metrics(resp_body)
+        w = self.workers.get(url)
         if q is not None and compute is not None:  # the prefill worker's own numbers for this request: exact
             ctx.timings["prefill_queue"] = min(q, leg)
             ctx.timings["prefill_compute"] = min(compute, leg)
@@ -315,7 +281,7 @@ class Upstream:
             if verdict == COMMIT:
                 return start.buf
 
-    async def relay(self, request: web.Request, ctx: Ctx, url: str, body: dict[str, Any], hashes: tuple[int, ...],
+    async def relay(self, request: web.Request, ctx: Ctx, url: str, body: dict[str, Any],
                     deadline: float | None = None, remote: bool = False,
                     on_commit: OnCommit | None = None) -> web.StreamResponse:
         """Send to a decode/aggregated worker and relay its answer. Raises UpstreamError before the first token;
@@ -325,10 +291,10 @@ class Upstream:
         ctx.mark_upstream()
         headers = fwd_headers(request, ctx.upstream_id)
         if ctx.span is None:
-            return await self._relay(request, ctx, url, payload, headers, hashes, deadline, remote, on_commit)
+            return await self._relay(request, ctx, url, payload, headers, deadline, remote, on_commit)
         span = self.leg_span(ctx, tracing.DECODE_LEG_SPAN, url, headers, remote)
         try:
-            out = await self._relay(request, ctx, url, payload, headers, hashes, deadline, remote, on_commit)
+            out = await self._relay(request, ctx, url, payload, headers, deadline, remote, on_commit)
             if ctx.outcome not in ("ok", ""):
                 _span_error(span, ctx.outcome)
             return out
@@ -340,51 +306,47 @@ class Upstream:
             span.end()
 
     async def _relay(self, request: web.Request, ctx: Ctx, url: str, payload: bytes, headers: dict[str, str],
-                     hashes: tuple[int, ...], deadline: float | None, remote: bool,
-                     on_commit: OnCommit | None) -> web.StreamResponse:
-        role = "aggregated" if (w0 := self.workers.get(url)) is not None and w0.role == "aggregated" else "decode"
+                     deadline: float | None, remote: bool, on_commit: OnCommit | None) -> web.StreamResponse:
+        w = self.workers.get(url)
         t_send = time.monotonic()
         raw = self.raw() if ctx.stream and url.startswith("http://") else None  # https: aiohttp
-        with self.track(url, role) as w:
-            resp: aiohttp.ClientResponse | RawResponse | None = None
+        resp: aiohttp.ClientResponse | RawResponse | None = None
+        try:
             try:
-                try:
-                    async with (asyncio.timeout(max(deadline - t_send, 0.001)) if deadline else
-                                contextlib.nullcontext()):
-                        if raw is not None:
-                            resp = await raw.request(url, ctx.endpoint, headers, payload)
-                        else:
-                            resp = await self.session().post(url + ctx.endpoint, data=payload, headers=headers)
-                        first = await self._first(resp, ctx, url)
-                except TimeoutError:
-                    raise UpstreamError("timeout", worker=url) from None
-                except (aiohttp.ClientConnectorError, RawConnectError):
-                    self.connect_failed(url)
-                    raise UpstreamError("connect_error", worker=url) from None
-                except (aiohttp.ClientError, RawDisconnectedError):
-                    raise UpstreamError("disconnected", worker=url) from None
-                t_first = time.monotonic()
-                ctx.timings["decode_ttfb"] = t_first - t_send
-                if on_commit is not None:
-                    on_commit()
-                self.prefix.insert(url, hashes)
-                if not ctx.stream:
-                    ctx.output_tokens = usage_completion_tokens(first)
-                    if not remote and b'"queue_time_ms"' in first:  # the worker's per-request metrics
-                        with contextlib.suppress(orjson.JSONDecodeError):
-                            q, _ = worker_request_metrics(orjson.loads(first))
-                            if q is not None:
-                                ctx.timings["decode_queue"] = q
-                    derive_phases(ctx, w, remote, ttfb=None)
-                    ctx.outcome, ctx.status = "ok", 200
-                    return web.Response(body=first, status=200, content_type="application/json",
-                                        headers=decision_headers(ctx))
-                if isinstance(resp, RawResponse):
-                    return await self._stream_raw(request, ctx, resp, first, t_first, w, remote)
-                return await self._stream(request, ctx, resp, first, t_first, w, remote)
-            finally:
-                if resp is not None:
-                    resp.close()
+                async with (asyncio.timeout(max(deadline - t_send, 0.001)) if deadline else
+                            contextlib.nullcontext()):
+                    if raw is not None:
+                        resp = await raw.request(url, ctx.endpoint, headers, payload)
+                    else:
+                        resp = await self.session().post(url + ctx.endpoint, data=payload, headers=headers)
+                    first = await self._first(resp, ctx, url)
+            except TimeoutError:
+                raise UpstreamError("timeout", worker=url) from None
+            except (aiohttp.ClientConnectorError, RawConnectError):
+                raise UpstreamError("connect_error", worker=url) from None
+            except (aiohttp.ClientError, RawDisconnectedError):
+                raise UpstreamError("disconnected", worker=url) from None
+            t_first = time.monotonic()
+            ctx.timings["decode_ttfb"] = t_first - t_send
+            if on_commit is not None:
+                on_commit()
+            if not ctx.stream:
+                ctx.output_tokens = usage_completion_tokens(first)
+                if not remote and b'"queue_time_ms"' in first:  # the worker's per-request metrics
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        q, _ = worker_request_metrics(orjson.loads(first))
+                        if q is not None:
+                            ctx.timings["decode_queue"] = q
+                derive_phases(ctx, w, remote, ttfb=None)
+                ctx.outcome, ctx.status = "ok", 200
+                return web.Response(body=first, status=200, content_type="application/json",
+                                    headers=decision_headers(ctx))
+            if isinstance(resp, RawResponse):
+                return await self._stream_raw(request, ctx, resp, first, t_first, w, remote)
+            return await self._stream(request, ctx, resp, first, t_first, w, remote)
+        finally:
+            if resp is not None:
+                resp.close()
 
     async def _stream_raw(self, request: web.Request, ctx: Ctx, resp: RawResponse, first: bytes,
                           t_first: float, w: Worker | None, remote: bool) -> web.StreamResponse:
@@ -445,6 +407,45 @@ class Upstream:
             resp.close()
             return await _broken_stream(ctx, acct, out, e)
         return await _finished_stream(ctx, acct, out, w, remote)
+
+
+class HttpLegs(Legs[web.StreamResponse]):
+    """One request's HTTP transport for the request core (core.py ``Legs``): the client's request and body, the
+    router's ``Upstream``; the answers are aiohttp responses."""
+
+    __slots__ = ("body", "request", "up")
+
+    def __init__(self, up: Upstream, request: web.Request, body: dict[str, Any]) -> None:
+        self.up = up
+        self.request = request
+        self.body = body
+
+    @override
+    async def prefill(self, ctx: Ctx, worker: str, deadline: float) -> Any:
+        return await self.up.prefill_leg(self.request, ctx, self.body, worker, deadline)
+
+    @override
+    async def relay(self, ctx: Ctx, worker: str, kv: Any | None, deadline: float | None, remote: bool,
+                    on_commit: OnCommit) -> web.StreamResponse:
+        body = local_body(self.body)
+        if kv is not None:
+            body = decode_body(body, kv)  # the prefill response's kv_transfer_params, verbatim
+        return await self.up.relay(self.request, ctx, worker, body, deadline=deadline, remote=remote,
+                                   on_commit=on_commit)
+
+    @override
+    def error(self, ctx: Ctx, status: int, message: str, type_: str) -> web.StreamResponse:
+        return openai_error(status, message, type_)
+
+    @override
+    def passthrough(self, ctx: Ctx, e: UpstreamError) -> web.StreamResponse:
+        return web.Response(status=ctx.status, body=e.body, content_type="application/json")
+
+    @override
+    def give_up(self, ctx: Ctx, e: UpstreamError) -> web.StreamResponse:
+        if e.body and e.status:
+            return web.Response(status=ctx.status, body=e.body, content_type=e.content_type or "application/json")
+        return openai_error(ctx.status, f"upstream failed: {e.cause}", "upstream_error")
 
 
 def _span_error(span: Any, description: str) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .policy import WorkerLoad
@@ -149,8 +149,11 @@ class WorkerSet:
 
     ROLES = ("prefill", "decode", "aggregated")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: what passive-health marks (``Worker.down_until``) are compared with (the twin's virtual
+        time in the twin)."""
         self.pools: dict[str, dict[str, Worker]] = {r: {} for r in self.ROLES}
+        self.clock = clock
 
     def set_pool(self, role: str, endpoints: Iterable[tuple[str, str]]) -> None:
         old = self.pools[role]
@@ -170,7 +173,8 @@ class WorkerSet:
     def ready(self, role: str) -> list[Worker]:
         """Workers of the pool not marked down. For decode/aggregated, when all are marked down, all of them
         (the mark is advisory: trying a worker beats refusing the request; prefill has the local path)."""
-        up = [w for w in self.pools[role].values() if w.up]
+        now = self.clock()
+        up = [w for w in self.pools[role].values() if w.down_until <= now]
         if not up and role != "prefill":
             return list(self.pools[role].values())
         return up

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import aiohttp
@@ -31,7 +30,7 @@ class Scraper:
                 text = await r.text()
             w.update_scrape(parse_prometheus(text))
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError):
-            w.down_until = time.monotonic() + self.down_seconds
+            w.down_until = self.workers.clock() + self.down_seconds
         except (TimeoutError, aiohttp.ClientError, ValueError):
             pass
 

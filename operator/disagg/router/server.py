@@ -1,10 +1,9 @@
 """The router's HTTP server (aiohttp): app, lifecycle, the small endpoints, and the per-request flow.
 
-Per request: read and validate the body once (request.py) → features → the decision (policy.decide on a load
-snapshot that carries the open circuit breakers; a mode probe while the operator holds the model Aggregated,
-probe.py) → the breaker ticket for a remote decision (breaker.py) → the chosen path (paths.py, whose legs are in
-legs.py) → accounting (accounting.py: metrics and the log line). Worker scraping is in scrape.py, connection
-hygiene in connections.py.
+Per request: read and validate the body once (request.py) → features → the decision and the chosen path with
+its fallbacks in the request core (core.py: the snapshot, policy.decide, a mode probe while the operator holds the
+model Aggregated, the breaker ticket; the same core runs the twin), over HTTP legs (legs.py) → accounting
+(accounting.py: metrics and the log line). Worker scraping is in scrape.py, connection hygiene in connections.py.
 
 Nothing is sent to the client before the upstream's first token has arrived, so every failure up to that point can
 still be retried. Client disconnect cancels the handler (handler_cancellation) and with it the upstream requests.
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -29,16 +27,13 @@ from .. import logs, tracing
 from ..api.contract import RouterConfig
 from . import features
 from .accounting import Accounting, end_span
-from .breaker import Breakers, Ticket
 from .config import ConfigWatcher
 from .connections import ConnectionGuard, GuardedRunner
-from .legs import Upstream
-from .load import TenantStats, WorkerSet
+from .core import RequestCore
+from .legs import HttpLegs, Upstream
+from .load import WorkerSet
 from .metrics import RouterMetrics
-from .paths import Paths
-from .policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide
-from .prefix import PrefixIndex
-from .probe import ProbeLimiter, probe_decision
+from .policy import Tuning
 from .rawstream import RawPool
 from .request import Ctx, fwd_headers, openai_error, parse_request
 from .scrape import Scraper
@@ -75,16 +70,16 @@ class Router:
         self.opts = options or RouterOptions()
         self.metrics = metrics or RouterMetrics()
         self.clock = clock
-        self.prefix = PrefixIndex()
-        self.tenants = TenantStats()
-        self.breakers = Breakers(self.metrics.circuit_state, clock)
-        self.probes = ProbeLimiter(rate_scale=1.0 / max(self.opts.workers, 1))
-        self._probing = False
+        # decision → path → fallback and the worker bookkeeping: the one request core, shared with the twin
+        self.core: RequestCore[web.StreamResponse] = RequestCore(
+            workers, self.metrics, self.opts.tuning, clock=clock, down_seconds=self.opts.down_seconds,
+            probe_rate_scale=1.0 / max(self.opts.workers, 1))
+        self.prefix = self.core.prefix
+        self.tenants = self.core.tenants
+        self.breakers = self.core.breakers
         self.session: aiohttp.ClientSession | None = None
         self.raw: RawPool | None = None
-        self.upstream = Upstream(workers, self.metrics, self.prefix, self._session, self.opts.down_seconds,
-                                 self.opts.client_write_timeout, raw=lambda: self.raw)
-        self.paths = Paths(workers, self.metrics, self.upstream, self.breakers)
+        self.upstream = Upstream(workers, self._session, self.opts.client_write_timeout, raw=lambda: self.raw)
         self.accounting = Accounting(self.metrics, self.tenants, lambda: self.config.slo)
         self.scraper = Scraper(workers, self.metrics, self._session, self.opts.scrape_interval,
                                self.opts.scrape_timeout, self.opts.down_seconds)
@@ -186,34 +181,6 @@ class Router:
 
     # ------------------------------------------------------------------------------------------ completions
 
-    def _snapshot(self, hashes: tuple[int, ...], tenant: str) -> LoadSnapshot:
-        def loads(role: str, with_prefix: bool) -> tuple[WorkerLoad, ...]:
-            return tuple(w.load(self.prefix.match_tokens(w.url, hashes) if with_prefix else 0)
-                         for w in self.workers.ready(role))
-
-        self.breakers.configure(self.config.routing.circuit_breaker)
-        blocked_decode, blocked_pairs = self.breakers.blocked()
-        return LoadSnapshot(prefill=loads("prefill", False), decode=loads("decode", True),
-                            aggregated=loads("aggregated", True), tenant_avg_output_tokens=self.tenants.get(tenant),
-                            blocked_decode=blocked_decode, blocked_pairs=blocked_pairs)
-
-    def route(self, cfg: RouterConfig, feats: RequestFeatures, snap: LoadSnapshot) -> tuple[Decision, Ticket | None]:
-        """The decision for a request (with a mode probe when due) and, for a remote one, its breaker ticket."""
-        d = decide(cfg, feats, snap, self.opts.tuning)
-        probing = cfg.probing()
-        if probing != self._probing:  # each Aggregated hold starts with a fresh bucket and credit
-            self._probing = probing
-            self.probes.reset()
-        if probing and d.reason == "mode_aggregated":
-            d = probe_decision(cfg, feats, snap, self.opts.tuning, self.probes, self.clock()) or d
-        if d.decision != "remote":
-            return d, None
-        assert d.prefill and d.decode
-        ticket = self.breakers.acquire(d.prefill, d.decode)
-        if ticket is None:  # cannot happen within one event-loop turn after blocked(); kept as a safe default
-            d = dataclasses.replace(d, decision="local", reason="circuit_open", decode=d.local_decode, prefill=None)
-        return d, ticket
-
     async def handle_completion(self, request: web.Request) -> web.StreamResponse:
         t0 = time.monotonic()
         client_rid = request.headers.get("X-Request-Id")
@@ -255,22 +222,7 @@ class Router:
         ctx.input_tokens = features.count_input_tokens(req.view, self.opts.chars_per_token, self.opts.tokenize)
         hashes = features.prefix_block_hashes(req.view, self.opts.chars_per_token)
         tenant = features.match_tenant(request.headers, cfg.routing.tenants)
-        tname = tenant.name if tenant else "default"
-        feats = RequestFeatures(request_id=ctx.request_id, endpoint=ctx.endpoint, input_tokens=ctx.input_tokens,
-                                max_tokens=req.max_tokens, tenant=tenant.name if tenant else None,
-                                canary_fraction=features.request_hash_fraction(ctx.request_id))
-        ctx.max_tokens = req.max_tokens
-        snap = self._snapshot(hashes, tname)
-        best = max((w.prefix_tokens for w in snap.decode + snap.aggregated), default=0)
-        if best:  # the log's prefix family for replay: the longest run of full blocks some worker holds
-            ctx.prefix_tokens = best
-            ctx.prefix_hash = f"{hashes[best // features.PREFIX_BLOCK_TOKENS - 1]:016x}"
-        d, ticket = self.route(cfg, feats, snap)
-        ctx.tenant, ctx.decision, ctx.reason = d.tenant, d.decision, d.reason
-        ctx.probe = d.reason == "mode_probe"
-        self.metrics.decisions.labels(d.decision, d.reason).inc()
-        if d.est_prefill_wait_ms is not None:
-            ctx.timings["est_prefill_wait"] = d.est_prefill_wait_ms / 1000.0
+        d, ticket = self.core.decide(ctx, cfg, tenant.name if tenant else None, req.max_tokens, hashes)
 
         if d.decision == "reject":
             ctx.outcome, ctx.status, ctx.path = "rejected", d.status, "none"
@@ -278,4 +230,4 @@ class Router:
                    "no_decode_worker": "no ready worker for this model"}.get(d.reason, d.reason)
             return openai_error(d.status, msg, "server_overloaded" if d.status == 429 else "service_unavailable",
                                 headers={"Retry-After": "1"})
-        return await self.paths.run(request, ctx, cfg, req.body, d, hashes, ticket)
+        return await self.core.serve(ctx, cfg, d, hashes, ticket, HttpLegs(self.upstream, request, req.body))

@@ -201,6 +201,7 @@ class Engine:
         self.clock = clock or SimClock(cfg.time_scale)
         self.max_lag = max(MAX_CLOCK_LAG_S, MAX_CLOCK_LAG_WALL_S / cfg.time_scale)
         self.rng = random.Random(cfg.seed + dp_rank)
+        self.requests_seen = 0  # completion requests that reached the fault table (request_fault)
         mp = cfg.model_preset
         self.compat = compat_hash(cfg.vllm_version, mp.name, cfg.block_size, cfg.kv_cache_dtype, mp.layers,
                                   mp.kv_heads, mp.head_dim)
@@ -280,6 +281,20 @@ class Engine:
         self.update_gauges()
         self.wake(req.arrival)
         return ctx
+
+    def request_fault(self, needs_local_prefill: bool) -> tuple[str, bool] | None:
+        """The fault table's per-request faults (faults.py), drawn from this engine's rng: (message, crash) for a
+        request that gets HTTP 500 (``crash``: and the server exits), else None. The HTTP server answers with it;
+        the twin's engine legs fail the leg the same way."""
+        f = self.cfg.faults
+        self.requests_seen += 1
+        if f.crash_after_requests and self.requests_seen >= f.crash_after_requests:
+            return "injected crash (--fault-crash-after-requests)", True
+        if f.error_rate and self.rng.random() < f.error_rate:
+            return "injected server error (--fault-error-rate)", False
+        if needs_local_prefill and f.prefill_error_rate and self.rng.random() < f.prefill_error_rate:
+            return "injected prefill error (--fault-prefill-error-rate)", False
+        return None
 
     def abort(self, req: Request) -> None:
         if self._ff is not None:

@@ -141,7 +141,7 @@ def _prompts(body: dict[str, Any], vocab: int) -> list[list[int]]:
                    param="prompt")
 
 
-def _check_lengths(cfg: SimConfig, n_prompt: int, max_tokens: int | None) -> None:
+def check_lengths(cfg: SimConfig, n_prompt: int, max_tokens: int | None) -> None:
     if n_prompt >= cfg.max_model_len:
         raise ApiError(f"This model's maximum context length is {cfg.max_model_len} tokens. However, your request "
                        f"has {n_prompt} input tokens. Please reduce the length of the input messages.",
@@ -192,7 +192,6 @@ class Api:
     def __init__(self, cfg: SimConfig, engines: list[Engine]) -> None:
         self.cfg, self.engines = cfg, engines
         self.engine = engines[0]  # the shared clock and the fault RNG
-        self.requests_seen = 0
         self.tracing = _tracing(cfg)
         self.per_request_metrics = cfg.enable_per_request_metrics
 
@@ -264,16 +263,14 @@ class Api:
                                                 e.dp_rank))
 
     def _faults_on_request(self, needs_local_prefill: bool) -> None:
-        f = self.cfg.faults
-        self.requests_seen += 1
-        if f.crash_after_requests and self.requests_seen >= f.crash_after_requests:
-            log.error("injected_crash", after_requests=self.requests_seen)
+        fault = self.engine.request_fault(needs_local_prefill)
+        if fault is None:
+            return
+        message, crash = fault
+        if crash:
+            log.error("injected_crash", after_requests=self.engine.requests_seen)
             asyncio.get_running_loop().call_later(0.05, os._exit, 1)
-            raise ApiError("injected crash (--fault-crash-after-requests)", 500, "InternalServerError")
-        if f.error_rate and self.engine.rng.random() < f.error_rate:
-            raise ApiError("injected server error (--fault-error-rate)", 500, "InternalServerError")
-        if needs_local_prefill and f.prefill_error_rate and self.engine.rng.random() < f.prefill_error_rate:
-            raise ApiError("injected prefill error (--fault-prefill-error-rate)", 500, "InternalServerError")
+        raise ApiError(message, 500, "InternalServerError")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
@@ -313,7 +310,7 @@ class Api:
                 raise ApiError("streaming with several prompts is not supported by the simulator", param="prompt")
             kvp = _kv_params(body)
             for p in prompts:
-                _check_lengths(self.cfg, len(p), max_tokens)
+                check_lengths(self.cfg, len(p), max_tokens)
             remote_prefill = bool(kvp and kvp.get("do_remote_prefill") and self.cfg.kv_transfer)
             self._faults_on_request(needs_local_prefill=not remote_prefill)
         except ApiError as e:

@@ -43,15 +43,16 @@ Public API (stable; later tools — goodput sweeps, the autoscale hindsight orac
 * Goodput uses load/loadgen.py's definition (``Result.meets``: status 200, TTFT ≤ SLO, TPOT ≤ SLO or no TPOT),
   the one place; goodput_rps = requests meeting both SLOs ÷ the arrival window.
 
-What the router shim does per request (router/server.py + legs.py + paths.py, minus HTTP): features → a load
-snapshot from the last scrape (every ``scrape_interval_s``: running, waiting, KV usage, the prefill/prompt
-histogram sums) plus the router's own in-flight counts, prefill backlog clock and prefix index, at the request's
-virtual time → ``decide`` → remote (prefill leg with ``max_tokens=1``/``do_remote_decode`` on the prefill engine,
-then the decode engine pulls the held KV in-process after ``PerfModel.transfer_time`` of the transport) or local
-(the decode/aggregated engine prefills itself). Fallbacks: prefill leg past ``transferTimeoutMs`` (and, for
-streams, no first decode token by then) → local on another worker (onKVTransferTimeout LocalAggregated) or an
-error (Fail); reject decisions are records with status 429/503. Not modelled: circuit breakers (no transport
-faults in the twin), mode probes, HTTP/CPU overheads of the router and the sim.
+What the router does per request is the router's own code: the request core (router/core.py) that ``disagg
+router`` runs, over engine legs instead of HTTP legs (cluster.py ``EngineLegs``): features → a load snapshot from
+the last scrape (every ``scrape_interval_s``: running, waiting, KV usage, the prefill/prompt histogram sums) plus the
+router's own in-flight counts, prefill backlog clock and prefix index, at the request's virtual time → ``decide``
+(with mode probes and circuit breakers) → remote (prefill leg with ``max_tokens=1``/``do_remote_decode`` on the
+prefill engine, then the decode engine pulls the held KV in-process after ``PerfModel.transfer_time`` of the
+transport) or local (the decode/aggregated engine prefills itself), with the router's fallbacks and causes (docs/
+router.md "Fallbacks"), its one local retry, and the sim's fault table per engine (``--fault-*`` in a pool's
+``extra_args``). Reject decisions are records with status 429/503. Not modelled: HTTP/CPU overheads of the router
+and the sim.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ from the same flags ``disagg sim`` takes; its clock reads the virtual loop (cloc
 prefill and a decode engine goes through :class:`LocalKVLink` (the decode engine's ``kv_client``): the NIXL side
 channel's read → modelled transfer time → notification, as method calls instead of TCP.
 
-The router shim mirrors ``disagg router`` per request (server.py ``_handle`` → paths.py → legs.py) with the
-router's own state objects — router/load.py ``Worker``/``WorkerSet``/``TenantStats`` (in-flight counts, the
-prefill backlog clock, scraped values and their EWMAs) and router/prefix.py ``PrefixIndex`` — and calls the real
-``policy.decide``. Scrapes run every ``scrape_interval_s`` of virtual time, so the snapshot is as stale as the real
-router's.
+Requests go through the router's own request core (router/core.py ``RequestCore``: the load snapshot, the
+decision and mode probe, the circuit breakers, remote → fallback → the one local retry, the in-flight counts, the
+prefill backlog clock and the prefix index) over engine legs (``EngineLegs``) instead of HTTP legs: one copy of the
+orchestration, so a benchmark here measures what ships. Scrapes run every ``scrape_interval_s`` of virtual time, so
+the snapshot is as stale as the real router's.
 """
 
 from __future__ import annotations
@@ -20,15 +20,21 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from typing_extensions import override
+
 from ..api.contract import RouterConfig
 from ..router import features
-from ..router.load import TenantStats, Worker, WorkerSet
-from ..router.policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide
-from ..router.prefix import PrefixIndex
+from ..router.core import Legs, OnCommit, RequestCore
+from ..router.load import Worker, WorkerSet
+from ..router.metrics import RouterMetrics
+from ..router.policy import Decision, Tuning
+from ..router.proxy import PREFILL_KV_PARAMS, UpstreamError
+from ..router.request import Ctx
 from ..sim import config as sim_config
 from ..sim.engine import Engine, ReqCtx, SimClock, make_request
 from ..sim.nixl import PullOutcome
 from ..sim.scheduler import Request
+from ..sim.server import ApiError, check_lengths, error_body
 from .arrivals import Arrival, Prepared, prepare
 from .clock import VirtualTimeLoop
 
@@ -89,6 +95,8 @@ class ClusterSpec:
     tuning: Tuning = field(default_factory=Tuning)
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
     transport: str = "rdma"  # KV transport preset (sim/presets.py): rdma, nvlink, tcp
+    # the decode engines' kv_transfer_config kv_load_failure_policy (spec.kvTransfer.loadFailurePolicy)
+    kv_load_failure_policy: str = "recompute"
     model: str = DEFAULT_MODEL
     drain_s: float = DEFAULT_DRAIN_S  # virtual seconds after the last arrival before unfinished requests give up
 
@@ -111,12 +119,15 @@ class ClusterSpec:
             raise ValueError(f"scrape_interval_s: must be > 0, got {self.scrape_interval_s}")
         if self.drain_s <= 0:
             raise ValueError(f"drain_s: must be > 0, got {self.drain_s}")
+        if self.kv_load_failure_policy not in ("recompute", "fail"):
+            raise ValueError(f"kv_load_failure_policy: recompute or fail, got {self.kv_load_failure_policy!r}")
         self.router_config()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
         """The YAML shape of ``disagg twin --scenario``: pools under their role names, ``router`` (router.yaml),
-        ``tuning`` (policy.Tuning fields), ``scrapeIntervalS``, ``transport``, ``model``, ``drainS``."""
+        ``tuning`` (policy.Tuning fields), ``scrapeIntervalS``, ``transport``, ``kvLoadFailurePolicy``, ``model``,
+        ``drainS``."""
         kw: dict[str, Any] = {}
         for k, v in data.items():
             if k in ROLES:
@@ -131,6 +142,8 @@ class ClusterSpec:
                 kw["drain_s"] = float(v)
             elif k in ("transport", "model"):
                 kw[k] = str(v)
+            elif k in ("kvLoadFailurePolicy", "kv_load_failure_policy"):
+                kw["kv_load_failure_policy"] = str(v)
             elif k not in ("arrivals", "workload", "slo", "seed"):  # the scenario's other sections (cli.py)
                 raise ValueError(f"{k}: unknown cluster field")
         spec = cls(**kw)
@@ -229,6 +242,7 @@ class TwinWorker:
     gpus: int
     rw: Worker
     started_at: float = 0.0  # virtual time it joined the cluster
+    crashed: bool = False  # an injected crash: refuses connections from then on
     stopped_at: float | None = None  # virtual time it left (remove_worker), None while in service
     # cumulative histogram sums/counts the router scrapes (vllm:request_*), fed when requests finish
     hist: dict[str, float] = field(default_factory=dict)
@@ -297,9 +311,11 @@ class TwinCluster:
         adv = self.loop.advance if fast_forward and isinstance(self.loop, VirtualTimeLoop) else None
         self.clock = SimClock(1.0, timer=self.loop.time, advance=adv)
         self.workers: dict[str, TwinWorker] = {}
-        self.ws = WorkerSet()
-        self.prefix = PrefixIndex()
-        self.tenants = TenantStats()
+        self.ws = WorkerSet(clock=self.loop.time)
+        # the router's own request core (router/core.py): snapshot, decision, probes, breakers, paths, fallbacks
+        self.core: RequestCore[None] = RequestCore(self.ws, RouterMetrics(), self.tuning, clock=self.loop.time)
+        self.prefix = self.core.prefix
+        self.tenants = self.core.tenants
         self.decisions: dict[str, int] = {}
         self.producers: dict[str, Engine] = {}
         self.retired: list[TwinWorker] = []  # removed workers (GPU-seconds up to their removal)
@@ -317,7 +333,8 @@ class TwinCluster:
         if role in ("prefill", "decode"):
             argv += ["--kv-transfer-config", json.dumps({
                 "kv_connector": "NixlConnector", "engine_id": url,
-                "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"})]
+                "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+                "kv_load_failure_policy": self.spec.kv_load_failure_policy})]
         cfg = _parse_sim(argv, f"{role} pool")
         if cfg.dp != 1:
             raise ValueError(f"{role}.extra_args: --data-parallel-size is not modelled by the twin; use count instead")
@@ -348,6 +365,14 @@ class TwinCluster:
 
     def pool(self, role: str) -> list[TwinWorker]:
         return [w for w in self.workers.values() if w.role == role]
+
+    def set_faults(self, url: str, faults: Mapping[str, Any]) -> None:
+        """Change a worker's injected faults, as ``POST /sim/faults`` does on a ``disagg sim`` (all or nothing;
+        a bad field is named)."""
+        w = self.workers.get(url)
+        if w is None:
+            raise ValueError(f"url: no worker {url!r}")
+        w.engine.cfg.faults.update(dict(faults))
 
     def set_config(self, cfg: RouterConfig) -> None:
         """Swap the router's config (a ConfigMap reload): requests decided from now on use it."""
@@ -389,7 +414,10 @@ class TwinCluster:
 
     def scrape_all(self) -> None:
         for w in self.workers.values():
-            w.rw.update_scrape(w.scrape())
+            if w.crashed:  # connection refused: marked down until it scrapes again (router/scrape.py)
+                w.rw.down_until = self.now + self.core.down_seconds
+            else:
+                w.rw.update_scrape(w.scrape())
 
     async def _scraper(self) -> None:
         while True:
@@ -440,16 +468,6 @@ class TwinCluster:
         return outcomes
 
     # ------------------------------------------------------------------------------------ one request
-    def _snapshot(self, hashes: tuple[int, ...], tenant: str) -> LoadSnapshot:
-        now = self.now
-
-        def loads(role: str, with_prefix: bool) -> tuple[WorkerLoad, ...]:
-            return tuple(w.load(self.prefix.match_tokens(w.url, hashes) if with_prefix else 0, now)
-                         for w in self.ws.ready(role))
-
-        return LoadSnapshot(prefill=loads("prefill", False), decode=loads("decode", True),
-                            aggregated=loads("aggregated", True), tenant_avg_output_tokens=self.tenants.get(tenant))
-
     async def _request(self, o: Outcome) -> None:
         try:
             await self._serve(o)
@@ -458,158 +476,157 @@ class TwinCluster:
                 o.end = self.now
 
     async def _serve(self, o: Outcome) -> None:
+        """router/server.py ``_handle`` minus HTTP: the same request core decides and serves, over engine legs."""
         p, a, cfg = o.prepared, o.prepared.arrival, self.config
         o.sent = self.now
-        tenant = a.tenant if a.tenant is not None and any(t.name == a.tenant for t in cfg.routing.tenants) else None
-        feats = RequestFeatures(request_id=p.request_id, endpoint=a.endpoint, input_tokens=p.router_input_tokens,
-                                max_tokens=p.max_tokens, tenant=tenant,
-                                canary_fraction=features.request_hash_fraction(p.request_id))
-        d = decide(cfg, feats, self._snapshot(p.hashes, tenant or "default"), self.tuning)
+        ctx = Ctx(request_id=p.request_id, endpoint=a.endpoint, stream=a.stream, t0=o.sent)
+        ctx.input_tokens = p.router_input_tokens
+        tenant = features.tenant_named(a.tenant, cfg.routing.tenants)
+        d, ticket = self.core.decide(ctx, cfg, tenant.name if tenant else None, p.max_tokens, p.hashes)
         o.decision = d
         key = f"{d.decision}:{d.reason}"
         self.decisions[key] = self.decisions.get(key, 0) + 1
         if d.decision == "reject":
             o.status, o.error, o.end = d.status, d.reason, self.now
             return
-        if len(p.prompt_ids) + a.output_tokens > next(iter(self.workers.values())).engine.cfg.max_model_len:
-            o.status, o.error, o.end = 400, "prompt + max_tokens exceed max_model_len", self.now
-            return
-        if d.decision == "remote":
-            assert d.prefill and d.decode
-            o.path = "remote"
-            await self._remote(o, d.prefill, d.decode)
-        else:
-            o.path = "local"
-            await self._local(o, d.decode or self._fallback_worker(set()))
+        try:
+            await self.core.serve(ctx, cfg, d, p.hashes, ticket, EngineLegs(self, o))
+        finally:
+            o.path, o.fallback = ctx.path or "none", ctx.fallback
+            o.prefill_worker, o.decode_worker = ctx.prefill_worker, ctx.decode_worker
 
-    def _fallback_worker(self, exclude: set[str]) -> str | None:
-        """router/paths.py ``Paths.fallback_worker``: the aggregated pool first, else the least loaded decode."""
-        for role in ("aggregated", "decode"):
-            cands = [w for w in self.ws.ready(role) if w.url not in exclude]
-            if cands:
-                return min(cands, key=lambda w: (w.inflight, w.url)).url
-        return None
+    def live(self, url: str) -> TwinWorker | None:
+        """The worker at ``url`` if it can take a connection (not removed, not crashed)."""
+        w = self.workers.get(url)
+        return w if w is not None and not w.crashed else None
 
-    def _submit(self, url: str, p: Prepared, rid: str, max_tokens: int, kv: dict[str, Any] | None,
-                want_first: bool = False) -> Leg:
+    def crash(self, w: TwinWorker) -> None:
+        """An injected crash (``--fault-crash-after-requests``): the process is gone; every request on it ends
+        (the router sees its connections reset) and it refuses connections from now on."""
+        w.crashed = True
+        s = w.engine.sched
+        for req in [*s.running, *s.waiting]:
+            w.engine.abort(req)
+
+    def submit(self, url: str, p: Prepared, rid: str, max_tokens: int, kv: dict[str, Any] | None,
+               want_first: bool = False) -> Leg:
         w = self.workers[url]
-        req = make_request(rid, list(p.prompt_ids), max_tokens, self.clock.now(), kv_params=kv,
-                           seed=0)
+        req = make_request(rid, list(p.prompt_ids), max_tokens, self.clock.now(), kv_params=kv, seed=0)
         leg = Leg(req, w.engine, w, done=self.loop.create_future(),
                   first_token=self.loop.create_future() if want_first else None)
         req.ctx = ReqCtx(max_tokens_param=max_tokens, engine=w.engine, sink=leg.sink, sink_run=leg.sink_run)
         w.engine.submit(req)
         return leg
 
-    async def _remote(self, o: Outcome, prefill: str, decode: str) -> None:
-        p, a, cfg = o.prepared, o.prepared.arrival, self.config
-        deadline = self.now + cfg.transfer_timeout_ms / 1000.0
-        o.prefill_worker = prefill
-        if prefill not in self.workers:  # removed since the decision
-            await self._after_remote_failure(o, "prefill_connect_error", exclude=set())
-            return
-        pw = self.workers[prefill].rw
-        ahead, waiting = pw.inflight_tokens, pw.scraped.get("vllm:num_requests_waiting", 0.0)
-        t = self.now
-        pw.inflight += 1
-        pw.inflight_tokens += p.router_input_tokens
-        pw.prefill_started(p.router_input_tokens, t)
-        leg = self._submit(prefill, p, p.request_id + "-p", 1, {"do_remote_decode": True, "do_remote_prefill": False})
+
+class EngineLegs(Legs[None]):
+    """One request's transport for the request core (router/core.py ``Legs``) in the twin: the legs call the
+    simulated engines in process (the KV hand-off through ``LocalKVLink``) and fail the way the HTTP legs do,
+    with the same causes: a removed or crashed worker refuses the connection, the fault table's per-request
+    faults are HTTP 500s, a prompt over ``max_model_len`` is vLLM's 400, a stream that ends before its first token
+    is vLLM's in-stream error (``generation_error``). The answer is written into the request's ``Outcome``."""
+
+    __slots__ = ("cluster", "o")
+
+    def __init__(self, cluster: TwinCluster, o: Outcome) -> None:
+        self.cluster = cluster
+        self.o = o
+
+    def _admit(self, url: str, kv: dict[str, Any] | None, max_tokens: int | None, prefix: str) -> TwinWorker:
+        """What the sim's HTTP server checks before it queues a request (sim/server.py ``_serve``)."""
+        w = self.cluster.live(url)
+        if w is None:
+            raise UpstreamError(prefix + "connect_error", worker=url)
+        try:
+            check_lengths(w.engine.cfg, len(self.o.prepared.prompt_ids), max_tokens)
+        except ApiError as e:
+            raise UpstreamError(prefix + "rejected", status=400, body=_error_body(e), worker=url) from None
+        remote_prefill = bool(kv and kv.get("do_remote_prefill") and w.engine.cfg.kv_transfer)
+        fault = w.engine.request_fault(needs_local_prefill=not remote_prefill)
+        if fault is not None:
+            if fault[1]:
+                self.cluster.crash(w)
+            raise UpstreamError(prefix + "error", status=500, worker=url)
+        return w
+
+    @override
+    async def prefill(self, ctx: Ctx, worker: str, deadline: float) -> Any:
+        c, p = self.cluster, self.o.prepared
+        self._admit(worker, PREFILL_KV, 1, "prefill_")
+        leg = c.submit(worker, p, p.request_id + "-p", 1, dict(PREFILL_KV))
         assert leg.done is not None
-        kv: dict[str, Any] | None = None
-        cause: str | None = None
+        t = c.now
         try:
-            try:
-                await asyncio.wait_for(asyncio.shield(leg.done), max(deadline - t, 0.001))
-            except TimeoutError:
-                leg.engine.abort(leg.req)  # the router closes the connection; vLLM aborts the request
-                cause = "prefill_queue_timeout" if ahead > 0 or waiting > 0 else "prefill_timeout"
-        finally:
-            pw.inflight -= 1
-            pw.inflight_tokens -= p.router_input_tokens
-            pw.prefill_ended(others_in_flight=pw.inflight, now=self.now)
-        if cause is None:
-            o.prefill_leg_s = self.now - t
-            kv = leg.req.ctx.kv_params_out
-            if leg.reason != "length" or not kv:
-                cause = "prefill_no_kv_params" if leg.reason == "length" else "prefill_error"
-            else:
-                pw.observe_prefill_leg(o.prefill_leg_s, ahead + p.router_input_tokens)
-        if cause is not None or kv is None:
-            await self._after_remote_failure(o, cause or "prefill_error", exclude=set())
-            return
-        body_kv = dict(kv)
-        ok, fail_cause = await self._relay(o, decode, body_kv, deadline=deadline if a.stream else None, remote=True)
-        if not ok:
-            await self._after_remote_failure(o, fail_cause, exclude={decode})
+            await asyncio.wait_for(asyncio.shield(leg.done), max(deadline - t, 0.001))
+        except TimeoutError:
+            leg.engine.abort(leg.req)  # the router closes the connection; vLLM aborts the request
+            raise UpstreamError("prefill_timeout", worker=worker) from None
+        self.o.prefill_leg_s = c.now - t
+        if leg.reason != "length":
+            raise UpstreamError("prefill_error", status=500, worker=worker)
+        kv = leg.req.ctx.kv_params_out
+        if not kv:
+            raise UpstreamError("prefill_no_kv_params", worker=worker)
+        return dict(kv)
 
-    async def _after_remote_failure(self, o: Outcome, cause: str, exclude: set[str]) -> None:
-        cfg = self.config
-        o.fallback = cause
-        if not cause.startswith("decode_") and cfg.routing.fallback.on_kv_transfer_timeout == "Fail":
-            o.status, o.error, o.end = (504 if "timeout" in cause else 502), f"remote prefill failed: {cause}", \
-                self.now
-            return
-        o.path = "fallback"
-        worker = self._fallback_worker(exclude) or self._fallback_worker(set())
-        if worker is None:
-            o.status, o.error, o.end = 503, "no worker available for the fallback path", self.now
-            return
-        await self._local(o, worker)
-
-    async def _local(self, o: Outcome, worker: str | None) -> None:
-        if worker is None:
-            o.status, o.error, o.end = 503, "no ready worker for this model", self.now
-            return
-        await self._relay(o, worker, None, deadline=None, remote=False)
-
-    async def _relay(self, o: Outcome, url: str, kv: dict[str, Any] | None, *, deadline: float | None,
-                     remote: bool) -> tuple[bool, str]:
-        """router/legs.py ``relay``: in flight on the worker until the answer ends; the prefix index learns the
-        prompt at the first token. False (with the fallback cause) when the KV hand-off missed the deadline."""
+    @override
+    async def relay(self, ctx: Ctx, worker: str, kv: Any | None, deadline: float | None, remote: bool,
+                    on_commit: OnCommit) -> None:
+        c, o = self.cluster, self.o
         p, a = o.prepared, o.prepared.arrival
-        if url not in self.workers:  # removed (scaled down) since the decision: refused like a closed port
-            if remote:
-                return False, "decode_connect_error"
-            other = self._fallback_worker({url})
-            if other is None:
-                o.status, o.error, o.end = 503, "no ready worker for this model", self.now
-                return True, ""
-            o.path, o.fallback, url = "fallback", "decode_connect_error", other
-        o.decode_worker = url
-        rw = self.workers[url].rw
-        rw.inflight += 1
-        try:
-            leg = self._submit(url, p, p.request_id, a.output_tokens, kv, want_first=True)
-            assert leg.done is not None and leg.first_token is not None
-            if deadline is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(leg.first_token), max(deadline - self.now, 0.001))
-                except TimeoutError:
-                    leg.engine.abort(leg.req)
-                    return False, "kv_transfer_timeout"
-            else:
-                await leg.first_token
-            if leg.first is not None:
-                self.prefix.insert(url, p.hashes)
-            await leg.done
-        finally:
-            rw.inflight -= 1
-        ctx: ReqCtx = leg.req.ctx
-        if remote and (leg.first is None or leg.reason == "error"):
-            return False, "kv_load_failed"
-        o.first, o.last, o.tokens, o.itl_max, o.end = leg.first, leg.last, leg.tokens, leg.itl_max, self.now
-        o.kv_transfer_s = ctx.xfer_s
+        ctx.decode_worker = worker
+        self._admit(worker, kv, a.output_tokens, "")
+        leg = c.submit(worker, p, p.request_id, a.output_tokens, kv, want_first=True)
+        assert leg.done is not None and leg.first_token is not None
+        # a stream commits at its first token; a non-streamed answer when it is whole (legs.py ``_first``)
+        commit = leg.first_token if ctx.stream else leg.done
+        if deadline is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(commit), max(deadline - c.now, 0.001))
+            except TimeoutError:
+                leg.engine.abort(leg.req)
+                raise UpstreamError("timeout", worker=worker) from None
+        else:
+            await commit
+        if leg.first is None or (not ctx.stream and leg.reason not in ("length", "stop")):
+            if leg.reason == "abort":  # the worker went away (a crash) before anything was relayed
+                raise UpstreamError("disconnected", worker=worker)
+            raise UpstreamError("generation_error", worker=worker)  # vLLM's error event / 500 before a token
+        on_commit()
+        await leg.done
+        o.first, o.last, o.tokens, o.itl_max, o.end = leg.first, leg.last, leg.tokens, leg.itl_max, c.now
+        o.kv_transfer_s = leg.req.ctx.xfer_s
         o.cached_tokens = leg.req.num_cached
-        if leg.reason in ("length", "stop") and leg.first is not None:
-            o.status = 200
-            self.tenants.observe(self.config_tenant(o), leg.tokens)
+        if leg.reason in ("length", "stop"):
+            o.status, o.error = 200, ""
+            ctx.outcome, ctx.status = "ok", 200
+            c.core.tenants.observe(ctx.tenant, leg.tokens)  # accounting.py: ok requests teach the tenant average
         else:
             o.status, o.error = 500, f"generation ended: {leg.reason}"
-        return True, ""
+            ctx.outcome, ctx.status = "upstream_error_mid_stream", 200
 
-    def config_tenant(self, o: Outcome) -> str:
-        return o.decision.tenant if o.decision is not None else "default"
+    def _end(self, status: int, error: str) -> None:
+        self.o.status, self.o.error, self.o.end = status, error, self.cluster.now
+
+    @override
+    def error(self, ctx: Ctx, status: int, message: str, type_: str) -> None:
+        self._end(status, message)
+
+    @override
+    def passthrough(self, ctx: Ctx, e: UpstreamError) -> None:
+        self._end(ctx.status, e.body.decode() if e.body else e.cause)
+
+    @override
+    def give_up(self, ctx: Ctx, e: UpstreamError) -> None:
+        self._end(ctx.status, f"upstream failed: {e.cause}")
+
+
+# the prefill leg's kv_transfer_params (router/proxy.py prefill_body)
+PREFILL_KV: dict[str, Any] = dict(PREFILL_KV_PARAMS)
+
+
+def _error_body(e: ApiError) -> bytes:
+    return json.dumps(error_body(e.message, e.err_type, e.status, e.param)).encode()
 
 
 def _parse_sim(argv: list[str], where: str) -> sim_config.SimConfig:

@@ -1,0 +1,330 @@
+"""The one request core (DESIGN §10): decision → path → fallback, and the worker bookkeeping, for two transports.
+
+``RequestCore`` holds everything the router knows about its workers between requests — the ``WorkerSet`` (in-flight
+counts, the prefill backlog clock, scraped values), the ``PrefixIndex``, the per-tenant output averages, the circuit
+breakers and the mode-probe limiter — and runs one request through it against a :class:`Legs` transport:
+
+* ``disagg router`` (server.py): HTTP legs (legs.py ``HttpLegs``: the prefill request, the relay of the decode
+  worker's answer to the client);
+* the discrete-event twin (twin/cluster.py): engine legs that call the simulated engines in process (the KV
+  hand-off through the in-process NIXL link).
+
+So a benchmark in the twin measures what ships: the same snapshot, the same decision and probe, the same breaker
+tickets, the same fallback causes and the same one local retry. A transport only moves bytes (or tokens) and says
+how a leg failed, with the cause names of docs/router.md ("Fallbacks"):
+
+* ``prefill(ctx, worker, deadline)`` → the prefill response's ``kv_transfer_params`` (opaque), or raises
+  ``UpstreamError`` with a ``prefill_*`` cause (``prefill_timeout`` when the deadline passed: the core tells a
+  queued prefill, ``prefill_queue_timeout``, from a slow one);
+* ``relay(ctx, worker, kv, deadline, remote, on_commit)`` → the served result; raises ``UpstreamError`` (causes
+  ``timeout``, ``connect_error``, ``disconnected``, ``empty_response``, ``generation_error``, ``error``,
+  ``rejected`` with the worker's status) for anything before the client is committed, and calls ``on_commit``
+  exactly when it commits (the first token of a stream, the whole answer otherwise);
+* ``error`` / ``passthrough`` / ``give_up``: the transport's shape of a refusal by the router, of a worker's own
+  4xx passed to the client, and of a failure after the retry.
+
+The cause rule: ``kv_*`` = a transport fault (feeds the breakers and the mode controller), ``prefill_*`` = the
+prefill leg (capacity), ``decode_*`` = the decode worker itself; ``decode_rejected`` (the decode worker refused the
+KV params) falls under the remote path's fallback policy like a ``kv_*`` cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, Protocol, TypeVar
+
+from ..api.contract import RouterConfig
+from . import features
+from .breaker import Breakers, Ticket
+from .load import TenantStats, Worker, WorkerSet
+from .metrics import RouterMetrics
+from .policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide
+from .prefix import PrefixIndex
+from .probe import ProbeLimiter, probe_decision
+from .proxy import UpstreamError
+from .request import Ctx
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+OnCommit = Callable[[], None]
+
+
+class Legs(Protocol[R_co]):
+    """One request's transport (see the module docstring)."""
+
+    async def prefill(self, ctx: Ctx, worker: str, deadline: float) -> Any: ...
+
+    async def relay(self, ctx: Ctx, worker: str, kv: Any | None, deadline: float | None, remote: bool,
+                    on_commit: OnCommit) -> R_co: ...
+
+    def error(self, ctx: Ctx, status: int, message: str, type_: str) -> R_co: ...
+
+    def passthrough(self, ctx: Ctx, e: UpstreamError) -> R_co: ...
+
+    def give_up(self, ctx: Ctx, e: UpstreamError) -> R_co: ...
+
+
+def remote_decode_cause(e: UpstreamError) -> str:
+    """The fallback cause of a failed decode leg on the remote path."""
+    if e.cause == "timeout":
+        return "kv_transfer_timeout"  # the prefill leg finished; the KV hand-off did not start in time
+    if e.cause == "generation_error":
+        return "kv_load_failed"  # vLLM's request-level error before the first token: the KV pull failed
+    if e.status is not None and 400 <= e.status < 500:
+        return "decode_rejected"
+    return decode_cause(e.cause)
+
+
+def decode_cause(cause: str) -> str:
+    return cause if cause.startswith("decode") else "decode_" + cause
+
+
+def remote_policy_applies(cause: str) -> bool:
+    """Whether ``routing.fallback.onKVTransferTimeout`` governs a failed remote path with this cause: everything
+    but the decode worker's own failures (those are served elsewhere), and ``decode_rejected`` (the KV params)."""
+    return not cause.startswith("decode_") or cause == "decode_rejected"
+
+
+def give_up_status(e: UpstreamError) -> int:
+    return e.status if e.status and e.status >= 500 else (504 if e.cause.endswith("timeout") else 502)
+
+
+class RequestCore(Generic[R]):
+    """The router's state between requests and the orchestration of one request (module docstring).
+
+    ``clock``: monotonic seconds (the router's ``time.monotonic``; the twin's virtual loop time). The WorkerSet
+    reads the same clock for its passive-health marks."""
+
+    def __init__(self, workers: WorkerSet, metrics: RouterMetrics, tuning: Tuning | None = None,
+                 clock: Callable[[], float] = time.monotonic, down_seconds: float = 3.0,
+                 probe_rate_scale: float = 1.0) -> None:
+        self.workers = workers
+        self.metrics = metrics
+        self.tuning = tuning or Tuning()
+        self.clock = clock
+        self.down_seconds = down_seconds
+        self.prefix = PrefixIndex()
+        self.tenants = TenantStats()
+        self.breakers = Breakers(metrics.circuit_state, clock)
+        self.probes = ProbeLimiter(rate_scale=probe_rate_scale)
+        self._probing = False
+
+    # ------------------------------------------------------------------------------------ bookkeeping
+    @contextlib.contextmanager
+    def track(self, url: str, pool: str, tokens: int = 0) -> Iterator[Worker | None]:
+        """A leg in flight on ``url``: the worker's in-flight counts and the pool's gauge."""
+        w = self.workers.get(url)
+        g = self.metrics.inflight.labels(pool)
+        g.inc()
+        if w is not None:
+            w.inflight += 1
+            w.inflight_tokens += tokens
+        try:
+            yield w
+        finally:
+            g.dec()
+            if w is not None:
+                w.inflight -= 1
+                w.inflight_tokens -= tokens
+
+    def connect_failed(self, url: str) -> None:
+        """Passive health: a worker refusing connections is skipped for ``down_seconds`` (or until it scrapes)."""
+        w = self.workers.get(url)
+        if w is not None:
+            w.down_until = self.clock() + self.down_seconds
+
+    def snapshot(self, cfg: RouterConfig, hashes: tuple[int, ...], tenant: str) -> LoadSnapshot:
+        """The policy's view of the pools now: every ready worker's load (prefix matches on the serving pools),
+        the tenant's average output, and what the circuit breakers block."""
+        now = self.clock()
+        prefix = self.prefix
+
+        def loads(role: str, with_prefix: bool) -> tuple[WorkerLoad, ...]:
+            return tuple(w.load(prefix.match_tokens(w.url, hashes) if with_prefix and hashes else 0, now)
+                         for w in self.workers.ready(role))
+
+        self.breakers.configure(cfg.routing.circuit_breaker)
+        blocked_decode, blocked_pairs = self.breakers.blocked()
+        return LoadSnapshot(prefill=loads("prefill", False), decode=loads("decode", True),
+                            aggregated=loads("aggregated", True), tenant_avg_output_tokens=self.tenants.get(tenant),
+                            blocked_decode=blocked_decode, blocked_pairs=blocked_pairs)
+
+    def route(self, cfg: RouterConfig, feats: RequestFeatures, snap: LoadSnapshot) -> tuple[Decision, Ticket | None]:
+        """The decision for a request (with a mode probe when due) and, for a remote one, its breaker ticket."""
+        d = decide(cfg, feats, snap, self.tuning)
+        probing = cfg.probing()
+        if probing != self._probing:  # each Aggregated hold starts with a fresh bucket and credit
+            self._probing = probing
+            self.probes.reset()
+        if probing and d.reason == "mode_aggregated":
+            d = probe_decision(cfg, feats, snap, self.tuning, self.probes, self.clock()) or d
+        if d.decision != "remote":
+            return d, None
+        assert d.prefill and d.decode
+        ticket = self.breakers.acquire(d.prefill, d.decode)
+        if ticket is None:  # cannot happen within one event-loop turn after blocked(); kept as a safe default
+            d = dataclasses.replace(d, decision="local", reason="circuit_open", decode=d.local_decode, prefill=None)
+        return d, ticket
+
+    def decide(self, ctx: Ctx, cfg: RouterConfig, tenant: str | None, max_tokens: int | None,
+               hashes: tuple[int, ...]) -> tuple[Decision, Ticket | None]:
+        """Features → snapshot → decision for ``ctx`` (its input tokens counted), recorded on ``ctx`` (decision,
+        reason, tenant, probe, the log's prefix family) and in ``disagg_routing_decisions_total``."""
+        feats = RequestFeatures(request_id=ctx.request_id, endpoint=ctx.endpoint, input_tokens=ctx.input_tokens,
+                                max_tokens=max_tokens, tenant=tenant,
+                                canary_fraction=features.request_hash_fraction(ctx.request_id))
+        ctx.max_tokens = max_tokens
+        snap = self.snapshot(cfg, hashes, tenant or "default")
+        best = max((w.prefix_tokens for w in snap.decode + snap.aggregated), default=0)
+        if best:  # the log's prefix family for replay: the longest run of full blocks some worker holds
+            ctx.prefix_tokens = best
+            ctx.prefix_hash = f"{hashes[best // features.PREFIX_BLOCK_TOKENS - 1]:016x}"
+        d, ticket = self.route(cfg, feats, snap)
+        ctx.tenant, ctx.decision, ctx.reason = d.tenant, d.decision, d.reason
+        ctx.probe = d.reason == "mode_probe"
+        self.metrics.decisions.labels(d.decision, d.reason).inc()
+        if d.est_prefill_wait_ms is not None:
+            ctx.timings["est_prefill_wait"] = d.est_prefill_wait_ms / 1000.0
+        return d, ticket
+
+    def fallback_worker(self, exclude: set[str], prefer: str | None = None) -> str | None:
+        """A worker for local/aggregated serving: the aggregated pool first, else the least loaded decode worker."""
+        for role in ("aggregated", "decode"):
+            cands = [w for w in self.workers.ready(role) if w.url not in exclude]
+            if cands:
+                if prefer and any(w.url == prefer for w in cands):
+                    return prefer
+                return min(cands, key=lambda w: (w.inflight, w.url)).url
+        return None
+
+    # ------------------------------------------------------------------------------------ the legs
+    async def prefill(self, ctx: Ctx, legs: Legs[R], url: str, deadline: float) -> Any:
+        """The prefill leg with its bookkeeping: in flight with its tokens, the worker's backlog clock, the
+        observed seconds per token; a timeout while queued behind other prefills is ``prefill_queue_timeout``."""
+        w = self.workers.get(url)
+        ahead = w.inflight_tokens if w else 0
+        waiting = w.scraped.get("vllm:num_requests_waiting", 0.0) if w else 0.0
+        t = self.clock()
+        with self.track(url, "prefill", ctx.input_tokens):
+            if w is not None:
+                w.prefill_started(ctx.input_tokens, t)
+            try:
+                kv = await legs.prefill(ctx, url, deadline)
+            except UpstreamError as e:
+                if e.cause == "prefill_timeout" and (ahead > 0 or waiting > 0):
+                    e.cause = "prefill_queue_timeout"  # capacity (ours or other clients'), not a transport fault
+                elif e.cause == "prefill_connect_error":
+                    self.connect_failed(url)
+                raise
+            finally:
+                if w is not None:
+                    w.prefill_ended(others_in_flight=w.inflight - 1, now=self.clock())
+        if w is not None:
+            w.observe_prefill_leg(self.clock() - t, ahead + ctx.input_tokens)
+        return kv
+
+    async def relay(self, ctx: Ctx, legs: Legs[R], url: str, kv: Any | None, hashes: tuple[int, ...],
+                    deadline: float | None = None, on_commit: OnCommit | None = None) -> R:
+        """A decode (or aggregated) leg with its bookkeeping: in flight until the answer ends; at the commit the
+        prefix index learns the prompt (after a remote prefill the decode worker holds the blocks too)."""
+        w = self.workers.get(url)
+        role = "aggregated" if w is not None and w.role == "aggregated" else "decode"
+        prefix = self.prefix
+
+        def commit() -> None:
+            if on_commit is not None:
+                on_commit()
+            prefix.insert(url, hashes)
+
+        with self.track(url, role):
+            try:
+                return await legs.relay(ctx, url, kv, deadline, kv is not None, commit)
+            except UpstreamError as e:
+                if e.cause == "connect_error":
+                    self.connect_failed(url)
+                raise
+
+    # ------------------------------------------------------------------------------------ the paths
+    async def serve(self, ctx: Ctx, cfg: RouterConfig, d: Decision, hashes: tuple[int, ...], ticket: Ticket | None,
+                    legs: Legs[R]) -> R:
+        """Serve a decision; a remote one comes with the breaker ticket it was admitted with."""
+        if d.decision == "remote" and ticket is not None:
+            ctx.path = "remote"
+            return await self._remote(ctx, cfg, d, hashes, ticket, legs)
+        ctx.path = "local"
+        return await self._local(ctx, legs, d.decode, hashes, exclude=set())
+
+    async def _remote(self, ctx: Ctx, cfg: RouterConfig, d: Decision, hashes: tuple[int, ...], ticket: Ticket,
+                      legs: Legs[R]) -> R:
+        assert d.prefill and d.decode
+        deadline = self.clock() + cfg.transfer_timeout_ms / 1000.0
+        ctx.prefill_worker = d.prefill
+        try:
+            try:
+                kv = await self.prefill(ctx, legs, d.prefill, deadline)
+            except UpstreamError as e:
+                ticket.release()  # the prefill side: no evidence about the KV path
+                return await self._after_remote_failure(ctx, cfg, legs, hashes, e, exclude=set())
+            try:
+                return await self.relay(ctx, legs, d.decode, kv, hashes,
+                                        deadline=deadline if ctx.stream else None, on_commit=ticket.success)
+            except UpstreamError as e:
+                e.cause = remote_decode_cause(e)
+                if e.cause.startswith("kv_"):
+                    ticket.failure(e.cause)
+                return await self._after_remote_failure(ctx, cfg, legs, hashes, e, exclude={d.decode})
+        finally:
+            ticket.release()  # cancelled, or no evidence: free a half-open slot (no-op after an outcome)
+
+    async def _after_remote_failure(self, ctx: Ctx, cfg: RouterConfig, legs: Legs[R], hashes: tuple[int, ...],
+                                    e: UpstreamError, exclude: set[str]) -> R:
+        ctx.fallback = e.cause
+        self.metrics.fallbacks.labels(e.cause).inc()
+        if remote_policy_applies(e.cause) and cfg.routing.fallback.on_kv_transfer_timeout == "Fail":
+            status = 504 if "timeout" in e.cause else 502
+            ctx.outcome, ctx.status = "upstream_error", status
+            return legs.error(ctx, status, f"remote prefill failed: {e.cause}", "upstream_error")
+        ctx.path = "fallback"
+        worker = self.fallback_worker(exclude) or self.fallback_worker(set())
+        if worker is None:
+            ctx.outcome, ctx.status = "upstream_error", 503
+            return legs.error(ctx, 503, "no worker available for the fallback path", "service_unavailable")
+        return await self._local(ctx, legs, worker, hashes, exclude=exclude, retried=bool(exclude))
+
+    async def _local(self, ctx: Ctx, legs: Legs[R], worker: str | None, hashes: tuple[int, ...], exclude: set[str],
+                     retried: bool = False) -> R:
+        worker = worker or self.fallback_worker(exclude)
+        if worker is None:
+            ctx.outcome, ctx.status = "upstream_error", 503
+            return legs.error(ctx, 503, "no ready worker for this model", "service_unavailable")
+        try:
+            return await self.relay(ctx, legs, worker, None, hashes)
+        except UpstreamError as e:
+            if e.status is not None and 400 <= e.status < 500 and e.status not in (408, 429):
+                # the worker refused the request itself: the client's error, pass it through
+                ctx.outcome, ctx.status = "client_error", e.status
+                return legs.passthrough(ctx, e)
+            if retried:
+                return self._give_up(ctx, legs, e)
+            cause = decode_cause(e.cause)
+            ctx.fallback = ctx.fallback or cause
+            self.metrics.fallbacks.labels(cause).inc()
+            ctx.path = "fallback"
+            exclude = exclude | {worker}
+            other = self.fallback_worker(exclude) or worker  # one retry, on another worker when there is one
+            try:
+                return await self.relay(ctx, legs, other, None, hashes)
+            except UpstreamError as e2:
+                if e2.status is not None and 400 <= e2.status < 500:
+                    ctx.outcome, ctx.status = "client_error", e2.status
+                    return legs.passthrough(ctx, e2)
+                return self._give_up(ctx, legs, e2)
+
+    @staticmethod
+    def _give_up(ctx: Ctx, legs: Legs[R], e: UpstreamError) -> R:
+        ctx.outcome, ctx.status = "upstream_error", give_up_status(e)
+        return legs.give_up(ctx, e)
