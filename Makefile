@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
 	@echo "make test   - lint and types, then the whole test suite (builds what it needs the first time)"
-	@echo "make lint   - ruff and mypy over operator/, tests/ and e2e/"
+	@echo "make lint   - ruff and mypy over operator/, tests/ and e2e/, the package layers (lint-imports)"
 	@echo "make setup  - .venv with disagg installed (editable) and pinned dependencies"
 	@echo "make control-plane - build kube-apiserver, kube-controller-manager and etcd (cached)"
 	@echo "make jaeger - build Jaeger (traces backend for the tracing tests and the demo; cached)"
@@ -45,13 +45,14 @@ jaeger:
 crds: setup
 	$(BIN)/disagg crds
 
-# lint and types are part of the tests: ruff (rules in pyproject.toml) and mypy (strict on api/, builders/,
-# autoscaling/) over the package, the tests and the e2e tests
+# lint and types are part of the tests: ruff (rules in pyproject.toml), mypy (strict on api/, builders/,
+# autoscaling/) over the package, the tests and the e2e tests, and the package layers (lint-imports)
 LINT_PATHS := operator tests e2e
 
 lint: setup
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/mypy --explicit-package-bases operator/disagg tests e2e
+	$(BIN)/lint-imports --no-cache
 
 test: lint control-plane prometheus nginx node-tools jaeger
 	$(BIN)/pytest

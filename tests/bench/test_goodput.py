@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from disagg import results
 from disagg.api.spec import RoutingSpec
-from disagg.bench import docs, goodput
+from disagg.bench import goodput
 from disagg.bench.goodput import Config, SweepPlan, TwinSettings
 
 SMALL = TwinSettings(gpus=3, duration_s=3.0, budgets=(2048, 8192), splits=(1, 2))
@@ -37,7 +38,7 @@ def test_results_document_follows_the_convention(doc: dict[str, Any]) -> None:
     import json
 
     on_disk = json.loads(path.read_text())
-    assert docs.validate(on_disk, "goodput") == []
+    assert results.validate(on_disk, "goodput") == []
     assert on_disk["command"] == "disagg bench goodput --test" and on_disk["machine"]["cpus"]
     res = on_disk["results"]
     # 2 rates × (2 budgets + 3 variants × 2 splits) runs, every one scored at the three SLOs

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from disagg import results as results_io
 from disagg.bench import docs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ def test_committed_results_follow_the_convention() -> None:
     for path in sorted((REPO / docs.RESULTS_DIR).glob("*.json")):
         doc = json.loads(path.read_text())
         name = doc.get("benchmark", "?")
-        assert docs.validate(doc, path.stem) == [], path
+        assert results_io.validate(doc, path.stem) == [], path
         assert name in docs.REGISTRY, f"{path}: {name!r} is not in disagg.bench.docs.REGISTRY"
 
 
@@ -47,8 +48,9 @@ def _repo(tmp_path: Path, doc_text: str, results: dict[str, Any] | None = None) 
     (tmp_path / "docs" / "results").mkdir(parents=True)
     (tmp_path / "docs" / "bench.md").write_text(doc_text)
     if results is not None:
-        docs.write_results(tmp_path / FAKE.results, docs.results_doc("fake", "disagg bench fake --n 2", results,
-                                                                     docs.machine_facts(date="2026-11-30")))
+        doc = results_io.results_doc("fake", "disagg bench fake --n 2", results,
+                                     results_io.machine_facts(date="2026-11-30"))
+        results_io.write_results(tmp_path / FAKE.results, doc)
     return tmp_path
 
 
@@ -135,7 +137,7 @@ def test_malformed_results_and_markers_are_errors(tmp_path: Path) -> None:
     assert any("docs/results/fake.json: schema is None, want 1; command missing" in e for e in errors)
     assert "docs/bench.md:10: results:fake:main has no <!-- /results -->" in errors
     with pytest.raises(ValueError, match="machine missing"):
-        docs.write_results(tmp_path / "x.json", {"schema": 1, "benchmark": "x", "command": "c", "results": {}})
+        results_io.write_results(tmp_path / "x.json", {"schema": 1, "benchmark": "x", "command": "c", "results": {}})
 
 
 def test_main_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from disagg import results
 from disagg.bench import docs
 from disagg.bench.plan_accuracy import HELD_OUT, near, render_tables
 from disagg.plan.profile import parse_profile
@@ -32,7 +33,7 @@ def test_sweep_thresholds_are_the_picks_and_its_neighbours() -> None:
 
 def test_committed_results_render_and_every_mix_is_reported() -> None:
     doc = json.loads(RESULTS.read_text())
-    assert docs.validate(doc, "plan") == []
+    assert results.validate(doc, "plan") == []
     res = doc["results"]
     assert {m["mix"] for m in res["mixes"]} == set(HELD_OUT)
     tables = render_tables(doc)

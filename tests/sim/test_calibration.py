@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from disagg.bench.docs import validate
+from disagg.results import validate
 from disagg.sim import bench
 from disagg.sim.perf import Efficiency
 

@@ -50,7 +50,7 @@ from ..load import loadgen
 from ..load.workload import Mix, Request, RequestClass, generate
 from ..local.harness import ModelHarness, router_workers_at
 from ..local.stack import LocalStack
-from .docs import invoked_command, machine_facts, results_doc, write_results
+from ..results import invoked_command, machine_facts, results_doc, write_results
 
 ATTAINMENT_TARGET = 0.90
 

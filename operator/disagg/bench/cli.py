@@ -195,7 +195,7 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
         print(f"disagg bench goodput: --gpus: each count must be >= 2, got {args.gpus}")
         return 2
     if not args.real:
-        from .docs import invoked_command
+        from ..results import invoked_command
 
         plans = dict(goodput.SWEEP_PLANS)
         for m, rs in floats(args.rates_per_gpu, "--rates-per-gpu").items():

@@ -377,7 +377,7 @@ def run_twin(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] 
              out: Path | None = RESULTS, command: str = COMMAND, gpus: Sequence[int] = (),
              progress: Callable[[str], None] = print) -> dict[str, Any]:
     """The sweep, its summary and the results document (written to ``out`` when given)."""
-    from .docs import machine_facts, results_doc, write_results
+    from ..results import machine_facts, results_doc, write_results
 
     plans = plans or SWEEP_PLANS
     gpus = tuple(gpus or (s.gpus,))

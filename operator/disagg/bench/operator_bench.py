@@ -565,9 +565,9 @@ def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
 
 
 def results_doc(runs: list[dict[str, Any]], command: str, machine: dict[str, Any]) -> dict[str, Any]:
-    from . import docs
+    from .. import results
 
-    return docs.results_doc("operator", command, {"example": str(EXAMPLE.relative_to(REPO_ROOT)),
+    return results.results_doc("operator", command, {"example": str(EXAMPLE.relative_to(REPO_ROOT)),
                                                   "namespace": NAMESPACE, "runs": runs}, machine)
 
 
@@ -577,10 +577,10 @@ def main(models: list[int], out: Path | None, steady_window_s: float, controller
             raise SystemExit(f"--models: {n} is not a positive count")
     if steady_window_s <= 0:
         raise SystemExit(f"--steady-window: {steady_window_s:g} must be > 0 seconds")
-    from . import docs
+    from .. import results
 
-    machine = docs.machine_facts(loadavg_start=[round(x, 2) for x in os.getloadavg()])
-    command = docs.invoked_command(command_line(models, steady_window_s, out, controller_manager))
+    machine = results.machine_facts(loadavg_start=[round(x, 2) for x in os.getloadavg()])
+    command = results.invoked_command(command_line(models, steady_window_s, out, controller_manager))
     runs = []
     for n in models:
         # (sys.__stderr__: KopfRunner's click runner swaps sys.stdout/sys.stderr while the operator runs)
@@ -591,5 +591,5 @@ def main(models: list[int], out: Path | None, steady_window_s: float, controller
     for name, table in render_tables(doc).items():
         print(f"\n{name}:\n{table}")
     if out:
-        docs.write_results(out, doc)
+        results.write_results(out, doc)
     return 0

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .docs import invoked_command, machine_facts, results_doc, write_results
+from ..results import invoked_command, machine_facts, results_doc, write_results
 
 REQUESTS = 600  # per configuration of the sweep
 MIN_DURATION_S = 30.0

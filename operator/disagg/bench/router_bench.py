@@ -42,7 +42,7 @@ import yaml
 
 from ..load.loadgen import percentile
 from ..local.procs import HOST, SIM_MODEL, Proc, Processes, cpu_seconds, free_port
-from .docs import machine_facts, results_doc, write_results
+from ..results import machine_facts, results_doc, write_results
 
 NGINX_CONF = """\
 worker_processes 1;

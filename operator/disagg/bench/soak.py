@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .docs import invoked_command, machine_facts, results_doc, write_results
+from ..results import invoked_command, machine_facts, results_doc, write_results
 
 
 def command_line(rate: float, seed: int) -> str:

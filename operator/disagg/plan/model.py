@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sim.perf import PerfModel, SeqWork
-from ..sim.presets import GPUPreset, ModelPreset, TransportPreset
+from ..sim.presets import GPUPreset, ModelPreset, TransportPreset, vllm_batch_defaults
 from .profile import Profile, TokenDist
 
 INPUT_BINS = 10
@@ -171,8 +171,7 @@ class PoolModel:
 def pool_model(gpu: GPUPreset, tp: int, cost: float, model: ModelPreset, wl: Workload, chunk: int,
                gmu: float) -> PoolModel:
     perf = PerfModel(gpu, model, tp)
-    # vLLM's batch defaults (sim/args.py): ≥ 70 GB and not an A100: 1024 sequences, else 256
-    max_seqs = 1024 if gpu.memory_bytes >= 70e9 and not gpu.name.startswith("A100") else 256
+    max_seqs, _ = vllm_batch_defaults(gpu)  # vLLM's default sequence limit on this GPU (the simulator's too)
     free = perf.kv_cache_bytes_per_gpu(gmu, chunk, max_seqs)
     kv_tokens = max(0.0, free / perf.kv_bytes_per_token_per_gpu)
     pm = PoolModel(gpu, tp, cost, perf, True, "", kv_tokens, max_seqs, chunk, context=wl.decode_context)

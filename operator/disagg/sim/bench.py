@@ -358,7 +358,7 @@ def compare(res: dict[str, Any]) -> str:
 def write(out: Path, res: dict[str, Any]) -> str:
     """Write the results document, unless the file already holds these results: the computation is pure, so a
     rerun (a test, ``make bench``) changes nothing, not even the date the docs' footer quotes."""
-    from ..bench.docs import invoked_command, results_doc, write_results
+    from ..results import invoked_command, results_doc, write_results
 
     doc = results_doc("sim", invoked_command(COMMAND), json.loads(json.dumps(res)))
     if out.exists():

@@ -209,17 +209,16 @@ def _batch_limits(ns: argparse.Namespace, gpu: presets.GPUPreset, mp: presets.Mo
         fail(parser, "argument --max-model-len: must be >= 1")
     chunked = True if ns.enable_chunked_prefill is None else ns.enable_chunked_prefill
     prefix = True if ns.enable_prefix_caching is None else ns.enable_prefix_caching
-    # vLLM's defaults (EngineArgs.get_batch_defaults, OPENAI_API_SERVER context)
-    big = gpu.memory_bytes >= 70 * presets.GiB and "a100" not in gpu.name.lower()
+    default_seqs, default_mnbt = presets.vllm_batch_defaults(gpu)  # vLLM's defaults for this GPU
     max_num_seqs = ns.max_num_seqs
     mnbt = ns.max_num_batched_tokens
     if mnbt is None:
-        mnbt = 8192 if big else 2048
+        mnbt = default_mnbt
         if not chunked:
             mnbt = max(max_model_len, mnbt)
-        mnbt = min((max_num_seqs or (1024 if big else 256)) * max_model_len, mnbt)
+        mnbt = min((max_num_seqs or default_seqs) * max_model_len, mnbt)
     if max_num_seqs is None:
-        max_num_seqs = min(1024 if big else 256, mnbt)
+        max_num_seqs = min(default_seqs, mnbt)
     if max_num_seqs < 1:
         fail(parser, "argument --max-num-seqs: must be >= 1")
     if mnbt < 1:

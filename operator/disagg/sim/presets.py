@@ -55,6 +55,15 @@ GPUS: dict[str, GPUPreset] = {
 DEFAULT_GPU = "H100-SXM"
 
 
+def vllm_batch_defaults(gpu: GPUPreset) -> tuple[int, int]:
+    """vLLM's default ``(max_num_seqs, max_num_batched_tokens)`` for the OpenAI API server on this GPU, with
+    chunked prefill (EngineArgs.get_batch_defaults, OPENAI_API_SERVER context: ≥ 70 GiB of device memory and not
+    an A100 → 1024 / 8192, else 256 / 2048). The one copy: the simulator's flag defaults (sim/config.py) and the
+    planner's pool model (plan/model.py) both read it."""
+    big = gpu.memory_bytes >= 70 * GiB and "a100" not in gpu.name.lower()
+    return (1024, 8192) if big else (256, 2048)
+
+
 @dataclass(frozen=True)
 class ModelPreset:
     """Shapes from the model's config.json (decoder-only transformer, GQA, SwiGLU MLP or MoE)."""

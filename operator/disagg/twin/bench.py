@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    from ..bench.docs import results_doc, write_results
+    from ..results import results_doc, write_results
 
     rows = []
     for sc in SCENARIOS:
