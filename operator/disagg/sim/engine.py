@@ -153,10 +153,12 @@ def build_perf(cfg: SimConfig) -> PerfModel:
 class Engine:
     def __init__(self, cfg: SimConfig, metrics: Metrics | None = None, *, dp_rank: int = 0,
                  clock: SimClock | None = None, shared: Registry | None = None, kv_client: KVClient | None = None,
-                 side_channel: bool = True, metrics_enabled: bool = True) -> None:
+                 side_channel: bool = True, metrics_enabled: bool = True,
+                 record: frozenset[str] | None = None) -> None:
         """``kv_client``: how this engine pulls remote KV (default: the NIXL side channel over TCP);
         ``side_channel`` False: serve no side channel (the twin reads held KV in-process); ``metrics_enabled``
-        False: record no Prometheus series (the twin)."""
+        False: record nothing; ``record``: report to a recording view of these families instead of Prometheus
+        (the twin's scrapes: sim/metrics.py ``Metrics``)."""
         self.cfg = cfg
         self.dp_rank = dp_rank
         self.perf = build_perf(cfg)
@@ -193,7 +195,7 @@ class Engine:
         self.side_port = cfg.side_channel_port + dp_rank
         self.metrics = metrics or Metrics(cfg.served_model_name, cfg.max_model_len, engine=str(dp_rank),
                                           nixl=self.kvt is not None, shared=shared, release=cfg.release,
-                                          enabled=metrics_enabled)
+                                          enabled=metrics_enabled, record=record)
         self.metrics.cache_config.labels(block_size=str(cfg.block_size), num_gpu_blocks=str(self.num_blocks),
                                          gpu_memory_utilization=str(cfg.gpu_memory_utilization),
                                          enable_prefix_caching=str(cfg.prefix_caching),
@@ -219,10 +221,11 @@ class Engine:
         self._prev = SchedulerStats()
         self._busy_until: float | None = None  # end of the last step while continuously busy
         self._ready_at = 0.0  # simulated time of the latest event that made work available while idle
-        self._metrics_on = metrics_enabled
-        # decode fast-forward: only on a virtual clock (it moves timers) and without Prometheus series (it skips
+        self._metrics_on = metrics_enabled  # gauges and per-request series (Prometheus or a recording view)
+        self._per_step = self.metrics.per_step  # per-token and per-step series too (Prometheus)
+        # decode fast-forward: only on a virtual clock (it moves timers) and without per-step series (it skips
         # the per-token observations)
-        self._ff_on = self.clock.advance is not None and not metrics_enabled
+        self._ff_on = self.clock.advance is not None and not self._per_step
         self._ff: _FastForward | None = None
         self.steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps (utilisation)
@@ -374,7 +377,7 @@ class Engine:
             self._busy_until = end
             self.steps += 1
             self.busy_s += dt
-            if self._metrics_on:
+            if self._per_step:
                 self.metrics.iteration_tokens.observe(batch.tokens)
             for req, done in self.sched.finish_step(batch, end):
                 self._on_token(req, done, end)
@@ -512,7 +515,7 @@ class Engine:
         ff.allocated = max(ff.allocated, upto)
 
     def _sync_stats(self) -> None:
-        if not self._metrics_on:
+        if not self._per_step:
             return
         s, p, m = self.sched.stats, self._prev, self.metrics
         if s.prefix_queries != p.prefix_queries:
@@ -536,7 +539,7 @@ class Engine:
 
     def _on_token(self, req: Request, done: bool, now: float) -> None:
         ctx: ReqCtx = req.ctx
-        if self._metrics_on:
+        if self._per_step:
             m = self.metrics
             m.generation_tokens.inc()
             if req.num_output == 1:

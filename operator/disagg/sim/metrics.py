@@ -92,19 +92,69 @@ class _Off:
 
 _OFF = _Off()
 
+# Families the engine writes per token or per step: a recording view (``Metrics(record=...)``) leaves them out, so
+# that the twin's decode fast-forward, which skips those calls, changes nothing it records.
+PER_STEP = frozenset({"vllm:generation_tokens", "vllm:time_to_first_token_seconds", "vllm:prompt_tokens",
+                      "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached", "vllm:inter_token_latency_seconds",
+                      "vllm:time_per_output_token_seconds", "vllm:iteration_tokens_total",
+                      "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions"})
+
+
+class _Recorded:
+    """One series of a recording view: what a scrape of it would read after summing over labels — a gauge's or
+    counter's value, a histogram's ``_sum`` and ``_count`` (no buckets)."""
+
+    __slots__ = ("count", "hist", "value")
+
+    def __init__(self, hist: bool) -> None:
+        self.hist = hist
+        self.value = 0.0
+        self.count = 0.0
+
+    def labels(self, *_a: Any, **_kw: Any) -> _Recorded:
+        return self
+
+    def inc(self, v: float = 1.0) -> None:
+        self.value += v
+
+    def dec(self, v: float = 1.0) -> None:
+        self.value -= v
+
+    def set(self, v: float) -> None:
+        self.value = v
+
+    def observe(self, v: float) -> None:
+        self.value += v
+        self.count += 1.0
+
 
 class Metrics:
-    """The series of one engine (label ``engine`` = its data-parallel rank). ``enabled`` False: every series is a
-    no-op (the twin, disagg.twin, reads engine state directly and has no /metrics to serve)."""
+    """The series of one engine (label ``engine`` = its data-parallel rank): where the engine reports its stats.
+
+    By default Prometheus series (``disagg sim``'s /metrics). ``record``: a recording view instead, for the twin —
+    only the families named there record (in process, no Prometheus: :meth:`scraped` is what a scrape would read),
+    every other series is a no-op; a per-token or per-step family (``PER_STEP``) cannot be recorded, so the decode
+    fast-forward stays exact. ``enabled`` False: every series is a no-op."""
 
     def __init__(self, model_name: str, max_model_len: int, engine: str = "0", nixl: bool = False,
-                 shared: Registry | None = None, release: VllmProfile = DEFAULT, enabled: bool = True) -> None:
+                 shared: Registry | None = None, release: VllmProfile = DEFAULT, enabled: bool = True,
+                 record: frozenset[str] | None = None) -> None:
         self.shared = shared or Registry()
         self.registry = self.shared.registry
+        if record is not None and record & PER_STEP:
+            raise ValueError(f"record: per-step families cannot be recorded: {sorted(record & PER_STEP)}")
+        self.recording = record is not None
+        # every series is exact for every step and token (what the decode fast-forward would skip)
+        self.per_step = enabled and record is None
+        self._recorded: dict[str, _Recorded] = {}
 
         def fam(cls: type[M], name: str, doc: str, labelnames: list[str], **kw: Any) -> M:
             if not enabled:
                 return cast(M, _OFF)
+            if record is not None:
+                if name not in record or not release.has_metric(name):
+                    return cast(M, _OFF)
+                return cast(M, self._recorded.setdefault(name, _Recorded(cls is Histogram)))
             return self.shared.family(cls, name, doc, labelnames, exported=release.has_metric(name), **kw)
         ln = ["model_name", "engine"]
         lv = {"model_name": model_name, "engine": engine}
@@ -194,3 +244,15 @@ class Metrics:
 
     def render(self) -> bytes:
         return self.shared.render()
+
+    def scraped(self) -> dict[str, float]:
+        """A recording view's values as the router's scrape parses them (router/load.py ``parse_prometheus``:
+        summed over labels; histograms as ``<name>_sum`` and ``<name>_count``)."""
+        out: dict[str, float] = {}
+        for name, r in self._recorded.items():
+            if r.hist:
+                out[name + "_sum"] = r.value
+                out[name + "_count"] = r.count
+            else:
+                out[name] = r.value
+        return out

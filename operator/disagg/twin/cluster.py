@@ -25,13 +25,14 @@ from typing_extensions import override
 from ..api.contract import RouterConfig
 from ..router import features
 from ..router.core import Legs, OnCommit, RequestCore
-from ..router.load import Worker, WorkerSet
+from ..router.load import GAUGES, HISTOGRAMS, Worker, WorkerSet
 from ..router.metrics import RouterMetrics
 from ..router.policy import Decision, Tuning
 from ..router.proxy import PREFILL_KV_PARAMS, UpstreamError
 from ..router.request import Ctx
 from ..sim import config as sim_config
 from ..sim.engine import Engine, ReqCtx, SimClock, make_request
+from ..sim.metrics import PER_STEP
 from ..sim.nixl import PullOutcome
 from ..sim.scheduler import Request
 from ..sim.server import ApiError, check_lengths, error_body
@@ -225,7 +226,6 @@ class Leg:
             self.tokens = int(value)
             return
         self.reason = str(value)
-        self.worker.observe_finish(self.req)
         if self.first_token is not None and not self.first_token.done():
             self.first_token.set_result(None)
         if self.done is not None and not self.done.done():
@@ -242,34 +242,24 @@ class TwinWorker:
     gpus: int
     rw: Worker
     started_at: float = 0.0  # virtual time it joined the cluster
-    crashed: bool = False  # an injected crash: refuses connections from then on
     stopped_at: float | None = None  # virtual time it left (remove_worker), None while in service
-    # cumulative histogram sums/counts the router scrapes (vllm:request_*), fed when requests finish
-    hist: dict[str, float] = field(default_factory=dict)
+    crashed: bool = False  # an injected crash: refuses connections from then on
 
     def gpu_seconds(self, end: float) -> float:
         return self.gpus * max(0.0, (self.stopped_at if self.stopped_at is not None else end) - self.started_at)
 
-    def observe_finish(self, req: Request) -> None:
-        """What Engine._record_finish observes into the families the router reads (router/load.py HISTOGRAMS)."""
-        h = self.hist
-        _add(h, "vllm:request_prompt_tokens", req.prompt_len)
-        if req.first_scheduled is not None:
-            _add(h, "vllm:request_queue_time_seconds", max(0.0, req.first_scheduled - req.arrival))
-            if req.first_token is not None:
-                _add(h, "vllm:request_prefill_time_seconds", req.first_token - req.first_scheduled)
-
     def scrape(self) -> dict[str, float]:
+        """What the router's scrape of this worker reads: the engine's own series (a recording view of the
+        families the router reads, ``SCRAPED``), brought up to now."""
         self.engine.sync()
-        s = self.engine.sched
-        return {"vllm:num_requests_waiting": float(len(s.waiting)),
-                "vllm:num_requests_running": float(len(s.running)),
-                "vllm:kv_cache_usage_perc": self.engine.pool.usage, **self.hist}
+        self.engine.update_gauges()
+        return self.engine.metrics.scraped()
 
 
-def _add(h: dict[str, float], name: str, v: float) -> None:
-    h[name + "_sum"] = h.get(name + "_sum", 0.0) + v
-    h[name + "_count"] = h.get(name + "_count", 0.0) + 1.0
+# The families the router's scrape reads (router/load.py) that the engine records per request, per transfer or as
+# gauges; vllm:time_per_output_token_seconds is observed per token (sim/metrics.py PER_STEP) and is left out, as a
+# decode fast-forward skips those observations.
+SCRAPED = frozenset(GAUGES + HISTOGRAMS) - PER_STEP
 
 
 @dataclass
@@ -339,7 +329,7 @@ class TwinCluster:
         if cfg.dp != 1:
             raise ValueError(f"{role}.extra_args: --data-parallel-size is not modelled by the twin; use count instead")
         link = LocalKVLink("", self.producers) if role == "decode" else None
-        eng = Engine(cfg, clock=self.clock, kv_client=link, side_channel=False, metrics_enabled=False)
+        eng = Engine(cfg, clock=self.clock, kv_client=link, side_channel=False, record=SCRAPED)
         if link is not None:
             link.compat = eng.compat
         if role == "prefill":

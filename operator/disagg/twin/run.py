@@ -201,7 +201,7 @@ def simulate(spec: ClusterSpec, arrivals: Sequence[Arrival], *, seed: int = 0, s
                 continue
             gpu_s += sum(w.gpu_seconds(span) for w in ws)
             busy = sum(w.engine.busy_s for w in ws)
-            served = sum(int(w.hist.get("vllm:request_prompt_tokens_count", 0)) for w in ws)
+            served = sum(int(w.scrape().get("vllm:request_prompt_tokens_count", 0)) for w in ws)
             pools[role] = PoolStats(workers=len(ws), gpus=sum(w.gpus for w in ws), busy_s=busy,
                                     utilisation=busy / service if (service := sum(
                                         w.gpu_seconds(span) / w.gpus for w in ws)) > 0 else 0.0,
