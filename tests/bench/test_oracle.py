@@ -9,7 +9,7 @@ import pytest
 from disagg.bench import autoscale
 from disagg.bench.oracle import OracleSettings, TwinOracle, autoscale_oracle
 from disagg.load.workload import generate
-from disagg.plan.twin import cluster_spec
+from disagg.plan.verify import cluster_spec
 from disagg.twin import arrivals_from_requests, simulate
 
 # a compressed day: trough → peak → trough (req/s); 1.4 and 2.9 are rounded up to 1.5 and 3.0 (step 0.5)

@@ -18,7 +18,7 @@ from disagg.plan.replay import replay
 from disagg.plan.reqlog import LogError, arrivals, histogram, log_lines, rates, read_lines, read_log, traffic_from_log
 from disagg.plan.search import search
 from disagg.plan.sources import Overrides, assemble
-from disagg.plan.twin import cluster_spec, profile_arrivals
+from disagg.plan.verify import cluster_spec, profile_arrivals
 from disagg.twin import simulate
 
 ROOT = Path(__file__).resolve().parents[2]

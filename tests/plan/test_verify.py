@@ -1,4 +1,4 @@
-"""`disagg plan --verify` and the spec → twin mapping (disagg.plan.twin): shapes, agreement, errors."""
+"""`disagg plan --verify` and the spec → twin mapping (disagg.plan.verify): shapes, agreement, errors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from disagg.cli import main
 from disagg.plan.emit import to_model
 from disagg.plan.profile import parse_profile
 from disagg.plan.search import search
-from disagg.plan.twin import SpecError, VerifySettings, cluster_spec, profile_arrivals, render_verify, verify
+from disagg.plan.verify import SpecError, VerifySettings, cluster_spec, profile_arrivals, render_verify, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -285,7 +285,7 @@ def _cmd_plan_accuracy(args: argparse.Namespace) -> int:
     if unknown:
         print(f"disagg bench plan: unknown mix {unknown}; known: {sorted(plan_accuracy.HELD_OUT)}")
         return 2
-    from ..plan.twin import quiet_logs
+    from ..plan.verify import quiet_logs
 
     with quiet_logs():
         return _run_and_report(lambda: plan_accuracy.run(args.mixes, args.seed, out=args.out,

@@ -9,7 +9,7 @@ definition of load/loadgen.py). The oracle is free of everything an autoscaler p
 scaling delay, no transition between buckets — it is a lower bound, which is what "vs oracle" should mean.
 
 The model is the benchmark's own DisaggregatedModel (docs/examples/local-demo.yaml with the benchmark's overrides),
-mapped to the twin by the planner's one mapping (disagg.plan.twin ``cluster_spec``: GPU product, TP, maxNumSeqs,
+mapped to the twin by the planner's one mapping (disagg.plan.verify ``cluster_spec``: GPU product, TP, maxNumSeqs,
 the router's config as builders/router.py writes it, the KV transport, spec.slo); each candidate split only
 changes ``spec.prefill.replicas`` and ``spec.decode.replicas`` (1 ≤ each ≤ ``max_replicas``).
 
@@ -93,7 +93,7 @@ class TwinOracle:
     workload (load/workload.py); ``model_name``: the name the generated requests carry."""
 
     def __init__(self, model: dict[str, Any], mix: Mix, settings: OracleSettings | None = None) -> None:
-        from ..plan.twin import cluster_spec
+        from ..plan.verify import cluster_spec
 
         self.settings = settings or OracleSettings()
         self.settings.validate()

@@ -4,7 +4,7 @@ On **held-out mixes** — the three profiles in :data:`HELD_OUT`, written for th
 develop or tune the planner (the planner was built against docs/examples/profiles/profile-chat.yaml and
 profile-rag.yaml and tests/plan/) — for each mix:
 
-1. **Accuracy.** ``disagg plan`` picks a plan (plan/search.py); its emitted spec runs in the twin (plan/twin.py:
+1. **Accuracy.** ``disagg plan`` picks a plan (plan/search.py); its emitted spec runs in the twin (plan/verify.py:
    Poisson arrivals at the profile's peak rate drawn from the profile, ``PICK_REQUESTS`` arrivals or at least
    ``PICK_MIN_DURATION_S`` of virtual time — long, so that a slowly growing queue shows — the first 20 %
    warm-up). Predicted goodput (share of requests meeting both
@@ -95,7 +95,7 @@ class Twin:
 
 def _twin(result: Any, c: Any, arrivals: list[Any], duration: float, seed: int) -> Twin:
     from ..plan.emit import to_model
-    from ..plan.twin import cluster_spec, measure
+    from ..plan.verify import cluster_spec, measure
     from ..twin import simulate
 
     m = cluster_spec(to_model(result, c))
@@ -132,7 +132,7 @@ def run_mix(name: str, data: dict[str, Any], seed: int = 0, say: Any = print) ->
     from ..plan.model import build_workload
     from ..plan.profile import parse_profile
     from ..plan.search import Evaluator, search, thresholds_for
-    from ..plan.twin import profile_arrivals
+    from ..plan.verify import profile_arrivals
     from ..sim.presets import TRANSPORTS
 
     p = parse_profile(data)

@@ -2,7 +2,7 @@
 
 No GPU, no cluster, no Docker. A real control plane (etcd + kube-apiserver + kube-controller-manager built from
 Go sources), the operator, a local pod runtime that runs the operator's pods as processes (`vllm serve` →
-`disagg sim`, the digital twin), Prometheus (Debian) scraping them, and a mixed workload through the router.
+`disagg sim`, the simulator), Prometheus (Debian) scraping them, and a mixed workload through the router.
 Once the model serves with both pools ready:
 
 1. mixed traffic — long RAG prompts, short chats, long streams, three tenants: per-request decisions;

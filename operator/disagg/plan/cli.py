@@ -13,7 +13,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "plan", help="capacity planner: from a traffic profile to a DisaggregatedModel (docs/planning.md)",
         description="Searches aggregated, disaggregated and conditional serving (P:D split, TP per pool, GPU type, "
-        "replicas) with an analytic queueing model on the twin's roofline, prints the ranked candidates and why "
+        "replicas) with an analytic queueing model on the simulator's roofline, prints the ranked candidates and why "
         "the winner wins, and writes the winner as a DisaggregatedModel. Exit 0: a plan; 1: no feasible plan "
         "(the closest candidates are printed); 2: the profile (or log, or Prometheus source) is wrong (each "
         "error names its field or flag).")
@@ -150,7 +150,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print(render(result))
     rc = 0 if result.winner is not None else 1
     if args.verify:
-        from .twin import SpecError, VerifySettings, quiet_logs, render_verify, verify
+        from .verify import SpecError, VerifySettings, quiet_logs, render_verify, verify
 
         s = VerifySettings(requests=args.verify_requests, seed=args.seed)
         print()
@@ -188,7 +188,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from ..twin import SLO
     from .replay import load_spec, render, replay, write
     from .reqlog import LogError, read_log
-    from .twin import SpecError, quiet_logs
+    from .verify import SpecError, quiet_logs
 
     if not args.candidate and args.live is None:
         return _err(["disagg replay: give at least one --candidate SPEC.yaml (or --live SPEC.yaml)"])

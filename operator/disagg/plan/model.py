@@ -1,4 +1,4 @@
-"""The planner's analytic model: per-pool quantities from the twin's roofline (sim/perf.py), then queueing.
+"""The planner's analytic model: per-pool quantities from the simulator's roofline (sim/perf.py), then queueing.
 
 Pure functions, no I/O. docs/planning.md derives every formula; in brief:
 

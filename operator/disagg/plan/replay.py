@@ -19,7 +19,7 @@ import yaml
 
 from ..twin import SLO, simulate
 from .reqlog import RequestLogData, arrivals, summary
-from .twin import Mapped, SpecError, cluster_spec, measure
+from .verify import Mapped, SpecError, cluster_spec, measure
 
 
 @dataclass

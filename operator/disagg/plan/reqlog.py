@@ -295,7 +295,7 @@ def traffic_from_log(log: RequestLogData, window_s: float = 60.0) -> tuple[dict[
 
 def summary(log: RequestLogData, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str, Any]:
     """What the log itself says happened (the 'recorded' column of ``disagg replay``)."""
-    from .twin import pct
+    from .verify import pct
 
     reqs = log.requests
     ok = [r for r in reqs if r.ok]

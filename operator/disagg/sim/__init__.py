@@ -1,1 +1,1 @@
-"""The digital twin: a simulated vLLM worker with a roofline performance model."""
+"""The simulator: a simulated vLLM worker with a roofline performance model."""

@@ -193,7 +193,7 @@ def _add_multinode_flags(v: argparse._ArgumentGroup) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="disagg sim",
-        description="Simulated vLLM worker (digital twin): `vllm serve`'s command line, OpenAI API, NIXL P/D "
+        description="The simulator, a simulated vLLM worker: `vllm serve`'s command line, OpenAI API, NIXL P/D "
         "protocol and vLLM metrics, timed by a roofline model. Sim flags also read DISAGG_SIM_<FLAG>.",
         allow_abbrev=False,
     )

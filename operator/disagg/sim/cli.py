@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "simulated vLLM worker (digital twin); takes `vllm serve`'s arguments, plus --gpu, --time-scale, --fault-*"
+HELP = "the simulator: a simulated vLLM worker; takes `vllm serve`'s arguments, plus --gpu, --time-scale, --fault-*"
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

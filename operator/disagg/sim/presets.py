@@ -1,4 +1,4 @@
-"""Hardware, model and KV-transport presets of the digital twin.
+"""Hardware, model and KV-transport presets of the simulator.
 
 Every number here has its source in docs/simulator.md (vendor datasheets for GPUs, the models' own
 ``config.json`` for shapes). Peak FLOPs are *dense* (no 2:4 sparsity) tensor-core figures.

@@ -1,4 +1,4 @@
-"""The digital twin's discrete-event mode: the simulator and the router policy in virtual time, in one process.
+"""The twin: the simulator's engines and the router's request core in virtual time, in one process.
 
 ``disagg sim`` runs real HTTP processes in real time; policy comparisons there are capped by CPU and move with
 machine load. The twin runs THE SAME code — the engine (sim/engine.py: scheduler, KV block pool, prefix cache,

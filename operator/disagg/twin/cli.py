@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-HELP = "run a scenario in the digital twin's virtual time (discrete-event mode): engines + router policy"
+HELP = "run a scenario in the twin (virtual time, one process): the simulator's engines + the router's request core"
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
