@@ -47,7 +47,6 @@ def test_kubectl_explain_shows_descriptions(kubectl: Kubectl) -> None:
         return r if r.returncode == 0 else None
 
     r = wait_for(explained, 60, "kubectl explain dm.spec.prefill", interval=0.5)
-    assert r is not None
     assert "The prefill pool (kv_producer workers)." in r.stdout
     assert "minReplicas" in r.stdout and "Lower bound for the autoscaler." in r.stdout
     r = kubectl("explain", "dm.spec.kvTransfer.transport")

@@ -98,7 +98,7 @@ def test_chart_crds() -> None:
 def test_chart_metadata() -> None:
     with helm().Chart.load(CHART) as chart:
         meta = chart.metadata
-        assert chart.schema is not None
+        assert chart.schema == json.loads((CHART / "values.schema.json").read_text())  # shipped and loaded
     assert meta["name"] == "disagg-operator" and meta["apiVersion"] == "v2"
     import disagg
 

@@ -49,7 +49,7 @@ def test_a_starting_prefill_pool_is_not_serving_even_when_ready_says_true() -> N
 def test_the_router_must_know_the_ready_workers() -> None:
     assert not_serving(_model(), {"prefill": 0, "decode": 1}) == "the router knows 0 ready prefill workers of 1"
     assert not_serving(_model(decode=(2, 2)), BOTH) == "the router knows 1 ready decode workers of 2"
-    assert not_serving(_model(), {}) is not None
+    assert not_serving(_model(), {}) == "the router knows 0 ready prefill workers of 1"  # no /health answer yet
 
 
 def test_a_pinned_aggregated_model_serves_in_aggregated_mode() -> None:

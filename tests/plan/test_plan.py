@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -229,14 +228,17 @@ def test_moe_config_plans_like_its_preset() -> None:
     assert by_cfg.goodput == pytest.approx(by_preset.goodput)
 
 
-def test_search_is_fast_enough_for_three_gpu_types() -> None:
+def test_search_over_three_gpu_types_covers_every_type_and_mode() -> None:
+    # how long it takes is a figure, not a test: `disagg plan` prints it ("searched N candidates in X s")
+    gpus = {"H100-SXM", "H200", "A100-80GB"}
     doc = base(gpus=[{"type": "H100-SXM", "count": 16}, {"type": "H200", "count": 16, "cost": 1.3},
                      {"type": "A100-80GB", "count": 16, "cost": 0.6}])
     doc["traffic"]["inputTokens"] = {"mean": 3000, "p95": 9000}
-    t0 = time.perf_counter()
     r = search(parse_profile(doc))
-    assert time.perf_counter() - t0 < 10  # the bound (2 cores); it takes well under a second
-    assert r.evaluated > 1000
+    assert r.evaluated > 1000 and not r.skipped
+    assert {c.decode.gpu for c in r.ranked} == gpus
+    assert {c.prefill.gpu for c in r.ranked if c.prefill is not None} == gpus
+    assert {c.mode for c in r.ranked} == {"aggregated", "disaggregated", "conditional"}
 
 
 # ---------------------------------------------------------------------------------------------- emitted spec

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from disagg.local.procs import stop_group
+from disagg.local.procs import Proc, Processes
 from disagg.plan.reqlog import read_lines
 from disagg.poll import until
 
@@ -20,29 +20,26 @@ LONG = "The quick brown fox jumps over the lazy dog. " * 400
 DISAGG = str(Path(sys.executable).with_name("disagg"))
 
 
-async def wait_health(session: aiohttp.ClientSession, url: str, proc: subprocess.Popen, timeout: float = 20) -> dict:
+async def wait_health(session: aiohttp.ClientSession, router: Proc, timeout: float = 20) -> dict:
     async def health() -> dict | None:
-        assert proc.poll() is None, f"router exited with {proc.returncode}"  # exited: fail at once
-        async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
+        assert router.alive(), f"router exited with {router.proc.returncode}:\n{router.log_tail()}"  # fail at once
+        async with session.get(router.url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as r:
             return await r.json() if r.status == 200 else None
 
-    return await until(health, timeout, f"{url}/health", retry_on=(aiohttp.ClientError,))
+    return await until(health, timeout, f"{router.url}/health", retry_on=(aiohttp.ClientError,))
 
 
-async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
+async def test_router_process_config_reload(tmp_path, fake_workers):
     p, d = await fake_workers("prefill"), await fake_workers("decode", tokens=3, token_delay=0.05)
     conf = tmp_path / "router.yaml"
     conf.write_text(yaml.safe_dump({"model": "", "mode": "Auto",
                                     "routing": {"remotePrefill": {"minInputTokens": 2048}}}))
-    port = free_port()
-    log = (tmp_path / "router.log").open("w")
-    proc = subprocess.Popen([DISAGG, "router", "--port", str(port), "--prefill", p.url + "#h1",
-                             "--decode", d.url + "#h1", "--config", str(conf), "--config-poll-seconds", "0.1"],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with Processes(tmp_path / "procs") as procs:
+        router = procs.router(conf, prefill=[p.url + "#h1"], decode=[d.url + "#h1"],
+                              extra=["--config-poll-seconds", "0.1", "--log-level", "INFO"])
+        url = router.url
         async with aiohttp.ClientSession() as s:
-            h = await wait_health(s, url, proc)
+            h = await wait_health(s, router)
             assert h["workers"] == {"prefill": 1, "decode": 1, "aggregated": 0}
             body = {"prompt": LONG, "max_tokens": 200, "stream": True}
 
@@ -59,7 +56,7 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
             await until(lambda: len(d.requests) >= n0 + 4, 10, "the four streams at the decode worker")
             conf.write_text(yaml.safe_dump({"mode": "Aggregated"}))
             async def aggregated() -> bool:
-                return (await wait_health(s, url, proc))["mode"] == "Aggregated"
+                return (await wait_health(s, router))["mode"] == "Aggregated"
 
             await until(aggregated, 10, "the config reloaded to Aggregated")
             assert await first == [200] * 4
@@ -74,11 +71,10 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
                     return 'disagg_config_reloads_total{result="error"} 1.0' in await r.text()
 
             await until(reload_failed, 10, "the broken config counted as a reload error")
-            assert (await wait_health(s, url, proc))["mode"] == "Aggregated"
-    finally:
-        stop_group(proc, grace=10, group=False)
-        log.close()
-    lines = [json.loads(line) for line in (tmp_path / "router.log").read_text().splitlines() if line.startswith("{")]
+            assert (await wait_health(s, router))["mode"] == "Aggregated"
+        procs.stop(router)  # SIGTERM: a clean shutdown (exit 0 below)
+    log = router.log_path.read_text()
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     reqs = [x for x in lines if x.get("event") == "request"]
     assert len(reqs) == 5
     for x in reqs:
@@ -93,12 +89,12 @@ async def test_router_process_config_reload(tmp_path, fake_workers, free_port):
     assert by_arrival[0]["arrival_unix"] > 1.7e9 and by_arrival[-1] is reqs[-1]
     assert by_arrival[0]["prefix_tokens"] == 0 and by_arrival[0]["prefix_hash"] is None
     assert reqs[-1]["prefix_tokens"] > 0 and len(reqs[-1]["prefix_hash"]) == 16
-    parsed = read_lines((tmp_path / "router.log").read_text().splitlines(), "router.log")
+    parsed = read_lines(log.splitlines(), "router.log")
     assert [r.schema for r in parsed.requests] == [2] * 5 and parsed.requests[-1].max_tokens == 200
     assert parsed.requests[-1].prefix_hash == reqs[-1]["prefix_hash"]
     assert any(x["decision"] == "remote" and x["prefill_worker"] == p.url for x in reqs)
     assert any(x.get("event") == "config_reloaded" for x in lines)
-    assert proc.returncode == 0
+    assert router.proc.returncode == 0, log[-3000:]
 
 
 def test_router_needs_workers_or_namespace():

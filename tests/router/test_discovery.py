@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 
+import aiohttp
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from disagg.api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, RouterConfig
-from disagg.local.procs import stop_group
+from disagg.local.procs import Processes
 from disagg.poll import WaitTimeoutError, until, wait_for
 from disagg.router.discovery import PodDiscovery, model_name_from_config
 
@@ -98,16 +100,8 @@ async def test_discovery_pairs_by_compat_hash(kube, namespace, fake_workers, rou
 
 
 @pytest.mark.apiserver
-async def test_router_process_cluster_mode(kube, namespace, control_plane, fake_workers, tmp_path, free_port):
+async def test_router_process_cluster_mode(kube, namespace, control_plane, fake_workers, tmp_path):
     """`disagg router` without worker flags discovers pods in $POD_NAMESPACE through the kubeconfig."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import aiohttp
-    import yaml
-
     p, d = await fake_workers("prefill"), await fake_workers("decode")
     pport, dport = int(p.url.rsplit(":", 1)[1]), int(d.url.rsplit(":", 1)[1])
     conf = tmp_path / "router.yaml"
@@ -118,29 +112,22 @@ async def test_router_process_cluster_mode(kube, namespace, control_plane, fake_
     for name, role in (("llama-prefill-0", "prefill"), ("llama-decode-0", "decode")):
         await asyncio.to_thread(make_pod, core, namespace, name, role, "h", deadline)
         await asyncio.to_thread(set_ready, core, namespace, name, True)
-    port = free_port()
-    env = {**os.environ, "POD_NAMESPACE": namespace, "PYTHONUNBUFFERED": "1"}
-    log = (tmp_path / "router.log").open("w")
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("disagg")), "router", "--port", str(port),
-                             "--config", str(conf), "--kubeconfig", str(control_plane.kubeconfig)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
+    with Processes(tmp_path / "procs") as procs:
+        router = procs.router(conf, extra=["--kubeconfig", str(control_plane.kubeconfig), "--log-level", "INFO"],
+                              env={"POD_NAMESPACE": namespace})
+        url = router.url
         async with aiohttp.ClientSession() as s:
             async def both_pods_discovered() -> bool:
-                assert proc.poll() is None, (tmp_path / "router.log").read_text()  # exited: fail at once
+                assert router.alive(), router.log_tail()  # exited: fail at once
                 async with s.get(url + "/health") as r:
                     return r.status == 200 and (await r.json())["workers"] == {"prefill": 1, "decode": 1,
                                                                                 "aggregated": 0}
 
             try:
                 await until(both_pods_discovered, 20, "the router discovering both pods",
-                                           retry_on=(aiohttp.ClientError,))
+                            retry_on=(aiohttp.ClientError,))
             except WaitTimeoutError as e:
-                raise AssertionError(f"{e}\n{(tmp_path / 'router.log').read_text()}") from e
+                raise AssertionError(f"{e}\n{router.log_tail()}") from e
             async with s.post(url + "/v1/completions", json={"prompt": LONG, "max_tokens": 200}) as r:
                 assert r.status == 200
             assert len(p.requests) == 1 and len(d.requests) == 1
-    finally:
-        stop_group(proc, grace=10, group=False)
-        log.close()

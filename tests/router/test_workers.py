@@ -16,6 +16,7 @@ import aiohttp
 
 from disagg.api.contract import RouterConfig
 from disagg.cli import build_parser
+from disagg.local.procs import Processes
 from disagg.poll import until
 from disagg.router.load import Worker
 from disagg.router.policy import LoadSnapshot, RequestFeatures, Tuning, decide
@@ -45,103 +46,95 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
 
 
-async def test_workers_share_the_port_sum_metrics_and_stop_on_sigterm(tmp_path, fake_workers, free_port):
+async def test_workers_share_the_port_sum_metrics_and_stop_on_sigterm(tmp_path, fake_workers):
     p, d = await fake_workers("prefill"), await fake_workers("decode", tokens=3, token_delay=0.01)
-    port = free_port()
-    log_path = tmp_path / "router.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen([DISAGG, "router", "--port", str(port), "--prefill", p.url, "--decode", d.url,
-                             "--workers", "2", "--scrape-interval", "0.2"],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
+    with Processes(tmp_path / "procs") as procs:  # on a failure its exit stops the whole group, workers too
+        router = procs.router(prefill=[p.url], decode=[d.url],
+                              extra=["--workers", "2", "--scrape-interval", "0.2", "--log-level", "INFO"])
+        proc, url, log_path = router.proc, router.url, router.log_path
 
-    def listening() -> set[int]:
-        assert proc.poll() is None, log_path.read_text()  # exited: fail at once
-        return {x["pid"] for x in _log_lines(log_path) if x.get("event") == "router_listening"}
+        def listening() -> set[int]:
+            assert proc.poll() is None, log_path.read_text()  # exited: fail at once
+            return {x["pid"] for x in _log_lines(log_path) if x.get("event") == "router_listening"}
 
-    try:
-        await until(lambda: len(listening()) >= 2, 30, "both workers listening")
-        pids = listening()
-        t_listening = time.monotonic()
-        started = next(x for x in _log_lines(log_path) if x.get("event") == "router_workers_started")
-        metrics_dir = Path(started["metrics_dir"])
-        assert set(started["pids"]) == pids and metrics_dir.is_dir()
-
-        # a fresh connection per request: the kernel spreads them over the workers
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
-            async def decode_pool_scraped() -> bool:
-                async with s.get(url + "/metrics") as r:
-                    return metric_value(await r.text(), "disagg_workers", pool="decode") == 1
-
-            await until(decode_pool_scraped, 30, "every worker scraped its view of the pools")
-
-            async def one(prompt: str) -> bytes:
-                async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 200,
-                                                                  "stream": True}) as r:
-                    assert r.status == 200
-                    return await r.read()
-
-            bodies = await asyncio.gather(*(one(LONG if i % 2 else "hi") for i in range(30)))
-            assert all(b.endswith(b"data: [DONE]\n\n") for b in bodies)
-
-            # a request is accounted just after its last chunk is sent (requests_total last): wait for all 30
-            async def all_accounted() -> bool:
-                async with s.get(url + "/metrics") as r:
-                    return metric_value(await r.text(), "disagg_requests_total", outcome="ok") == 30
-
-            await until(all_accounted, 10, "the 30 requests accounted")
-            for _ in range(4):  # whichever worker answers, /metrics is the replica's total
-                async with s.get(url + "/metrics") as r:
-                    text = await r.text()
-                assert metric_value(text, "disagg_requests_total", outcome="ok") == 30
-                assert metric_value(text, "disagg_routing_decisions_total") == 30
-                assert metric_value(text, "disagg_routing_decisions_total", reason="short_prompt") == 15
-                remote = metric_value(text, "disagg_routing_decisions_total", decision="remote")
-                # a burst of long prompts: the rest is held local by the prefill-queue estimate
-                assert remote + metric_value(text, "disagg_routing_decisions_total",
-                                             reason="prefill_queue_overload") == 15
-                assert metric_value(text, "disagg_first_token_emit_seconds_count") == 30
-                assert metric_value(text, "disagg_inflight_requests") == 0  # live sum
-                assert metric_value(text, "disagg_workers", pool="decode") == 1  # max, not the sum
-                assert "pid=" not in text
-        assert len(p.requests) == remote
-        assert all(_alive(pid) for pid in pids)
-
-        # a worker that dies after its start window is restarted; the replica's counters stay monotonic
-        from disagg.router.prefork import STARTUP_SECONDS
-
-        while time.monotonic() - t_listening < STARTUP_SECONDS + 0.5:  # the documented window, not a sync
-            await asyncio.sleep(0.1)
-        victim = min(pids)
-        os.kill(victim, signal.SIGKILL)
-        restarted = await until(lambda: listening() - pids, 30, "the restarted worker listening")
-        exited = [x for x in _log_lines(log_path) if x.get("event") == "router_worker_exited"]
-        assert [(x["pid"], x["restart"]) for x in exited] == [(victim, True)]
-        pids = (pids - {victim}) | restarted
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
-            assert (await one_more(s, url)).endswith(b"data: [DONE]\n\n")
-
-            async def counted_once_more() -> bool:  # monotonic across the restart: 30 before it, this one after
-                async with s.get(url + "/metrics") as r:
-                    n = metric_value(await r.text(), "disagg_requests_total", outcome="ok")
-                assert n in (30, 31), n
-                return n == 31
-
-            await until(counted_once_more, 10, "the 31st request accounted")
-    finally:
-        proc.send_signal(signal.SIGTERM)
         try:
-            rc = proc.wait(timeout=40)
+            await until(lambda: len(listening()) >= 2, 30, "both workers listening")
+            pids = listening()
+            t_listening = time.monotonic()
+            started = next(x for x in _log_lines(log_path) if x.get("event") == "router_workers_started")
+            metrics_dir = Path(started["metrics_dir"])
+            assert set(started["pids"]) == pids and metrics_dir.is_dir()
+
+            # a fresh connection per request: the kernel spreads them over the workers
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                async def decode_pool_scraped() -> bool:
+                    async with s.get(url + "/metrics") as r:
+                        return metric_value(await r.text(), "disagg_workers", pool="decode") == 1
+
+                await until(decode_pool_scraped, 30, "every worker scraped its view of the pools")
+
+                async def one(prompt: str) -> bytes:
+                    async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 200,
+                                                                      "stream": True}) as r:
+                        assert r.status == 200
+                        return await r.read()
+
+                bodies = await asyncio.gather(*(one(LONG if i % 2 else "hi") for i in range(30)))
+                assert all(b.endswith(b"data: [DONE]\n\n") for b in bodies)
+
+                # a request is accounted just after its last chunk is sent (requests_total last): wait for all 30
+                async def all_accounted() -> bool:
+                    async with s.get(url + "/metrics") as r:
+                        return metric_value(await r.text(), "disagg_requests_total", outcome="ok") == 30
+
+                await until(all_accounted, 10, "the 30 requests accounted")
+                for _ in range(4):  # whichever worker answers, /metrics is the replica's total
+                    async with s.get(url + "/metrics") as r:
+                        text = await r.text()
+                    assert metric_value(text, "disagg_requests_total", outcome="ok") == 30
+                    assert metric_value(text, "disagg_routing_decisions_total") == 30
+                    assert metric_value(text, "disagg_routing_decisions_total", reason="short_prompt") == 15
+                    remote = metric_value(text, "disagg_routing_decisions_total", decision="remote")
+                    # a burst of long prompts: the rest is held local by the prefill-queue estimate
+                    assert remote + metric_value(text, "disagg_routing_decisions_total",
+                                                 reason="prefill_queue_overload") == 15
+                    assert metric_value(text, "disagg_first_token_emit_seconds_count") == 30
+                    assert metric_value(text, "disagg_inflight_requests") == 0  # live sum
+                    assert metric_value(text, "disagg_workers", pool="decode") == 1  # max, not the sum
+                    assert "pid=" not in text
+            assert len(p.requests) == remote
+            assert all(_alive(pid) for pid in pids)
+
+            # a worker that dies after its start window is restarted; the replica's counters stay monotonic
+            from disagg.router.prefork import STARTUP_SECONDS
+
+            while time.monotonic() - t_listening < STARTUP_SECONDS + 0.5:  # the documented window, not a sync
+                await asyncio.sleep(0.1)
+            victim = min(pids)
+            os.kill(victim, signal.SIGKILL)
+            restarted = await until(lambda: listening() - pids, 30, "the restarted worker listening")
+            exited = [x for x in _log_lines(log_path) if x.get("event") == "router_worker_exited"]
+            assert [(x["pid"], x["restart"]) for x in exited] == [(victim, True)]
+            pids = (pids - {victim}) | restarted
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+                assert (await one_more(s, url)).endswith(b"data: [DONE]\n\n")
+
+                async def counted_once_more() -> bool:  # monotonic across the restart: 30 before it, this one after
+                    async with s.get(url + "/metrics") as r:
+                        n = metric_value(await r.text(), "disagg_requests_total", outcome="ok")
+                    assert n in (30, 31), n
+                    return n == 31
+
+                await until(counted_once_more, 10, "the 31st request accounted")
         finally:
-            if proc.poll() is None:
-                proc.kill()
-            log.close()
-    assert rc == 0, log_path.read_text()
-    assert not any(_alive(pid) for pid in pids)
-    lines = _log_lines(log_path)
-    assert sum(1 for x in lines if x.get("event") == "router_stopping") == 2
-    assert sum(1 for x in lines if x.get("event") == "request") == 31
-    assert not metrics_dir.exists()
+            proc.send_signal(signal.SIGTERM)  # the parent alone (not its group): it stops its workers
+            rc = proc.wait(timeout=40)  # still running after that: the harness's exit kills the group
+        assert rc == 0, log_path.read_text()
+        assert not any(_alive(pid) for pid in pids)  # checked before the harness's exit signals the group
+        lines = _log_lines(log_path)
+        assert sum(1 for x in lines if x.get("event") == "router_stopping") == 2
+        assert sum(1 for x in lines if x.get("event") == "request") == 31
+        assert not metrics_dir.exists()
 
 
 async def one_more(s: aiohttp.ClientSession, url: str) -> bytes:

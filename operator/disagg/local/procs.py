@@ -272,8 +272,10 @@ class Processes:
         return p
 
     def router(self, config_path: Path | None = None, *, prefill: Sequence[str] = (), decode: Sequence[str] = (),
-               aggregated: Sequence[str] = (), extra: Sequence[str] | None = None, wait: bool = False) -> Proc:
-        """A `disagg router` with static worker lists (or none: ``extra`` may name a cluster mode)."""
+               aggregated: Sequence[str] = (), extra: Sequence[str] | None = None, env: dict[str, str] | None = None,
+               wait: bool = False) -> Proc:
+        """A `disagg router` with static worker lists (or none: ``extra`` and ``env`` may name a cluster mode:
+        ``--kubeconfig``, ``POD_NAMESPACE``). A later ``--log-level`` in ``extra`` wins over the WARNING here."""
         port = free_port()
         argv = [*disagg_argv(), "router", "--host", HOST, "--port", str(port), "--log-level", "WARNING",
                 *(["--config", str(config_path)] if config_path else []), *(extra or [])]
@@ -283,7 +285,7 @@ class Processes:
             argv += ["--decode", *decode]
         if aggregated:
             argv += ["--aggregated", *aggregated]
-        p = self.spawn(f"router-{port}", argv, f"http://{HOST}:{port}", role="router")
+        p = self.spawn(f"router-{port}", argv, f"http://{HOST}:{port}", env, role="router")
         if wait:
             self.wait_ready(p)
         return p
