@@ -270,9 +270,9 @@ def start_sim(procs: Processes, role: str, kv_load_failure_policy: str = "recomp
 
 
 def start_router(procs: Processes, prefill: Sequence[str], decode: Sequence[str],
-                 config_path: Path | None = None) -> Proc:
+                 config_path: Path | None = None, extra: Sequence[str] = ()) -> Proc:
     """A `disagg router` over static worker lists (and a --config file), ready."""
-    return procs.router(config_path, prefill=prefill, decode=decode, extra=ROUTER_ARGS, wait=True)
+    return procs.router(config_path, prefill=prefill, decode=decode, extra=[*ROUTER_ARGS, *extra], wait=True)
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,10 @@ import aiohttp
 import pytest
 import yaml
 
-from disagg.poll import until
+from disagg.local.harness import router_workers_at
+from disagg.poll import until, wait_for
 
-from .conftest import metric_value, start_router, start_sim
+from .conftest import ROUTER_ARGS, metric_value, start_router, start_sim
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BASE_CONFIG: dict[str, Any] = {"model": MODEL, "mode": "Auto", "transferTimeoutMs": 10000}
@@ -36,7 +37,8 @@ def stack(processes, tmp_path_factory):
     conf.write_text(yaml.safe_dump(BASE_CONFIG))
     p = start_sim(processes, "prefill")
     d1, d2 = start_sim(processes, "decode"), start_sim(processes, "decode")
-    r = start_router(processes, [p.url], [d1.url, d2.url], conf)
+    # hedging off: the slow-transfer tests here are about the transfer timeout (the hedge has its own router below)
+    r = start_router(processes, [p.url], [d1.url, d2.url], conf, extra=["--hedge-factor", "0"])
     return {"prefill": p, "decode": [d1, d2], "router": r, "config": conf, "processes": processes}
 
 
@@ -61,6 +63,14 @@ class Client:
 
     async def router_metric(self, name: str, **labels: str) -> float:
         return metric_value(await self.text(self.url + "/metrics"), name, **labels)
+
+    async def accounted(self, name: str, target: float, **labels: str) -> None:
+        """Wait until the router's counter ``name`` (``labels``) reaches ``target``: a request is accounted just
+        after its last chunk is sent (requests_total last, after its phases and SLO counters)."""
+        async def reached() -> bool:
+            return await self.router_metric(name, **labels) >= target
+
+        await until(reached, 10, f"{name}{labels} at {target}")
 
     async def sim_state(self, sim) -> dict:
         return await self.get_json(sim.url + "/sim/state")
@@ -124,18 +134,29 @@ async def test_long_prompt_goes_remote_without_reprefill(client, stack):
 async def test_short_prompt_stays_local(client, stack):
     before_p = (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"]
     before_d = await client.decode_totals()
+    short0 = await client.router_metric("disagg_routing_decisions_total", decision="local", reason="short_prompt")
     status, out = await client.complete({"prompt": "Say hello in five words.", "max_tokens": 20})
     assert status == 200 and json.loads(out)["usage"]["completion_tokens"] == 20
     assert (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"] == before_p
     after_d = await client.decode_totals()
     assert after_d["transfers_ok"] == before_d["transfers_ok"] and after_d["computed"] > before_d["computed"]
-    assert await client.router_metric("disagg_routing_decisions_total", decision="local", reason="short_prompt") >= 1
+    assert await client.router_metric("disagg_routing_decisions_total", decision="local",
+                                      reason="short_prompt") == short0 + 1
 
 
 async def test_streaming_chat_relayed_and_phase_metrics(client, stack):
+    ttft0 = await client.router_metric("disagg_first_token_emit_seconds_count", path="remote")
+    tpot0 = await client.router_metric("disagg_per_token_decode_seconds_count", path="remote")
+    xfer0 = await client.router_metric("disagg_kv_cache_transfer_seconds_count", path="remote")
+    slo0 = await client.router_metric("disagg_slo_requests_total")
+    ok0 = await client.router_metric("disagg_requests_total", outcome="ok")
+    sent = 0
+
     async def one() -> list[bytes]:
+        nonlocal sent
         body = {"messages": [{"role": "user", "content": long_prompt(words=2500)}], "max_tokens": 130,
                 "stream": True, "stream_options": {"include_usage": True}}
+        sent += 1
         status, raw = await client.complete(body, "/v1/chat/completions")
         assert status == 200
         return [e for e in raw.split(b"\n\n") if e]
@@ -145,11 +166,13 @@ async def test_streaming_chat_relayed_and_phase_metrics(client, stack):
     chunks = [json.loads(e[len(b"data: "):]) for e in events[:-1]]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text and chunks[-1]["usage"]["completion_tokens"] == 130
-    assert await client.router_metric("disagg_first_token_emit_seconds_count", path="remote") >= 1
-    assert await client.router_metric("disagg_per_token_decode_seconds_count", path="remote") >= 1
+    # this stream, served remote, observed once in each client-side phase
+    await client.accounted("disagg_requests_total", ok0 + 1, outcome="ok")
+    assert await client.router_metric("disagg_first_token_emit_seconds_count", path="remote") == ttft0 + 1
+    assert await client.router_metric("disagg_per_token_decode_seconds_count", path="remote") == tpot0 + 1
     # phases measured inside vLLM come from the workers' metrics once the router has scraped them
     async def transfer_observed() -> bool:
-        if await client.router_metric("disagg_kv_cache_transfer_seconds_count", path="remote") != 0:
+        if await client.router_metric("disagg_kv_cache_transfer_seconds_count", path="remote") > xfer0:
             return True
         await one()  # not scraped yet: another request, then look again
         return False
@@ -162,13 +185,17 @@ async def test_streaming_chat_relayed_and_phase_metrics(client, stack):
     for name in ("disagg_routing_decisions_total", "disagg_fallbacks_total", "disagg_requests_total",
                  "disagg_slo_requests_total", "disagg_slo_met_requests_total", "disagg_inflight_requests"):
         assert f"# TYPE {name.removesuffix('_total')}" in m
-    assert await client.router_metric("disagg_slo_requests_total") >= 2
+    # every request of this test was evaluated against the SLOs, once
+    await client.accounted("disagg_requests_total", ok0 + sent, outcome="ok")
+    assert await client.router_metric("disagg_slo_requests_total") == slo0 + sent
 
 
 async def test_prefill_faults_fall_back_with_zero_client_errors(client, stack):
     await client.faults(stack["prefill"], error_rate=1.0)
     fb0 = await client.router_metric("disagg_fallbacks_total", cause="prefill_error")
     ov0 = await client.router_metric("disagg_routing_decisions_total", reason="prefill_queue_overload")
+    served0 = await client.router_metric("disagg_requests_total", outcome="ok", path="fallback")
+    ok0 = await client.router_metric("disagg_requests_total", outcome="ok")
     results = await asyncio.gather(*(client.complete({"prompt": long_prompt(words=2500), "max_tokens": 128,
                                                       "stream": i % 2 == 0}) for i in range(8)))
     assert [s for s, _ in results] == [200] * 8
@@ -177,7 +204,9 @@ async def test_prefill_faults_fall_back_with_zero_client_errors(client, stack):
     # concurrent long prompts may also find the prefill queue estimate over maxPrefillQueueWaitMs (→ local)
     ov = await client.router_metric("disagg_routing_decisions_total", reason="prefill_queue_overload") - ov0
     assert fb >= 1 and fb + ov == 8
-    assert await client.router_metric("disagg_requests_total", outcome="ok", path="fallback") >= fb
+    # each fallback served its client on the fallback path
+    await client.accounted("disagg_requests_total", ok0 + 8, outcome="ok")
+    assert await client.router_metric("disagg_requests_total", outcome="ok", path="fallback") == served0 + fb
 
 
 async def test_slow_kv_transfer_times_out_to_local(client, stack):
@@ -194,13 +223,51 @@ async def test_slow_kv_transfer_times_out_to_local(client, stack):
     assert await client.router_metric("disagg_fallbacks_total", cause="kv_transfer_timeout") == before + 1
 
 
+async def test_slow_kv_transfer_is_raced_by_a_local_prefill(client, stack, metric, tmp_path):
+    """A slow KV transfer is a routing event: a router with hedging on (the default) that has seen healthy remote
+    streams starts a local prefill beside a stalled one and serves whichever answers first — here the local one,
+    long before the transfer timeout, with one role chunk (the abandoned remote leg sent nothing)."""
+    conf = tmp_path / "router.yaml"
+    conf.write_text(yaml.safe_dump({**BASE_CONFIG, "transferTimeoutMs": 8000}))
+    # one decode worker (so that it is the one that learns the hand-off time) and the other sim as the aggregated
+    # pool, where the local prefill goes
+    d1, d2 = stack["decode"]
+    r = stack["processes"].router(conf, prefill=[stack["prefill"].url], decode=[d1.url], aggregated=[d2.url],
+                                  extra=ROUTER_ARGS, wait=True)
+    wait_for(lambda: (n := router_workers_at(r.url)).get("prefill") == 1 and n.get("decode") == 1
+             and n.get("aggregated") == 1, 30, "the router to scrape its workers", interval=0.05)
+
+    async def stream(s: aiohttp.ClientSession, content: str) -> tuple[int, bytes, str]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 128,
+                "stream": True}
+        async with s.post(r.url + "/v1/chat/completions", json=body) as resp:
+            return resp.status, await resp.read(), resp.headers.get("X-Disagg-Path", "")
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+        for _ in range(2):  # healthy: the router learns what a KV hand-off takes on each decode worker
+            status, _, path = await stream(s, long_prompt(words=2500))
+            assert (status, path) == (200, "remote")
+        await client.faults(d1, kv_transfer_delay_ms=200_000)  # 10 wall s at time-scale 0.05
+        t = time.monotonic()
+        status, out, path = await stream(s, long_prompt(words=2500))
+        took = time.monotonic() - t
+        async with s.get(r.url + "/metrics") as resp:
+            m = await resp.text()
+    assert status == 200 and out.endswith(b"data: [DONE]\n\n") and path == "fallback"
+    assert out.count(b'"role":"assistant"') == 1
+    assert took < 7.0  # neither the stalled transfer (10 s) nor the transfer timeout (8 s)
+    assert metric(m, "disagg_fallbacks_total", cause="kv_transfer_slow") == 1
+    assert metric(m, "disagg_hedges_total", winner="local") == 1
+
+
 async def test_config_mode_flip_is_immediate(client, stack):
     await client.config(mode="Aggregated")
     before_p = (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"]
+    agg0 = await client.router_metric("disagg_routing_decisions_total", reason="mode_aggregated")
     status, _ = await client.complete({"prompt": long_prompt(), "max_tokens": 128})
     assert status == 200
     assert (await client.sim_state(stack["prefill"]))["computed_prompt_tokens"] == before_p
-    assert await client.router_metric("disagg_routing_decisions_total", reason="mode_aggregated") >= 1
+    assert await client.router_metric("disagg_routing_decisions_total", reason="mode_aggregated") == agg0 + 1
     # the operator's Auto flip works the same way (probes off here: test_mode_probes_while_held_aggregated)
     await client.config(activeMode="Aggregated", probe={"ratePerMinute": 0})
     status, _ = await client.complete({"prompt": long_prompt(), "max_tokens": 128})
@@ -231,9 +298,10 @@ async def test_tenant_never_and_canary_percent(client, stack):
     await client.config(routing={"tenants": [{"name": "chat", "match": {"values": ["chat"]},
                                               "disaggregation": "Never"}]},
                         rollout={"canary": {"trafficPercent": 30}})
+    never0 = await client.router_metric("disagg_routing_decisions_total", reason="tenant_never")
     status, _ = await client.complete({"prompt": long_prompt(), "max_tokens": 128}, headers={"x-tenant-id": "chat"})
     assert status == 200
-    assert await client.router_metric("disagg_routing_decisions_total", reason="tenant_never") >= 1
+    assert await client.router_metric("disagg_routing_decisions_total", reason="tenant_never") == never0 + 1
 
     async def decisions() -> dict[str, float]:
         text = await client.text(client.url + "/metrics")

@@ -9,6 +9,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..api.contract import ROUTER_PORT
+from .policy import Tuning
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,6 +52,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="requireDecodePoolPressure: a decode worker is under pressure at this KV-cache usage")
     p.add_argument("--decode-pressure-running", type=int, default=8,
                    help="… or with this many running + waiting sequences")
+    p.add_argument("--hedge-factor", type=float, default=Tuning.hedge_factor,
+                   help="a remote stream whose first token is this many times later than its decode worker's recent "
+                   "remote first tokens (per prompt token) gets a local prefill beside it; the first answer serves "
+                   "(fallback cause kv_transfer_slow); 0: off")
+    p.add_argument("--hedge-min-ms", type=float, default=Tuning.hedge_min_s * 1000,
+                   help="… and at least this many milliseconds after its decode leg started")
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="send OpenTelemetry traces (OTLP over HTTP/protobuf) to this URL, e.g. "
                    "http://jaeger:4318/v1/traces; the router's span per request and its legs' spans, with W3C "

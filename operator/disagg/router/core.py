@@ -30,6 +30,7 @@ KV params) falls under the remote path's fallback policy like a ``kv_*`` cause.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -234,11 +235,14 @@ class RequestCore(Generic[R]):
         w = self.workers.get(url)
         role = "aggregated" if w is not None and w.role == "aggregated" else "decode"
         prefix = self.prefix
+        started = self.clock()
 
         def commit() -> None:
             if on_commit is not None:
                 on_commit()
             prefix.insert(url, hashes)
+            if kv is not None and w is not None:  # the KV hand-off's time, what a hedge waits against
+                w.observe_remote_ttfb(self.clock() - started, ctx.input_tokens)
 
         with self.track(url, role):
             try:
@@ -270,6 +274,8 @@ class RequestCore(Generic[R]):
                 ticket.release()  # the prefill side: no evidence about the KV path
                 return await self._after_remote_failure(ctx, cfg, legs, hashes, e, exclude=set())
             try:
+                if ctx.stream and (delay := self._hedge_delay(ctx, d.decode)) is not None:
+                    return await self._hedged(ctx, legs, d.decode, kv, hashes, deadline, ticket, delay)
                 return await self.relay(ctx, legs, d.decode, kv, hashes,
                                         deadline=deadline if ctx.stream else None, on_commit=ticket.success)
             except UpstreamError as e:
@@ -279,6 +285,88 @@ class RequestCore(Generic[R]):
                 return await self._after_remote_failure(ctx, cfg, legs, hashes, e, exclude={d.decode})
         finally:
             ticket.release()  # cancelled, or no evidence: free a half-open slot (no-op after an outcome)
+
+    def _hedge_delay(self, ctx: Ctx, decode: str) -> float | None:
+        """How long a remote stream's decode leg may go without its first token before a local prefill races it:
+        ``hedge_factor`` × what the decode worker's recent remote first tokens took for this many prompt tokens (its
+        pool's slowest such worker when it has none on record yet), at least ``hedge_min_s``. None (no hedge) when
+        hedging is off, no worker of the pool has a remote first token on record yet, or it was queueing at its last
+        scrape (then the wait is the decode pool's capacity, not the KV path,
+        and a second prefill elsewhere would only add load)."""
+        w = self.workers.get(decode)
+        if self.tuning.hedge_factor <= 0 or w is None or w.scraped.get("vllm:num_requests_waiting", 0.0) > 0:
+            return None
+        per_token = w.remote_ttfb_per_token
+        if per_token is None:  # a worker not yet used remotely: what its pool's workers took
+            known = [x.remote_ttfb_per_token for x in self.workers.pools[w.role].values()
+                     if x.remote_ttfb_per_token is not None]
+            if not known:
+                return None
+            per_token = max(known)
+        return max(self.tuning.hedge_min_s, self.tuning.hedge_factor * per_token * ctx.input_tokens)
+
+    async def _hedged(self, ctx: Ctx, legs: Legs[R], decode: str, kv: Any, hashes: tuple[int, ...],
+                      deadline: float, ticket: Ticket, delay: float) -> R:
+        """A slow KV transfer is a routing event (DESIGN §10): the remote stream's decode leg runs; when its first
+        token is ``delay`` late, a local prefill starts on another worker beside it. The first leg to commit serves
+        (a commit gate: the other one raises before it records or sends anything) and the other is cancelled (its
+        worker aborts the request, as after any cancelled leg). A local win is the fallback ``kv_transfer_slow``,
+        transport evidence for the breakers like a timeout; a remote win is the remote path's success. When both
+        fail, the remote leg's failure goes on to the normal fallback."""
+        winner: list[str] = []
+        decided = asyncio.Event()
+
+        def gate(name: str, url: str, then: OnCommit | None = None) -> OnCommit:
+            def commit() -> None:
+                if winner:
+                    raise UpstreamError("lost_race", worker=url)
+                winner.append(name)
+                decided.set()
+                ctx.decode_worker = url
+                if then is not None:
+                    then()
+            return commit
+
+        remote = asyncio.create_task(self.relay(ctx, legs, decode, kv, hashes, deadline=deadline,
+                                                on_commit=gate("remote", decode, ticket.success)))
+        local: asyncio.Task[R] | None = None
+        try:
+            await asyncio.wait({remote}, timeout=delay)
+            other = None if remote.done() or winner else self.fallback_worker({decode})
+            if other is None:
+                return await remote
+            def local_won() -> None:
+                # the remote leg's own failure when it had one by then, else it was only slow; set before the
+                # answer's headers are written (X-Disagg-Path, X-Disagg-Reason are the commit's)
+                failed = remote.exception() if remote.done() and not remote.cancelled() else None
+                cause = remote_decode_cause(failed) if isinstance(failed, UpstreamError) else "kv_transfer_slow"
+                ctx.path, ctx.fallback = "fallback", cause
+                self.metrics.fallbacks.labels(cause).inc()
+                if cause.startswith("kv_"):
+                    ticket.failure(cause)
+
+            local = asyncio.create_task(self.relay(ctx, legs, other, None, hashes,
+                                                   on_commit=gate("local", other, local_won)))
+            while not winner and not (remote.done() and local.done()):
+                racing = [t for t in (remote, local) if not t.done()]
+                committed = asyncio.ensure_future(decided.wait())
+                try:
+                    await asyncio.wait({committed, *racing}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    committed.cancel()
+            if not winner:
+                self.metrics.hedges.labels("none").inc()
+                return await remote  # raises its failure: the caller falls back as for any remote failure
+            self.metrics.hedges.labels(winner[0]).inc()
+            if winner[0] == "remote":
+                await _cancel(local)
+                return await remote
+            await _cancel(remote)
+            return await local
+        finally:
+            for t in (remote, local):
+                if t is not None and not t.done():
+                    await _cancel(t)
 
     async def _after_remote_failure(self, ctx: Ctx, cfg: RouterConfig, legs: Legs[R], hashes: tuple[int, ...],
                                     e: UpstreamError, exclude: set[str]) -> R:
@@ -328,3 +416,13 @@ class RequestCore(Generic[R]):
     def _give_up(ctx: Ctx, legs: Legs[R], e: UpstreamError) -> R:
         ctx.outcome, ctx.status = "upstream_error", give_up_status(e)
         return legs.give_up(ctx, e)
+
+
+async def _cancel(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a raced leg and wait until it has cleaned up (its connection closed, its engine request aborted)."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, UpstreamError):
+        await task
+

@@ -327,9 +327,9 @@ class Upstream:
             except (aiohttp.ClientError, RawDisconnectedError):
                 raise UpstreamError("disconnected", worker=url) from None
             t_first = time.monotonic()
-            ctx.timings["decode_ttfb"] = t_first - t_send
             if on_commit is not None:
-                on_commit()
+                on_commit()  # may raise (a raced leg that lost): before anything of this leg is recorded
+            ctx.timings["decode_ttfb"] = t_first - t_send
             if not ctx.stream:
                 ctx.output_tokens = usage_completion_tokens(first)
                 if not remote and b'"queue_time_ms"' in first:  # the worker's per-request metrics

@@ -83,6 +83,8 @@ class Worker:
     observed_sec_per_token: float | None = None  # from the router's own prefill legs
     avg_prompt_tokens: float | None = None
     busy_until: float = 0.0  # monotonic time the router's own prefill backlog on this worker should clear
+    # EWMA of its remote decode legs' time to first token (the KV hand-off) per prompt token
+    remote_ttfb_per_token: float | None = None
 
     @property
     def up(self) -> bool:
@@ -114,6 +116,10 @@ class Worker:
     def observe_prefill_leg(self, seconds: float, tokens_ahead_and_own: int) -> None:
         if tokens_ahead_and_own > 0 and seconds > 0:
             self.observed_sec_per_token = _ewma(self.observed_sec_per_token, seconds / tokens_ahead_and_own)
+
+    def observe_remote_ttfb(self, seconds: float, tokens: int) -> None:
+        if seconds >= 0 and tokens > 0:
+            self.remote_ttfb_per_token = _ewma(self.remote_ttfb_per_token, seconds / tokens)
 
     def spt(self) -> float:
         return self.observed_sec_per_token or self.sec_per_token or DEFAULT_SEC_PER_PROMPT_TOKEN

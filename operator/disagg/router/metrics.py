@@ -65,6 +65,9 @@ class RouterMetrics:
                                  ["decision", "reason"], registry=r)
         self.fallbacks = Counter("disagg_fallbacks", "Requests that left their chosen path, by cause.",
                                  ["cause"], registry=r)
+        self.hedges = Counter("disagg_hedges", "Remote streams whose KV hand-off was slow, raced by a local prefill, "
+                              "by the path that answered (remote | local) or none (both failed).", ["winner"],
+                              registry=r)
         self.requests = Counter("disagg_requests", "Requests by outcome (ok, client_error, upstream_error, "
                                 "rejected, cancelled).", ["outcome", "path"], registry=r)
         self.slo_requests = Counter("disagg_slo_requests", "Successful requests evaluated against the SLOs.",

@@ -80,6 +80,11 @@ class Tuning:
     decode_pressure_kv_usage: float = 0.5  # decode worker under pressure at this KV-cache usage …
     decode_pressure_running: int = 8  # … or this many running + waiting sequences
     prefix_affinity_slack: int = 4  # prefer the prefix-holding decode worker unless it has this many more in flight
+    # A slow KV hand-off is a routing event (core.py "hedge"): a remote stream whose first token has not come this
+    # many times the decode worker's recent remote first-token time after its decode leg started (and at least
+    # hedge_min_s) gets a local prefill on another worker beside it; the first to answer serves. 0: off.
+    hedge_factor: float = 8.0
+    hedge_min_s: float = 0.25
 
 
 @dataclass(frozen=True)

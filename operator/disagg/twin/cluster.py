@@ -570,20 +570,25 @@ class EngineLegs(Legs[None]):
         assert leg.done is not None and leg.first_token is not None
         # a stream commits at its first token; a non-streamed answer when it is whole (legs.py ``_first``)
         commit = leg.first_token if ctx.stream else leg.done
-        if deadline is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(commit), max(deadline - c.now, 0.001))
-            except TimeoutError:
+        try:
+            if deadline is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(commit), max(deadline - c.now, 0.001))
+                except TimeoutError:
+                    raise UpstreamError("timeout", worker=worker) from None
+            else:
+                await commit
+            if leg.first is None or (not ctx.stream and leg.reason not in ("length", "stop")):
+                if leg.reason == "abort":  # the worker went away (a crash) before anything was relayed
+                    raise UpstreamError("disconnected", worker=worker)
+                raise UpstreamError("generation_error", worker=worker)  # vLLM's error event / 500 before a token
+            on_commit()  # raises when a raced leg won (router/core.py hedge): this one is abandoned
+            await leg.done
+        except BaseException:
+            # the router closed the connection (a timeout, a lost race, a cancel): vLLM aborts the request
+            if leg.reason is None:
                 leg.engine.abort(leg.req)
-                raise UpstreamError("timeout", worker=worker) from None
-        else:
-            await commit
-        if leg.first is None or (not ctx.stream and leg.reason not in ("length", "stop")):
-            if leg.reason == "abort":  # the worker went away (a crash) before anything was relayed
-                raise UpstreamError("disconnected", worker=worker)
-            raise UpstreamError("generation_error", worker=worker)  # vLLM's error event / 500 before a token
-        on_commit()
-        await leg.done
+            raise
         o.first, o.last, o.tokens, o.itl_max, o.end = leg.first, leg.last, leg.tokens, leg.itl_max, c.now
         o.kv_transfer_s = leg.req.ctx.xfer_s
         o.cached_tokens = leg.req.num_cached
