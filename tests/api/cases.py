@@ -123,8 +123,8 @@ INVALID_OBJECTS: list[tuple[str, dict[str, Any], str]] = [
     ("unknown-top-level-field", {"metadata": {"name": "m"}, "spec": BASE, "specs": {}}, "specs"),
 ]
 
-# Specs the apiserver accepts and the operator refuses (BuildError, semantics.semantic_errors): `disagg validate`
-# refuses them as the operator's, naming the field.
+# Specs the apiserver accepts and the operator refuses (api/semantics.py model_errors): `disagg validate` refuses
+# them as the operator's, naming the field.
 OPERATOR_ONLY: list[tuple[str, dict[str, Any], str]] = [
     # argparse's abbreviations of owned flags: beyond the CEL rule's pattern, refused by the operator
     ("extra-args-abbreviated-tp", spec(decode={"extraArgs": ["--enforce-eager", "--tensor-parallel", "4"]}),

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from disagg.api.models import DisaggregatedModel
+from disagg.api.semantics import model_errors
 from disagg.builders import parse_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +27,13 @@ def model(name: str = "llama-8b-nvlink", **spec_patch: Any) -> DisaggregatedMode
     body = example_body(name)
     body["spec"].update(spec_patch)
     return parse_model(body)
+
+
+def refused(dm: DisaggregatedModel, lws_installed: bool = False) -> str:
+    """What the operator refuses ``dm`` for before building it (api/semantics.py ``model_errors``, joined as the
+    reconciler reports them: Ready=False reason InvalidSpec); empty when the API admits it. The builders assume a
+    model the API admits, so the checks of what they cannot render live there."""
+    return "; ".join(model_errors(dm.metadata, dm.spec, lws_installed=lws_installed))
 
 
 @pytest.fixture(params=sorted(EXAMPLES))

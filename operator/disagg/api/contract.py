@@ -42,6 +42,34 @@ def router_name(model: str) -> str:
     return f"{model}-router"
 
 
+# Multi-node pools (builders/multinode.py, docs/multinode.md) on the StatefulSet back end: per group (replica) a
+# headless Service ``<model>-<role>-<generation>-g<index>`` and one StatefulSet per node rank, ``<group>-n<rank>``.
+GROUP_GENERATION_CHARS = 5
+"""Length of the generation in a group's name (a hash of what the group's pods run)."""
+MAX_STATEFULSET_NAME = 52
+"""The longest StatefulSet name: its pods get the label controller-revision-hash=<name>-<hash of up to 10
+characters>, which must fit a label value (63)."""
+
+
+def group_name(model: str, role: Role, generation: str, index: int) -> str:
+    """A group of a multi-node pool: its headless Service, and the prefix of its StatefulSets."""
+    return f"{pool_name(model, role)}-{generation}-g{index}"
+
+
+def member_name(group: str, node_rank: int) -> str:
+    """The StatefulSet of node rank ``node_rank`` of a group; its one pod is ``<this>-0``."""
+    return f"{group}-n{node_rank}"
+
+
+# The LeaderWorkerSet back end (kubernetes-sigs/lws): its API, and the CRD whose presence makes ``backend: Auto`` pick
+# it.
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_VERSION = "v1"
+LWS_API_VERSION = f"{LWS_GROUP}/{LWS_VERSION}"
+LWS_KIND = "LeaderWorkerSet"
+LWS_PLURAL = "leaderworkersets"
+LWS_CRD = f"{LWS_PLURAL}.{LWS_GROUP}"
+
 ROUTER_CONFIG_KEY = "router.yaml"
 ROUTER_PORT = 8080
 WORKER_PORT_NAME = "http"

@@ -5,7 +5,9 @@ ratios and rates as numbers in [0, 1], percentages in [0, 100].
 
 Single-field constraints (bounds, patterns, enums) are declared on the fields; the CRD schema carries them.
 Rules that relate several fields live in ``rules.py`` (one table, from which both the CRD's CEL
-``x-kubernetes-validations`` and the Python check ``spec_errors`` are generated).
+``x-kubernetes-validations`` and the Python check ``spec_errors`` are generated), which reads these models: this
+module imports nothing of it. ``DisaggregatedModel`` (models.py) checks them on parse, as the apiserver does on
+create; the operator's own checks are semantics.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, WithJsonSchema, model_validator
+from pydantic import Field, WithJsonSchema
 from pydantic.config import JsonDict
 
 from ..vllm_versions import DEFAULT_VERSION, VERSION_PATTERN, fmt
@@ -774,12 +776,3 @@ class DisaggregatedModelSpec(ApiModel):
     observability: ObservabilitySpec = Field(
         default_factory=ObservabilitySpec, description="Traces (and, later, other signals) of the data path."
     )
-
-    @model_validator(mode="after")
-    def _cross_field(self) -> DisaggregatedModelSpec:
-        """The rules that relate several fields (rules.py), checked as the apiserver's CEL would check them."""
-        from .rules import spec_errors  # rules.py imports these models, so it is imported when first needed
-
-        for err in spec_errors(self):
-            raise ValueError(err)
-        return self

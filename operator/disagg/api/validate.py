@@ -19,13 +19,14 @@
    subtree has a type error (or when it reads a missing required field), so one pass also reports what the
    apiserver would say once those are fixed.
 
-Then, **the operator's checks**, which the apiserver does not make: every ``extraArgs`` list against the flags the
-operator owns (``builders.workers.extra_args_errors``: the items the CRD's CEL rule does not already refuse, i.e.
-argparse's abbreviations and items vLLM cannot read as one option), ``semantics.semantic_errors`` (a podTemplate
-overriding the vllm container's command or args), and, when the spec passed the
-schema and the rules, the builders themselves (``build_children``: their ``BuildError`` is what the operator
-reports as ``Ready=False`` reason ``InvalidSpec``). These carry ``OPERATOR_NOTE``: ``kubectl apply`` succeeds and
-the model then reports InvalidSpec.
+Then, **the operator's checks** (semantics.py), which the apiserver does not make: every ``extraArgs`` list against
+the flags the operator owns (``flags.extra_args_errors``: the items the CRD's CEL rule does not already refuse, i.e.
+argparse's abbreviations and items vLLM cannot read as one option), and, when the spec passed the schema and the
+rules, the rest of ``semantics.model_errors`` (podTemplate overrides, ports, the vLLM release, multi-node pools, the
+children's names): what the operator reports as ``Ready=False`` reason ``InvalidSpec``, before it builds anything.
+The cluster is not known offline: a LeaderWorkerSet back end is checked as on a cluster without its CRD (as
+``disagg render`` renders). These carry ``OPERATOR_NOTE``: ``kubectl apply`` succeeds and the model then reports
+InvalidSpec.
 """
 
 from __future__ import annotations
@@ -348,11 +349,10 @@ def _cel(value: Any, schema: dict[str, Any], path: str, type_errors: list[str]) 
 
 def _operator_problems(doc: dict[str, Any], spec: Any, build: bool) -> list[Problem]:
     """The operator's checks of ``spec`` (pruned and defaulted): extraArgs wherever they are lists of strings; the
-    rest (semantics, builders) only on a spec that passed the schema and the rules (``build``)."""
-    from ..builders import BuildError, build_children, parse_model
-    from ..builders.workers import extra_args_item_errors as enumerate_errors
-    from .flags import sets_reserved_flag
-    from .semantics import semantic_errors
+    rest (semantics.py) only on a spec that passed the schema and the rules (``build``)."""
+    from .flags import extra_args_item_errors, sets_reserved_flag
+    from .models import parse_model
+    from .semantics import model_errors
 
     out: list[Problem] = []
     if isinstance(spec, dict):
@@ -360,7 +360,7 @@ def _operator_problems(doc: dict[str, Any], spec: Any, build: bool) -> list[Prob
             args = (spec.get(where) or {}).get("extraArgs") if isinstance(spec.get(where), dict) else None
             if isinstance(args, list) and all(isinstance(a, str) for a in args):
                 # the items the CRD's CEL rule refuses are the apiserver's errors already (rules.py)
-                out += [_split(e, "operator") for i, e in enumerate_errors(f"spec.{where}.extraArgs", args)
+                out += [_split(e, "operator") for i, e in extra_args_item_errors(f"spec.{where}.extraArgs", args)
                         if not sets_reserved_flag(args[i])]
     if not build:
         return out
@@ -371,17 +371,10 @@ def _operator_problems(doc: dict[str, Any], spec: Any, build: bool) -> list[Prob
         dm = parse_model(body)
     except ValidationError as exc:  # the schema walk should have caught it: report pydantic's words
         return [*out, *(_split(e) for e in _pydantic_errors(exc))]
-    out += [_split(e, "operator") for e in semantic_errors(dm.spec)]
-    if out:  # build the rest of the spec: BuildError stops at its first error, so hide the ones already reported
-        dm = dm.model_copy(deep=True)
-        for pool in (dm.spec.engine, dm.spec.prefill, dm.spec.decode, dm.spec.aggregated):
-            if pool is not None:
-                pool.extra_args = []
-    try:
-        build_children(dm)
-    except BuildError as exc:
-        problem = _split(str(exc), "operator")
-        if problem.field not in {p.field for p in out}:
+    reported = {(p.field, p.message) for p in out}  # the extraArgs above, found again
+    for error in model_errors(dm.metadata, dm.spec, lws_installed=False):
+        problem = _split(error, "operator")
+        if (problem.field, problem.message) not in reported:
             out.append(problem)
     return out
 

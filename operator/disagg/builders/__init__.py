@@ -2,19 +2,19 @@
 
 ``build_children(dm)`` is the one entry point: the operator applies exactly its output, and ``disagg render``
 prints it. Everything here is deterministic: the same DisaggregatedModel gives byte-identical manifests.
+
+The builders assume a model the API admits: the schema, the cross-field rules (pydantic, ``parse_model``) and the
+operator's own checks (``disagg.api.semantics.model_errors``), which the operator and ``disagg render`` run first.
+Nothing here refuses a spec.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
-
-from ..api import contract as c
-from ..api.models import DisaggregatedModel, DisaggregatedModelStatus
+from ..api.models import DisaggregatedModel, parse_model
 from . import multinode
-from .meta import ANNOTATION_SPEC_HASH, BuildError, check_child_names, model_name, stamp_spec_hash
+from .meta import ANNOTATION_SPEC_HASH, stamp_spec_hash
 from .replicas import desired_replicas, replicas_owner
 from .router import active_mode, router_config, router_configmap, router_deployment, router_rbac, router_service
 from .settings import BuildSettings
@@ -32,7 +32,6 @@ from .workers import (
 
 __all__ = [
     "ANNOTATION_SPEC_HASH",
-    "BuildError",
     "BuildSettings",
     "active_mode",
     "build_children",
@@ -49,34 +48,15 @@ __all__ = [
 ]
 
 
-def parse_model(body: Mapping[str, Any]) -> DisaggregatedModel:
-    """A DisaggregatedModel from a raw object: the spec strictly (pydantic errors propagate), the status leniently
-    (a status another writer left in an unexpected shape is dropped rather than blocking reconciliation)."""
-    raw = {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
-    dm = DisaggregatedModel.model_validate(raw)
-    status = body.get("status")
-    if status:
-        try:
-            dm.status = DisaggregatedModelStatus.model_validate(
-                {k: v for k, v in status.items() if k in DisaggregatedModelStatus.model_fields
-                 or k in {f.alias for f in DisaggregatedModelStatus.model_fields.values()}}
-            )
-        except ValidationError:
-            dm.status = None
-    return dm
-
-
 def build_children(dm: DisaggregatedModel, settings: BuildSettings | None = None) -> list[dict[str, Any]]:
     """Every child object of a DisaggregatedModel, in apply order (RBAC and config before the workloads).
 
-    Raises BuildError (message names the field) when the spec cannot be turned into valid objects; nothing is
-    returned then, so the caller applies all or nothing.
+    ``dm`` must be a model the API admits (``disagg.api.semantics.model_errors`` empty, with the same
+    ``settings.lws_installed``).
     """
     settings = settings or BuildSettings()
     dm = with_default_tracing(dm, settings.tracing_endpoint, settings.tracing_sampling_ratio)
-    model = model_name(dm)
     roles = worker_roles(dm)
-    check_child_names(model, {**{r: c.pool_name(model, r) for r in roles}, "router": c.router_name(model)})
     objs: list[dict[str, Any]] = []
     objs += router_rbac(dm)
     objs.append(router_configmap(dm))

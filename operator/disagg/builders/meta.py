@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
 from typing import Any
 
 from ..api import contract as c
@@ -21,8 +20,6 @@ ANNOTATION_SPEC_HASH = "serving.disagg.dev/spec-hash"
 # the Deployment object alone, and holds template changes that come from a new operator version (no spec change)
 # to roll one model at a time (docs/operator.md, "Operator upgrades").
 ANNOTATION_TEMPLATE_HASH = "serving.disagg.dev/template-hash"
-
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 # Labels and annotations of a DisaggregatedModel are copied to its children (cost allocation, ownership and
 # team labels, GitOps-independent tooling), as dask-kubernetes' operator does, except keys that belong to a tool:
@@ -47,40 +44,17 @@ ALLOWED_PREFIX_DOMAINS = ("app.kubernetes.io",)
 EXCLUDED_KEYS = frozenset({"app.kubernetes.io/managed-by", "pod-template-hash", "controller-revision-hash"})
 
 
-class BuildError(ValueError):
-    """A spec the schema accepts but the operator cannot turn into valid objects. The message names the field."""
-
-
 def model_name(dm: DisaggregatedModel) -> str:
+    """The model's name, which every child's name starts with. The builders assume a model the API admits
+    (api/semantics.py ``model_errors``): named, and short enough for every child's name."""
     name = dm.metadata.get("name")
-    if not name:
-        raise BuildError("metadata.name: required")
+    assert name, "metadata.name: required (api/semantics.py name_errors)"
     return str(name)
 
 
 def namespace_of(dm: DisaggregatedModel) -> str | None:
     ns = dm.metadata.get("namespace")
     return str(ns) if ns else None
-
-
-def check_child_names(model: str, names: dict[str, str]) -> None:
-    """Services (so every pool and the router) need DNS-1035 labels: ≤ 63 characters, starting with a letter.
-
-    ``names`` maps a role to its child name. The apiserver accepts longer DisaggregatedModel names (DNS
-    subdomains), so this is checked here, before anything is applied.
-    """
-    for role, name in names.items():
-        if len(name) > 63:
-            longest = 63 - (len(name) - len(model))
-            raise BuildError(
-                f"metadata.name: {model!r} is too long: the {role} Service would be named {name!r} "
-                f"({len(name)} characters; Kubernetes allows 63). Use at most {longest} characters."
-            )
-        if not _DNS1035.match(name):
-            raise BuildError(
-                f"metadata.name: {model!r} cannot name a Service ({name!r}): use lowercase letters, digits and "
-                "'-', starting with a letter (DNS-1035 label)."
-            )
 
 
 def _under(domain: str, parent: str) -> bool:

@@ -40,27 +40,24 @@ import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from ..api import contract as c
+from ..api.contract import LWS_API_VERSION as LWS_API_VERSION  # the LeaderWorkerSet API (api/contract.py)
+from ..api.contract import LWS_CRD as LWS_CRD  # whose presence makes ``backend: Auto`` pick LeaderWorkerSet
+from ..api.contract import LWS_GROUP as LWS_GROUP
+from ..api.contract import LWS_KIND as LWS_KIND
+from ..api.contract import LWS_PLURAL as LWS_PLURAL
+from ..api.contract import LWS_VERSION as LWS_VERSION
 from ..api.contract import Role
-from ..api.flags import option_name
 from ..api.models import DisaggregatedModel, PoolSpec
-from ..api.spec import DisaggregatedModelSpec
-from .meta import BuildError, model_name, namespace_of, object_meta, role_labels, short_hash
+from ..api.semantics import Backend as Backend
+from ..api.semantics import resolve_backend as resolve_backend  # the back end of spec.multiNode.backend
+from .meta import model_name, namespace_of, object_meta, role_labels, short_hash
 from .replicas import desired_replicas
 from .transport import KV_ROLES
 from .workers import worker_args, worker_deployment
 
-Backend = Literal["LeaderWorkerSet", "StatefulSet"]
-
-LWS_GROUP = "leaderworkerset.x-k8s.io"
-LWS_VERSION = "v1"
-LWS_API_VERSION = f"{LWS_GROUP}/{LWS_VERSION}"
-LWS_KIND = "LeaderWorkerSet"
-LWS_PLURAL = "leaderworkersets"
-LWS_CRD = f"{LWS_PLURAL}.{LWS_GROUP}"
-"""The CustomResourceDefinition whose presence makes ``backend: Auto`` pick LeaderWorkerSet."""
 # Set by the LeaderWorkerSet controller in every pod of a group (kubernetes-sigs/lws, pkg/utils/pod/pod_utils.go
 # and api/leaderworkerset/v1/leaderworkerset_types.go): the leader's
 # address `<leader pod>.<lws>.<namespace>`, the pod's index in its group, 0 for the leader; and the group's key
@@ -82,66 +79,7 @@ LEADER, WORKER = "leader", "worker"
 
 RPC_PORT_NAME = "dp-rpc"
 MASTER_PORT_NAME = "dist-master"
-# The longest StatefulSet name: its pods get the label controller-revision-hash=<name>-<hash of up to 10
-# characters>, which must fit a label value (63).
-MAX_STATEFULSET_NAME = 52
-
-
-# The flags of a rank that the operator renders for a multi-node pool (vllm_versions.MULTI_NODE), with where it takes
-# them from, and their short aliases (vllm/engine/arg_utils.py 0.33.0 lines 1177-1178, 1244-1306). Refused in the
-# extraArgs of such a pool by the operator (``extra_args_errors``), in every spelling vLLM reads: not by the CRD's CEL
-# rule over extraArgs (api/flags.py), whose pattern with these flags exceeds the apiserver's CEL cost budget.
-RANK_FLAGS: dict[str, str] = {
-    "--data-parallel-start-rank": "spec.<pool>.nodesPerReplica (each node's first data-parallel rank)",
-    "--data-parallel-address": "spec.<pool>.nodesPerReplica (the address of the replica's leader)",
-    "--data-parallel-rpc-port": "spec.multiNode.dataParallelRpcPort",
-    "--nnodes": "spec.<pool>.nodesPerReplica",
-    "--node-rank": "spec.<pool>.nodesPerReplica (each pod's rank in its replica)",
-    "--master-addr": "spec.<pool>.nodesPerReplica (the address of the replica's leader)",
-    "--master-port": "spec.multiNode.masterPort",
-    "--enable-expert-parallel": "spec.<pool>.parallelism.expert",
-    "--data-parallel-rank": "the replica's leader balances its ranks (vLLM's internal load balancing)",
-    "--data-parallel-hybrid-lb": "the replica's leader balances its ranks (vLLM's internal load balancing)",
-    "--data-parallel-external-lb": "the replica's leader balances its ranks (vLLM's internal load balancing)",
-}
-RANK_SHORT_FLAGS: dict[str, str] = {
-    "-dpr": "--data-parallel-start-rank", "-dpa": "--data-parallel-address", "-dpp": "--data-parallel-rpc-port",
-    "-n": "--nnodes", "-r": "--node-rank", "-ep": "--enable-expert-parallel", "-dpn": "--data-parallel-rank",
-    "-dph": "--data-parallel-hybrid-lb", "-dpe": "--data-parallel-external-lb",
-}
-
-
-def _rank_flag(name: str) -> str | None:
-    """The rank flag vLLM reads option ``name`` as: itself, a short alias, or an abbreviation (argparse's
-    allow_abbrev) of one; None otherwise."""
-    if name in RANK_FLAGS:
-        return name
-    if name in RANK_SHORT_FLAGS:
-        return RANK_SHORT_FLAGS[name]
-    if name.startswith("--") and len(name) > 2:
-        longs = sorted(f for f in RANK_FLAGS if f.startswith(name))
-        return longs[0] if longs else None
-    return None
-
-
-def extra_args_errors(dm: DisaggregatedModel, role: Role) -> list[str]:
-    """Every extraArgs item (spec.engine and spec.<role>) that sets a flag the operator renders for the ranks of a
-    multi-node pool."""
-    out: list[str] = []
-    pool: PoolSpec = getattr(dm.spec, role)
-    for field_name, args in (("spec.engine.extraArgs", dm.spec.engine.extra_args),
-                             (f"spec.{role}.extraArgs", pool.extra_args)):
-        for i, arg in enumerate(args):
-            option = option_name(arg)
-            flag = _rank_flag(option[1]) if option else None
-            if option and flag:
-                source = RANK_FLAGS[flag].replace("<pool>", role)
-                owner = (f"is set by the operator from {source}" if source.startswith("spec.")
-                         else f"is owned by the operator: {source}")
-                reads = f" (vLLM reads it as {flag})" if option[1] != flag else ""
-                out.append(f"{field_name}[{i}]: {option[0]}{reads} {owner} in a pool whose replicas span "
-                           f"spec.{role}.nodesPerReplica {pool.nodes_per_replica} nodes; remove it")
-    return out
+MAX_STATEFULSET_NAME = c.MAX_STATEFULSET_NAME  # (api/contract.py: the pods' controller-revision-hash label)
 
 
 # ---------------------------------------------------------------------------------------------- layout
@@ -211,35 +149,13 @@ def multinode_roles(dm: DisaggregatedModel) -> list[Role]:
     return [r for r in roles if is_multinode(getattr(dm.spec, r))]
 
 
-def check_layout(pool: PoolSpec, field: str) -> Layout:
-    """The pool's layout; BuildError naming the field when it cannot be run (the admission rules refuse these
-    too: spec_errors, rules.py, for a spec that reached the operator another way)."""
+def valid_layout(pool: PoolSpec) -> Layout:
+    """The pool's layout, which the CRD's rules (rules.py: pool-multinode-*) guarantee can be run: every node gets
+    the same GPUs, and a data-parallel rank is not split across nodes."""
     lay = layout(pool)
-    if lay.gpus % lay.nodes:
-        raise BuildError(f"{field}.nodesPerReplica: tensor × pipeline × data ({lay.gpus}) is not a multiple of "
-                         f"nodesPerReplica ({lay.nodes})")
-    if lay.data_parallel and lay.data % lay.nodes:
-        raise BuildError(f"{field}.parallelism.data: {lay.data} data-parallel ranks do not split evenly over "
-                         f"{lay.nodes} nodes")
-    if pool.gpu.count is not None and pool.gpu.count != lay.gpus_per_node:
-        raise BuildError(f"{field}.gpu.count: {pool.gpu.count} GPUs per pod, but the layout needs "
-                         f"{lay.gpus} ÷ {lay.nodes} = {lay.gpus_per_node}")
+    assert lay.gpus % lay.nodes == 0 and (not lay.data_parallel or lay.data % lay.nodes == 0), (
+        f"layout {lay} cannot be run (api/rules.py refuses it)")
     return lay
-
-
-# --------------------------------------------------------------------------------------------- back end
-
-
-def resolve_backend(spec: DisaggregatedModelSpec, lws_installed: bool) -> Backend:
-    """The back end of the model's multi-node pools: spec.multiNode.backend, Auto → LeaderWorkerSet only when the
-    caller found its CRD (``LWS_CRD``) installed."""
-    wanted = spec.multi_node.backend
-    if wanted == "Auto":
-        return "LeaderWorkerSet" if lws_installed else "StatefulSet"
-    if wanted == "LeaderWorkerSet" and not lws_installed:
-        raise BuildError(f"spec.multiNode.backend: LeaderWorkerSet needs the {LWS_CRD} CRD (and the LeaderWorkerSet "
-                         "controller) installed in the cluster; install it, or use StatefulSet or Auto")
-    return wanted
 
 
 # ------------------------------------------------------------------------------------------------ names
@@ -252,17 +168,16 @@ def generation(dm: DisaggregatedModel, role: Role) -> str:
     pool: PoolSpec = getattr(spec, role)
     template = worker_deployment(dm, role)["spec"]["template"]
     return short_hash({"template": template, "layout": layout(pool).__dict__,
-                       "ports": [spec.multi_node.data_parallel_rpc_port, spec.multi_node.master_port]}, 5)
+                       "ports": [spec.multi_node.data_parallel_rpc_port, spec.multi_node.master_port]},
+                      c.GROUP_GENERATION_CHARS)
 
 
 def group_name(dm: DisaggregatedModel, role: Role, index: int, gen: str | None = None) -> str:
     """``<model>-<role>-<generation>-g<index>``: the group's headless Service, and the prefix of its StatefulSets."""
-    return f"{c.pool_name(model_name(dm), role)}-{gen or generation(dm, role)}-g{index}"
+    return c.group_name(model_name(dm), role, gen or generation(dm, role), index)
 
 
-def member_name(group: str, node_rank: int) -> str:
-    """The StatefulSet of node rank ``node_rank`` of a group; its one pod is ``<this>-0``."""
-    return f"{group}-n{node_rank}"
+member_name = c.member_name
 
 
 def member_pod(group: str, node_rank: int) -> str:
@@ -304,7 +219,7 @@ def rank_flags(dm: DisaggregatedModel, role: Role, node_rank: int, address: str)
 def rank_args(dm: DisaggregatedModel, role: Role, node_rank: int, address: str) -> list[str]:
     """``vllm serve``'s full argument list for node ``node_rank`` of a replica (leader: 0)."""
     pool: PoolSpec = getattr(dm.spec, role)
-    check_layout(pool, f"spec.{role}")
+    valid_layout(pool)
     if not 0 <= node_rank < pool.nodes_per_replica:
         raise ValueError(f"node rank {node_rank} outside 0..{pool.nodes_per_replica - 1}")
     return worker_args(dm, role, rank_flags(dm, role, node_rank, address))
@@ -314,26 +229,9 @@ def rank_args(dm: DisaggregatedModel, role: Role, node_rank: int, address: str) 
 
 
 def _check(dm: DisaggregatedModel, role: Role) -> Layout:
-    spec = dm.spec
-    pool: PoolSpec = getattr(spec, role)
-    lay = check_layout(pool, f"spec.{role}")
-    errors = extra_args_errors(dm, role)
-    if errors:
-        raise BuildError("; ".join(errors))
-    if role in KV_ROLES and spec.kv_transfer.transport == "nvlink":
-        raise BuildError(f"spec.kvTransfer.transport: nvlink keeps every KV-connected pod on one node, which a "
-                         f"{role} replica of spec.{role}.nodesPerReplica {lay.nodes} nodes cannot do; use rdma")
-    mn = spec.multi_node
-    port = mn.data_parallel_rpc_port if lay.data_parallel else mn.master_port
-    flag = "dataParallelRpcPort" if lay.data_parallel else "masterPort"
-    taken = {spec.engine.port: "spec.engine.port"}
-    if role in KV_ROLES:
-        side = spec.kv_transfer.side_channel_port
-        taken.update({p: "spec.kvTransfer.sideChannelPort (+ data-parallel rank)"
-                      for p in range(side, side + lay.data)})
-    if port in taken:
-        raise BuildError(f"spec.multiNode.{flag}: port {port} is also {taken[port]} in the {role} pool; pick another")
-    return lay
+    """The layout of multi-node pool ``role``. (What else such a pool needs, the API checks: no rank flag in
+    extraArgs, a transport across nodes, rendezvous ports of their own, names that fit: api/semantics.py.)"""
+    return valid_layout(getattr(dm.spec, role))
 
 
 def _pod_template(dm: DisaggregatedModel, role: Role, node_rank: int, args: list[str],
@@ -431,11 +329,7 @@ def group_statefulsets(dm: DisaggregatedModel, role: Role, index: int, gen: str 
     address = leader_address(dm, group)
     out = []
     for rank in range(lay.nodes):
-        name = member_name(group, rank)
-        if len(name) > MAX_STATEFULSET_NAME:
-            raise BuildError(f"metadata.name: {model!r} is too long for a multi-node {role} pool: StatefulSet "
-                             f"{name!r} has {len(name)} characters (at most {MAX_STATEFULSET_NAME}); use at most "
-                             f"{len(model) - (len(name) - MAX_STATEFULSET_NAME)} characters")
+        name = member_name(group, rank)  # at most MAX_STATEFULSET_NAME characters (api/semantics.py name_errors)
         labels = {**_group_labels(model, role, rank), LABEL_GROUP: group, LABEL_GENERATION: gen}
         template = _pod_template(dm, role, rank, rank_args(dm, role, rank, address), labels, lay)
         _anti_affinity(template, {"matchLabels": {c.LABEL_MODEL: model, LABEL_GROUP: group}})

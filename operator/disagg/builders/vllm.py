@@ -17,11 +17,9 @@ from ..vllm_versions import (
     Version,
     VersionError,
     VersionResolution,
-    fmt,
     resolve_vllm_version,
     tag_version,
 )
-from .meta import BuildError
 from .transport import kv_transfer_config
 
 # Status condition the controller can set from :func:`vllm_version_condition`.
@@ -29,11 +27,9 @@ VERSION_CONDITION = "VLLMVersionKnown"
 
 
 def engine_version(engine: EngineSpec) -> VersionResolution:
-    """The vLLM release the pools are rendered for; BuildError naming spec.engine.vllmVersion when it is bad."""
-    try:
-        return resolve_vllm_version(engine.image, engine.vllm_version)
-    except VersionError as e:
-        raise BuildError(str(e)) from None
+    """The vLLM release the pools are rendered for. (A spec.engine.vllmVersion that is no release, or disagrees
+    with the image tag, is refused before: api/semantics.py ``version_errors``.)"""
+    return resolve_vllm_version(engine.image, engine.vllm_version)
 
 
 def vllm_version_condition(engine: EngineSpec) -> dict[str, str]:
@@ -75,17 +71,13 @@ def kv_transfer_config_for(spec: DisaggregatedModelSpec, role: Role) -> dict[str
 
     ``kv_load_failure_policy`` is left out for releases without it: from 0.16.0 vLLM refuses unknown keys, and
     before that it silently ignored them (the request is then recomputed on a failed load, as the spec's
-    ``recompute`` asks; a ``fail`` policy cannot be honoured there and is refused).
+    ``recompute`` asks; a ``fail`` policy cannot be honoured there and is refused by api/semantics.py
+    ``version_errors``, as is a connector the release lacks).
     """
-    r = engine_version(spec.engine)
-    p = r.profile
+    p = engine_version(spec.engine).profile
     kv = spec.kv_transfer
-    if kv.connector not in p.connectors:
-        raise BuildError(f"spec.kvTransfer.connector: {kv.connector} is not in vLLM {fmt(r.version)} ({r.message})")
+    assert kv.connector in p.connectors, f"{kv.connector} is not in this vLLM release (api/semantics.py refuses it)"
     full = kv_transfer_config(kv, role)
-    if "kv_load_failure_policy" in full and not p.kv_load_failure_policy and kv.load_failure_policy == "fail":
-        raise BuildError(f"spec.kvTransfer.loadFailurePolicy: fail needs vLLM 0.13.0 or later (kv_load_failure_"
-                         f"policy); {r.message}, which always recomputes a failed KV load; use recompute")
     return {k: full[k] for k in p.kv_transfer_keys(list(full))}
 
 

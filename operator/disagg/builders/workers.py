@@ -13,10 +13,9 @@ from ..api.flags import RESERVED_FLAGS as RESERVED_FLAGS  # the one table (api/f
 from ..api.flags import RESERVED_SHORT_FLAGS as RESERVED_SHORT_FLAGS
 from ..api.flags import option_name
 from ..api.models import DisaggregatedModel, DisaggregatedModelSpec, PoolSpec
-from ..api.semantics import WORKER_CONTAINER, pod_template_errors
+from ..api.semantics import WORKER_CONTAINER
 from .merge import strategic_merge
 from .meta import (
-    BuildError,
     model_name,
     object_meta,
     role_labels,
@@ -89,70 +88,6 @@ def gpu_count(pool: PoolSpec) -> int:
     return pool.gpu.count if pool.gpu.count is not None else p.tensor * p.pipeline * p.data
 
 
-def _reserved(name: str) -> tuple[str, bool] | None:
-    """``(reserved long flag, abbreviated)`` when vLLM would read option ``name`` as a flag the operator owns.
-
-    argparse (``allow_abbrev``, which vLLM leaves on) also takes an unambiguous prefix of an option for the option:
-    ``--tensor-parallel 4`` is ``--tensor-parallel-size 4``, ``-t 4`` is ``-tp 4``. A prefix of a reserved flag is
-    refused whether or not it is ambiguous (an ambiguous one would only fail at startup). No option of vLLM 0.33.0
-    that the operator does not own is a strict prefix of a reserved flag (checked against the option strings of
-    vllm/engine/arg_utils.py and vllm/entrypoints/common/cli_args.py), so no such option is refused.
-    """
-    if name in RESERVED_FLAGS:
-        return name, False
-    if name in RESERVED_SHORT_FLAGS:
-        return RESERVED_SHORT_FLAGS[name], False
-    if name.startswith("--") and len(name) > 2:
-        longs = sorted(f for f in RESERVED_FLAGS if f.startswith(name))
-        if longs:
-            return longs[0], True
-    elif len(name) > 1 and name[1] != "-":
-        shorts = sorted(f for f in RESERVED_SHORT_FLAGS if f.startswith(name))
-        if shorts:
-            return RESERVED_SHORT_FLAGS[shorts[0]], True
-    return None
-
-
-def extra_args_errors(field: str, args: list[str]) -> list[str]:
-    """Every item of an extraArgs list (``field``: ``spec.engine.extraArgs`` or ``spec.<pool>.extraArgs``) that sets
-    a flag the operator owns, in any spelling vLLM accepts, or that vLLM could not read as one option."""
-    return [error for _, error in extra_args_item_errors(field, args)]
-
-
-def extra_args_item_errors(field: str, args: list[str]) -> list[tuple[int, str]]:
-    """``extra_args_errors`` with the index of the item each error is about."""
-    pool = field.split(".")[1] if field.count(".") == 2 and not field.startswith("spec.engine.") else "<pool>"
-    out: list[tuple[int, str]] = []
-    for i, arg in enumerate(args):
-        option = option_name(arg)
-        if option is None:
-            continue
-        written, name = option
-        if any(ch.isspace() for ch in written):
-            out.append((i,
-                f"{field}[{i}]: {arg!r} is one argument to vLLM, which cannot read it as an option; write the flag "
-                "and its value as two items, or as --flag=value"
-            ))
-            continue
-        reserved = _reserved(name)
-        if reserved is None:
-            continue
-        flag, abbreviated = reserved
-        reads = f" (an abbreviation of {flag})" if abbreviated else ""
-        source = RESERVED_FLAGS[flag].replace("<pool>", pool)
-        owner = f"is set by the operator from {source}" if source.startswith("spec.") else (
-            f"is owned by the operator: {source}")
-        out.append((i, f"{field}[{i}]: {written}{reads} {owner}; remove it"))
-    return out
-
-
-def check_extra_args(field: str, args: list[str]) -> None:
-    """Raise BuildError naming every refused item of ``args`` (see ``extra_args_errors``)."""
-    errors = extra_args_errors(field, args)
-    if errors:
-        raise BuildError("; ".join(errors))
-
-
 def kv_layout_args(args: list[str]) -> list[str]:
     """The KV-layout-relevant flags of an argument list, in order, each as ``--canonical-name[.sub.keys][=value]``.
 
@@ -212,8 +147,6 @@ def worker_args(dm: DisaggregatedModel, role: Role, rank_args: Sequence[str] = (
     (builders/multinode.py ``rank_flags``), placed after the operator's flags and before the user's extraArgs."""
     spec = dm.spec
     pool: PoolSpec = getattr(spec, role)
-    check_extra_args("spec.engine.extraArgs", spec.engine.extra_args)
-    check_extra_args(f"spec.{role}.extraArgs", pool.extra_args)
     p = pool.parallelism
     args = [
         model_argument(spec),
@@ -304,20 +237,12 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
     parts = transport_parts(spec.kv_transfer, model) if kv_connected else None
     capabilities = list(parts.capabilities) if parts else []
 
-    for error in pod_template_errors(f"spec.{role}.podTemplate", pool.pod_template):
-        raise BuildError(error)
+    # (the spec's podTemplate leaves the vllm container's command and args alone, and vLLM's side-channel ports,
+    # sideChannelPort + each data-parallel rank, miss the HTTP port: api/semantics.py)
     env: list[dict[str, Any]] = [{"name": "HOME", "value": HOME_DIR}, {"name": "USER", "value": HOME_USER}]
     ports = [{"name": c.WORKER_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}]
     limits: dict[str, Any] = {}
     if parts:
-        # vLLM listens on sideChannelPort + data-parallel rank (one port per DP rank in the pod).
-        side = spec.kv_transfer.side_channel_port
-        if side <= spec.engine.port < side + pool.parallelism.data:
-            raise BuildError(
-                f"spec.kvTransfer.sideChannelPort: the NIXL side channel uses ports {side}"
-                f"{'' if pool.parallelism.data == 1 else f'-{side + pool.parallelism.data - 1}'} in the {role} pool, "
-                f"which includes spec.engine.port {spec.engine.port}; pick another port"
-            )
         env += parts.env
         ports += parts.ports
         limits.update(parts.limits)

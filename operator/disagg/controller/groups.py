@@ -40,7 +40,7 @@ from .. import logs
 from ..api.contract import LABEL_MODEL, Role
 from ..api.models import DisaggregatedModel
 from ..builders import multinode as mn
-from ..builders.meta import BuildError, model_name
+from ..builders.meta import model_name
 from ..builders.replicas import desired_replicas
 from ..builders.settings import BuildSettings
 from .kubeio import Kube, KubeError
@@ -200,22 +200,17 @@ def delete_pod(kube: Kube, namespace: str, name: str) -> None:
 def observe(rec: Reconciler, dm: DisaggregatedModel, namespace: str) -> GroupPlan:
     """Read the multi-node pools of ``dm`` (one pod list per pool on the StatefulSet back end, one GET of the
     LeaderWorkerSet otherwise), restart the groups that must start over, and return what the reconcile needs: which
-    old objects to keep, and each pool's counts for status. A model without such pools costs nothing."""
+    old objects to keep, and each pool's counts for status. A model without such pools costs nothing. ``dm`` is a
+    model the API admitted (``Reconciler.admit``)."""
     roles = mn.multinode_roles(dm)
     if not roles:
         return EMPTY
     settings = refresh_settings(rec, dm)
-    try:
-        backend = mn.resolve_backend(dm.spec, settings.lws_installed)
-    except BuildError:
-        return EMPTY  # the build reports it, naming the field
+    backend = mn.resolve_backend(dm.spec, settings.lws_installed)
     plan = GroupPlan()
     model = model_name(dm)
     for role in roles:
-        try:
-            gen = mn.generation(dm, role)
-        except BuildError:
-            continue
+        gen = mn.generation(dm, role)
         want = desired_replicas(dm, role)
         if backend == "LeaderWorkerSet":
             live = rec.kube.get("LeaderWorkerSet", namespace, mn.lws_name(dm, role))

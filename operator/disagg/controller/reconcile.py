@@ -44,9 +44,10 @@ from pydantic import ValidationError
 
 from .. import logs
 from ..api.contract import LABEL_MODEL, LABEL_ROLE, WORKER_ROLES, Role
-from ..api.models import KIND, DisaggregatedModel
+from ..api.models import KIND, DisaggregatedModel, parse_model
+from ..api.semantics import model_errors
 from ..api.validate import errors_of
-from ..builders import BuildError, BuildSettings, build_children, parse_model, replicas_owner
+from ..builders import BuildSettings, build_children, replicas_owner
 from ..builders.meta import ANNOTATION_TEMPLATE_HASH, stamp_spec_hash, stamp_template_hash
 from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, autoscaled, desired_replicas
 from . import groups
@@ -73,7 +74,8 @@ REJECTED = {400, 403, 422}
 
 
 class InvalidSpecError(ValueError):
-    """The spec passed the schema but cannot be built; the message names the field."""
+    """The model is not one the API admits (api/: the schema, the cross-field rules, the operator's own checks);
+    the message names the field(s). Reported as Ready=False reason InvalidSpec; nothing is built."""
 
 
 @dataclass
@@ -332,23 +334,36 @@ class Reconciler:
 
     @staticmethod
     def parse(body: Mapping[str, Any]) -> DisaggregatedModel:
+        """The model as pydantic reads it (the schema and the cross-field rules); InvalidSpecError with every error
+        the API finds (api/validate.py, naming each field) when it does not parse."""
         try:
             return parse_model(body)
         except ValidationError:
             errors = errors_of({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body})
             raise InvalidSpecError("; ".join(errors) or "invalid spec") from None
 
+    def admit(self, body: Mapping[str, Any]) -> DisaggregatedModel:
+        """The model, validated once, in api/, before anything is built from it: ``parse``, then the operator's own
+        checks (api/semantics.py ``model_errors``) with the LeaderWorkerSet CRD as the cluster has it. Raises
+        InvalidSpecError naming the field(s)."""
+        dm = self.parse(body)
+        settings = groups.refresh_settings(self, dm)  # (multi-node pools: is the LeaderWorkerSet CRD installed?)
+        errors = model_errors(dm.metadata, dm.spec, lws_installed=settings.lws_installed)
+        if errors:
+            raise InvalidSpecError("; ".join(errors))
+        return dm
+
     def desired(self, body: Mapping[str, Any], prefill_starting: bool | None = None,
                 ) -> tuple[DisaggregatedModel, list[dict[str, Any]]]:
-        """The model (with its status) and its children as built now.
+        """The model (with its status) and its children as built now; InvalidSpecError when the API refuses the
+        model (``admit``).
 
         The children are built from a copy of the body without the autoscaler's recorded replicas (so a scaling
         decision does not change a manifest's hash: replicas are the autoscaler's, not the operator's) and, when
         given, with the prefill pool's starting flag as this reconcile computed it (the router config follows
         readiness without waiting for a second pass).
         """
-        dm = self.parse(body)
-        groups.refresh_settings(self, dm)  # (multi-node pools: is the LeaderWorkerSet CRD installed?)
+        dm = self.admit(body)
         build = copy.deepcopy(dict(body))
         pools = (build.get("status") or {}).get("pools")
         if isinstance(pools, dict):
@@ -366,10 +381,7 @@ class Reconciler:
         cached = self._built.get(model)
         if cached is not None and cached[0] == key:
             return dm, orjson.loads(cached[1])  # a fresh copy (callers may change it), cheaper than deepcopy
-        try:
-            objs = self.build(parse_model(build), self.settings)
-        except BuildError as exc:
-            raise InvalidSpecError(str(exc)) from None
+        objs = self.build(parse_model(build), self.settings)  # (admitted above: the builders refuse nothing)
         for obj in objs:
             if obj["kind"] == "Deployment" and obj["metadata"].get("labels", {}).get(LABEL_ROLE) in WORKER_ROLES:
                 stamp_template_hash(obj)
@@ -524,7 +536,7 @@ class Reconciler:
                   and ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_MODEL) == name):
                 children[(kind, child)] = obj  # our own write, not in the watch cache yet
         try:
-            dm = self.parse(body)
+            dm = self.admit(body)
             plan = groups.observe(self, dm, ns)  # multi-node pools: group restarts, counts (controller/groups.py)
             starting = st.pools_starting(dm, body.get("status") or {},
                                          {**self._deployments(dm, children, {}), **plan.views})
