@@ -527,6 +527,12 @@ class Engine:
         self._prev = SchedulerStats(**vars(s))
 
     def update_gauges(self) -> None:
+        """After a change: Prometheus gauges follow every change; a recording view is written when it is read
+        (``write_gauges``, the twin's scrape)."""
+        if self._per_step:
+            self.write_gauges()
+
+    def write_gauges(self) -> None:
         if not self._metrics_on:
             return
         m = self.metrics

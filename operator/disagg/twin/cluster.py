@@ -252,7 +252,7 @@ class TwinWorker:
         """What the router's scrape of this worker reads: the engine's own series (a recording view of the
         families the router reads, ``SCRAPED``), brought up to now."""
         self.engine.sync()
-        self.engine.update_gauges()
+        self.engine.write_gauges()
         return self.engine.metrics.scraped()
 
 
