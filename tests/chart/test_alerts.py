@@ -3,6 +3,7 @@ metric and label they use exists (router code, vLLM 0.11.2); the seed's alerts a
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,6 +14,8 @@ import yaml
 from tests.chart import promql
 from tests.chart.metric_catalog import TARGET_LABELS, catalog
 from tests.chart.render import documents, one, render
+
+from disagg.router.core import KV_CAUSES, REMOTE_PATH_CAUSES
 
 HERE = Path(__file__).parent
 
@@ -125,3 +128,53 @@ def test_promql_name_checker_catches_mistakes() -> None:
     assert promql.check('rate(disagg_requests_total{cuase="x"}[5m])', cat, TARGET_LABELS)
     assert promql.check("sum by (tennant) (rate(disagg_requests_total[5m]))", cat, TARGET_LABELS)
     assert promql.check("vllm:gpu_cache_usage_perc", cat, TARGET_LABELS)  # deprecated in vLLM 0.11
+
+
+def _cause_regex(rules: dict[str, Any], alert: str) -> re.Pattern[str]:
+    """The ``cause=~"..."`` matcher of an alert's expression (PromQL regexes match the whole value)."""
+    expr = next(a["expr"] for a in _alerts(rules) if a["alert"] == alert)
+    m = re.search(r'disagg_fallbacks_total\{cause=~"([^"]+)"\}', expr)
+    assert m, f"{alert}: no cause=~ matcher in {expr!r}"
+    return re.compile(m.group(1))
+
+
+def test_remote_failure_alerts_cover_every_remote_path_cause(rules: dict[str, Any]) -> None:
+    """DisaggRemotePrefillFailures counts every cause of a failed remote path in the router's code (core.py) and
+    no decode-side one; DisaggKVTransferTimeouts every slow or timed-out hand-off."""
+    failures = _cause_regex(rules, "DisaggRemotePrefillFailures")
+    assert [c for c in REMOTE_PATH_CAUSES if not failures.fullmatch(c)] == []
+    assert [c for c in ("decode_error", "decode_connect_error", "decode_generation_error")
+            if failures.fullmatch(c)] == []
+    timeouts = _cause_regex(rules, "DisaggKVTransferTimeouts")
+    assert [c for c in KV_CAUSES if c != "kv_load_failed" and not timeouts.fullmatch(c)] == []
+    assert not timeouts.fullmatch("kv_load_failed")  # a failed pull is DisaggNixlTransferFailures' business
+
+
+def test_the_cause_list_is_what_the_legs_raise() -> None:
+    """Every ``prefill_*`` / ``kv_*`` fallback cause the router's and the twin's legs and core name — a leg's
+    ``UpstreamError(cause)``, a cause assigned to a failure, what ``remote_decode_cause`` maps to — is in the
+    list the alerts are checked against."""
+    import ast
+
+    pkg = Path(__file__).resolve().parents[2] / "operator" / "disagg"
+    found: set[str] = set()
+
+    def named(node: ast.AST | None) -> None:
+        for n in ast.walk(node) if node is not None else ():
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(r"(prefill|kv)_[a-z_]+",
+                                                                                           n.value):
+                found.add(n.value)
+
+    for path in (pkg / "router" / "core.py", pkg / "router" / "legs.py", pkg / "twin" / "cluster.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "UpstreamError" and node.args:
+                named(node.args[0])
+            elif isinstance(node, ast.Assign) and any(getattr(t, "attr", None) == "cause" or
+                                                      getattr(t, "id", None) == "cause" for t in node.targets):
+                named(node.value)
+            elif isinstance(node, ast.FunctionDef) and node.name == "remote_decode_cause":
+                for r in ast.walk(node):
+                    if isinstance(r, ast.Return):
+                        named(r.value)
+    assert {"prefill_queue_timeout", "kv_transfer_slow", "kv_load_failed"} <= found  # the walk sees all three kinds
+    assert found - set(REMOTE_PATH_CAUSES) == set()

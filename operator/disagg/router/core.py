@@ -48,6 +48,15 @@ from .probe import ProbeLimiter, probe_decision
 from .proxy import UpstreamError
 from .request import Ctx
 
+# Every fallback cause of a failed remote path (docs/router.md "Fallbacks"), for the alerts and the docs; a test
+# checks that the legs raise no other. The prefill leg's (capacity and the prefill worker: the autoscaler's and the
+# overload policy's business), the KV hand-off's (transport faults: the breakers' and the mode controller's), and
+# the decode worker refusing the KV params (under the remote path's fallback policy too).
+PREFILL_CAUSES = ("prefill_connect_error", "prefill_error", "prefill_rejected", "prefill_timeout",
+                  "prefill_queue_timeout", "prefill_bad_response", "prefill_no_kv_params")
+KV_CAUSES = ("kv_transfer_timeout", "kv_load_failed", "kv_transfer_slow")
+REMOTE_PATH_CAUSES = (*PREFILL_CAUSES, *KV_CAUSES, "decode_rejected")
+
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
