@@ -60,6 +60,8 @@ class PodDiscovery:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        import kubernetes.watch  # noqa: F401 - once, here: not in each watch thread at once (the import lock)
+
         for role in self.ports:
             t = threading.Thread(target=self._run, args=(role,), name=f"discovery-{role}", daemon=True)
             t.start()
