@@ -18,12 +18,12 @@ from typing import Any, Protocol, cast
 
 from .. import logs
 from .config import SimConfig
+from .fastforward import FastForward
 from .kv import BlockPool
 from .metrics import Metrics, Registry
 from .nixl import PullOutcome, SideChannelClient, SideChannelServer, compat_hash
-from .perf import PerfModel, SeqWork
-from .presets import human_bytes
-from .scheduler import Batch, Request, Scheduler, SchedulerStats, Status
+from .perf import KVCapacityError, PerfModel, SeqWork
+from .scheduler import Request, Scheduler, SchedulerStats, Status
 
 log = logs.get("disagg.sim.engine")
 
@@ -31,9 +31,6 @@ log = logs.get("disagg.sim.engine")
 # simulated time, or 20 ms of wall time, whichever is more (see docs/simulator.md, "Time").
 MAX_CLOCK_LAG_S = 0.025
 MAX_CLOCK_LAG_WALL_S = 0.020
-# Decode fast-forward (virtual time only): at most this many decode steps planned at once. Planning prices every
-# step; an interrupt (an arrival, an abort) cuts the rest, so a longer plan mostly wastes pricing.
-FF_MAX_STEPS = 32
 
 
 class StartupError(RuntimeError):
@@ -103,30 +100,6 @@ class ReqCtx:
     sink_run: Callable[[int, float, float, float], None] | None = None
 
 
-@dataclass(eq=False)
-class _FastForward:
-    """Decode steps planned at once (virtual time). Step ``i`` (0-based) ends at ``ends[i]`` (simulated time), the
-    step-by-step loop would wake at timer reading ``whens[i]``; ``applied`` steps have produced their tokens,
-    ``allocated`` steps have their KV blocks (step 0's by schedule(); step i's are taken when step i-1 ends), and
-    the engine wakes after step ``last - 1`` (fewer than planned once an interrupt cut the plan)."""
-
-    reqs: list[Request]
-    ends: list[float]
-    whens: list[float]
-    dts: list[float]
-    allocs: dict[int, list[Request]]  # step → requests that cross a KV block boundary there (running order)
-    last: int
-    applied: int = 0
-    allocated: int = 1
-    fut: asyncio.Future[None] | None = None
-    handle: asyncio.TimerHandle | None = None
-
-
-def _release(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
 class KVClient(Protocol):
     """The decode side's way to the prefill engines' KV: nixl.SideChannelClient (TCP), or the twin's in-process
     link. ``pull`` reads the blocks, awaits ``wait_modelled`` (the simulated transfer time), then notifies."""
@@ -162,24 +135,14 @@ class Engine:
         self.cfg = cfg
         self.dp_rank = dp_rank
         self.perf = build_perf(cfg)
-        if cfg.num_gpu_blocks_override:
-            self.num_blocks = cfg.num_gpu_blocks_override
-        elif cfg.kv_cache_memory_bytes:
-            self.num_blocks = int(cfg.kv_cache_memory_bytes // (self.perf.kv_bytes_per_token_per_gpu * cfg.block_size))
-        else:
-            self.num_blocks = self.perf.num_kv_blocks(cfg.gpu_memory_utilization, cfg.block_size,
-                                                      cfg.max_num_batched_tokens, cfg.max_num_seqs)
-        capacity = self.num_blocks * cfg.block_size
-        if capacity < cfg.max_model_len:
-            free = self.perf.kv_cache_bytes_per_gpu(cfg.gpu_memory_utilization, cfg.max_num_batched_tokens,
-                                                    cfg.max_num_seqs)
-            need = cfg.max_model_len * self.perf.kv_bytes_per_token_per_gpu
-            raise StartupError(
-                f"To serve at least one request with the models's max seq len ({cfg.max_model_len}), "
-                f"({human_bytes(need)} KV cache is needed, which is larger than the available KV cache memory "
-                f"({human_bytes(max(free, 0))}) of {cfg.model_preset.name} on {cfg.gpu.name} x{cfg.tp * cfg.pp}. "
-                "Try increasing `gpu_memory_utilization`, a larger --tensor-parallel-size, or decreasing "
-                "`max_model_len` when initializing the engine.")
+        try:
+            self.num_blocks = self.perf.kv_blocks(cfg.block_size, cfg.gpu_memory_utilization,
+                                                  cfg.max_num_batched_tokens, cfg.max_num_seqs,
+                                                  max_model_len=cfg.max_model_len,
+                                                  kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
+                                                  num_gpu_blocks_override=cfg.num_gpu_blocks_override)
+        except KVCapacityError as e:
+            raise StartupError(str(e)) from e
         self.pool = BlockPool(self.num_blocks, cfg.block_size, cfg.prefix_caching)
         self.sched = Scheduler(self.pool, max_num_seqs=cfg.max_num_seqs,
                                max_num_batched_tokens=cfg.max_num_batched_tokens, chunked_prefill=cfg.chunked_prefill,
@@ -219,14 +182,13 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._pulls: set[asyncio.Task[None]] = set()
         self._prev = SchedulerStats()
-        self._busy_until: float | None = None  # end of the last step while continuously busy
+        self.busy_until: float | None = None  # end of the last step while continuously busy
         self._ready_at = 0.0  # simulated time of the latest event that made work available while idle
         self._metrics_on = metrics_enabled  # gauges and per-request series (Prometheus or a recording view)
         self._per_step = self.metrics.per_step  # per-token and per-step series too (Prometheus)
         # decode fast-forward: only on a virtual clock (it moves timers) and without per-step series (it skips
         # the per-token observations)
-        self._ff_on = self.clock.advance is not None and not self._per_step
-        self._ff: _FastForward | None = None
+        self.ff = FastForward(self) if self.clock.advance is not None and not self._per_step else None
         self.steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps (utilisation)
         self.transfers_ok = 0
@@ -257,16 +219,16 @@ class Engine:
             await self.side_server.close()
 
     def wake(self, at: float | None = None) -> None:
-        if self._ff is not None:
-            self._ff_interrupt(cut=True)
+        if self.ff is not None:
+            self.ff.interrupt(cut=True)
         self._ready_at = max(self._ready_at, self.clock.now() if at is None else at)
         if self._wake is not None:
             self._wake.set()
 
     # ------------------------------------------------------------------------------------ requests
     def submit(self, req: Request) -> ReqCtx:
-        if self._ff is not None:
-            self._ff_interrupt(cut=True)
+        if self.ff is not None:
+            self.ff.interrupt(cut=True)
         ctx = req.ctx if isinstance(req.ctx, ReqCtx) else ReqCtx()
         req.ctx = ctx
         rp = req.remote_prefill
@@ -300,8 +262,8 @@ class Engine:
         return None
 
     def abort(self, req: Request) -> None:
-        if self._ff is not None:
-            self._ff_interrupt(cut=True)
+        if self.ff is not None:
+            self.ff.interrupt(cut=True)
         if req.status == Status.FINISHED:
             return
         self.sched.abort(req)
@@ -325,7 +287,7 @@ class Engine:
                 log.warning("kv_lease_expired", request_id=req.request_id, lease_s=self.kvt.lease_s if self.kvt
                             else None)
             batch = self.sched.schedule(now)
-            floor = self._busy_until if self._busy_until is not None else self._ready_at
+            floor = self.busy_until if self.busy_until is not None else self._ready_at
             for req in batch.pulls:
                 t0 = max(floor, req.arrival, now - self.max_lag)
                 t = asyncio.create_task(self._pull(req, t0))
@@ -334,7 +296,7 @@ class Engine:
             self._sync_stats()
             self.update_gauges()
             if not batch.items:
-                self._busy_until = None
+                self.busy_until = None
                 self._ready_at = now
                 self._wake.clear()
                 timeout = None
@@ -347,7 +309,7 @@ class Engine:
             # The step starts when its work became available in simulated time (end of the previous step, an
             # arrival, a finished KV pull), not when Python got round to it: up to max_lag of event-loop latency
             # is absorbed instead of being counted as simulated time.
-            floor = self._busy_until if self._busy_until is not None else self._ready_at
+            floor = self.busy_until if self.busy_until is not None else self._ready_at
             items = batch.items
             newest = 0.0
             for s in items:
@@ -369,12 +331,12 @@ class Engine:
             if self.cfg.faults.prefill_stall_ms and any(s.context < s.request.prompt_len for s in batch.items):
                 dt += self.cfg.faults.prefill_stall_ms / 1000.0
             end = start + dt
-            if self._ff_on and (ff := self._ff_plan(batch, end, dt, newest)) is not None:
-                await self._ff_run(ff)
+            if self.ff is not None and (plan := self.ff.plan(batch, end, dt, newest)) is not None:
+                await self.ff.run(plan)  # several decode steps at once (fastforward.py)
                 continue
             if not self.clock.jump_to(end):
                 await self.clock.sleep_until(end)
-            self._busy_until = end
+            self.busy_until = end
             self.steps += 1
             self.busy_s += dt
             if self._per_step:
@@ -384,135 +346,10 @@ class Engine:
             self._sync_stats()
             self.update_gauges()
 
-    # ------------------------------------------------------------------------------------ decode fast-forward
-    # A decode-only step whose batch nothing can change for a while (nothing waiting, no KV held for a decode
-    # engine, no request finishing, enough free blocks) is the first of several identical-but-for-context steps:
-    # they are priced at once (the same PerfModel.step, on a batch with the same token, sequence and context sums:
-    # the same float results), the engine sleeps until the last one ends, and their effects (tokens with their
-    # own step-end times, KV blocks in the order the scheduler would take them) are applied lazily — when the plan
-    # ends, or as far as the current time when something outside looks (sync: scrapes, busy, state) or changes the
-    # engine (submit, abort, wake, KV release: the plan is then cut at the step in progress, where the
-    # step-by-step loop would next schedule). Same records as the step-by-step path (tests/twin: fast_forward=False).
-    def _ff_plan(self, batch: Batch, end: float, dt: float, newest: float) -> _FastForward | None:
-        sched = self.sched
-        if batch.preempted or batch.pulls or sched.waiting or sched.held:
-            return None
-        items = batch.items
-        first_finish = FF_MAX_STEPS + 1
-        for s in items:
-            r = s.request
-            if s.new_tokens != 1 or r.num_output < 1:
-                return None
-            left = r.max_new_tokens - r.num_output  # the step (1-based) that finishes it
-            if left < first_finish:
-                first_finish = left
-        m = first_finish - 1  # steps before any request finishes (a finish resolves futures: the normal path)
-        if m < 2:
-            return None
-        bs = self.pool.block_size
-        allocs: dict[int, list[Request]] = {}
-        total = 0
-        for s in items:
-            r = s.request
-            k = len(r.blocks) * bs - s.context  # first step whose token does not fit the blocks held
-            while k < m:
-                allocs.setdefault(k, []).append(r)
-                total += 1
-                k += bs
-        if total > self.pool.num_free:
-            return None
-        n = len(items)
-        c0 = sum(s.context for s in items)
-        base = [SeqWork(1, 0, True)] * (n - 1)
-        clock = self.clock
-        ends, dts = [end], [dt]
-        whens = [clock.wake_time(end, clock.timer())]
-        step = self.perf.step
-        for i in range(1, m):
-            w = whens[-1]
-            st = max(ends[-1], newest, clock.sim_time(w) - self.max_lag)
-            d = step([*base, SeqWork(1, c0 + n * i, True)]).total_s
-            ends.append(st + d)
-            dts.append(d)
-            whens.append(clock.wake_time(st + d, w))
-        return _FastForward([s.request for s in items], ends, whens, dts, allocs, m)
-
-    async def _ff_run(self, ff: _FastForward) -> None:
-        self._ff = ff
-        try:
-            if not (self.clock.advance is not None and self.clock.advance(ff.whens[-1])):
-                loop = asyncio.get_running_loop()
-                ff.fut = loop.create_future()
-                ff.handle = loop.call_at(ff.whens[ff.last - 1], _release, ff.fut)
-                await ff.fut
-            self._ff_apply(ff, ff.last)
-        finally:
-            if ff.handle is not None:
-                ff.handle.cancel()
-            self._ff = None
-
     def sync(self) -> None:
         """Bring a fast-forwarded engine's state (tokens, KV blocks, step counts) up to the current time."""
-        if self._ff is not None:
-            self._ff_interrupt(cut=False)
-
-    def _ff_interrupt(self, cut: bool) -> None:
-        ff = self._ff
-        assert ff is not None
-        t = self.clock.timer()
-        j = ff.applied
-        while j < ff.last - 1 and ff.whens[j] < t:  # steps the step-by-step loop has applied by now
-            j += 1
-        self._ff_apply(ff, j)
-        if cut and ff.last > j + 1:
-            ff.last = j + 1  # the step in progress ends the plan: the next schedule() sees the change
-            if ff.handle is not None and ff.fut is not None:
-                ff.handle.cancel()
-                ff.handle = asyncio.get_running_loop().call_at(ff.whens[j], _release, ff.fut)
-
-    def _ff_apply(self, ff: _FastForward, j: int) -> None:
-        """Apply steps ``ff.applied .. j-1`` (tokens out) and take the blocks of the steps scheduled by then."""
-        running = Status.RUNNING
-        a = ff.applied
-        if j > a:
-            ends = ff.ends
-            k = j - a
-            first, last = ends[a], ends[j - 1]
-            gap = max([ends[i] - ends[i - 1] for i in range(a + 1, j)], default=0.0)
-            for r in ff.reqs:
-                if r.status is not running:
-                    continue  # aborted meanwhile
-                ctx: ReqCtx = r.ctx
-                if ctx.sink_run is not None:
-                    r.num_computed += k
-                    r.num_output += k
-                    r.last_token = last
-                    ctx.last_ts = last
-                    ctx.sink_run(r.num_output, first, last, gap)
-                    continue
-                for i in range(a, j):
-                    e = ends[i]
-                    r.num_computed += 1
-                    r.num_output += 1
-                    r.last_token = e
-                    ctx.last_ts = e
-                    if ctx.sink is not None:
-                        ctx.sink("token", r.num_output, e)
-                    else:
-                        ctx.queue.put_nowait(("token", r.num_output, e))
-            for i in range(a, j):  # the same sums, in the same order, as step by step
-                self.steps += 1
-                self.busy_s += ff.dts[i]
-            self._busy_until = last
-            ff.applied = j
-        upto = min(j + 1, ff.last)
-        for k in range(ff.allocated, upto):
-            for r in ff.allocs.get(k, ()):
-                if r.status is running:
-                    new = self.pool.allocate(1)
-                    assert new is not None, "fast-forward planned more blocks than were free"
-                    r.blocks += new
-        ff.allocated = max(ff.allocated, upto)
+        if self.ff is not None:
+            self.ff.interrupt(cut=False)
 
     def _sync_stats(self) -> None:
         if not self._per_step:
@@ -623,8 +460,8 @@ class Engine:
         return True, "", req.prompt_len, self.perf.transfer_bytes(req.prompt_len)
 
     def serve_release(self, request_id: str) -> bool:
-        if self._ff is not None:
-            self._ff_interrupt(cut=True)
+        if self.ff is not None:
+            self.ff.interrupt(cut=True)
         freed = self.sched.release_held(request_id) is not None
         if not freed and self.metrics.nixl:
             # A completion notification for a request no longer held (its lease expired): vLLM >= 0.32.0 counts
@@ -665,8 +502,8 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - any failure of a pull is a failed load, handled by the policy
             outcome = PullOutcome(False, f"side channel error: {e!r}")
         t1 = self.clock.now()
-        if self._ff is not None:
-            self._ff_interrupt(cut=True)
+        if self.ff is not None:
+            self.ff.interrupt(cut=True)
         if outcome.ok and marks:  # done when the bytes are in and the modelled time has passed (the NIXL
             t1 = min(t1, max(marks["data"], marks["target"]))  # notification rides on the transfer itself)
         m = self.metrics

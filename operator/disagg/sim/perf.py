@@ -24,7 +24,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .presets import GiB, GPUPreset, ModelPreset, TransportPreset
+from .presets import GiB, GPUPreset, ModelPreset, TransportPreset, human_bytes
+
+
+class KVCapacityError(ValueError):
+    """The KV cache cannot hold one request of the model's max length (the engine fails to start)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,30 @@ class PerfModel:
                       max_num_seqs: int = 256) -> int:
         free = self.kv_cache_bytes_per_gpu(gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
         return max(0, int(free // (self.kv_bytes_per_token_per_gpu * block_size)))
+
+    def kv_blocks(self, block_size: int, gpu_memory_utilization: float, max_num_batched_tokens: int,
+                  max_num_seqs: int, *, max_model_len: int = 0, kv_cache_memory_bytes: float | None = None,
+                  num_gpu_blocks_override: int | None = None) -> int:
+        """An engine's KV blocks, sized as vLLM sizes them: ``--num-gpu-blocks-override``, else
+        ``--kv-cache-memory-bytes`` per GPU, else what ``--gpu-memory-utilization`` leaves after weights, runtime
+        and activations (:meth:`kv_cache_bytes_per_gpu`, the planner's figure too). Raises :class:`KVCapacityError`
+        (vLLM's startup error, word for word) when they hold fewer than ``max_model_len`` tokens."""
+        if num_gpu_blocks_override:
+            blocks = num_gpu_blocks_override
+        elif kv_cache_memory_bytes:
+            blocks = int(kv_cache_memory_bytes // (self.kv_bytes_per_token_per_gpu * block_size))
+        else:
+            blocks = self.num_kv_blocks(gpu_memory_utilization, block_size, max_num_batched_tokens, max_num_seqs)
+        if blocks * block_size < max_model_len:
+            free = self.kv_cache_bytes_per_gpu(gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
+            need = max_model_len * self.kv_bytes_per_token_per_gpu
+            raise KVCapacityError(
+                f"To serve at least one request with the models's max seq len ({max_model_len}), "
+                f"({human_bytes(need)} KV cache is needed, which is larger than the available KV cache memory "
+                f"({human_bytes(max(free, 0))}) of {self.model.name} on {self.gpu.name} x{self.tp * self.pp}. "
+                "Try increasing `gpu_memory_utilization`, a larger --tensor-parallel-size, or decreasing "
+                "`max_model_len` when initializing the engine.")
+        return blocks
 
     # ------------------------------------------------------------------------------------- step time
     def _weights_read_per_gpu(self, tokens: int, sampled: int) -> float:
