@@ -1,6 +1,7 @@
 """A slow KV transfer is a routing event (router/core.py ``RequestCore._hedged``), in the twin (virtual time).
 
-Healthy remote streams teach the router what a KV hand-off takes on each decode worker; then every KV pull stalls
+Healthy remote streams teach the router what a KV hand-off takes on each decode worker; then every KV pull stalls,
+with the stalled streams overlapping (a decode worker then shows them waiting for their KV: no queue, still a hedge)
 (``kv_transfer_delay_ms`` far beyond the transfer timeout's share). With hedging, each stalled stream gets a local
 prefill beside it once its first token is late, answers from there (fallback ``kv_transfer_slow``) long before the
 transfer timeout, the breakers learn from it, and no KV block is left held on any engine once the leases run out.
@@ -27,12 +28,12 @@ ROUTER: dict[str, Any] = {"mode": "Disaggregated", "transferTimeoutMs": TIMEOUT_
 LEASE_S = 30.0  # how long a prefill engine holds unclaimed KV (vLLM 0.33's kv_lease_duration default)
 CHECK_AT = STALL_AT + 8.0 + TIMEOUT_MS / 1000 + LEASE_S + 5.0  # every lease of the stalled streams has run out
 ARRIVALS = [Arrival(at=0.5 + i * 1.0, input_tokens=3000, output_tokens=32) for i in range(8)] + \
-           [Arrival(at=STALL_AT + 0.5 + i * 2.0, input_tokens=3000, output_tokens=32) for i in range(4)] + \
+           [Arrival(at=STALL_AT + 0.5 + i * 0.1, input_tokens=3000, output_tokens=32) for i in range(6)] + \
            [Arrival(at=CHECK_AT + 1.0, input_tokens=100, output_tokens=4)]  # keeps the run going past the check
 
 
 def run(tuning: Tuning, held_after: list[int]) -> TwinResult:
-    spec = ClusterSpec(prefill=PoolSpec(1), decode=PoolSpec(2), router=ROUTER, tuning=tuning)
+    spec = ClusterSpec(prefill=PoolSpec(1), decode=PoolSpec(2), router=ROUTER, tuning=tuning, scrape_interval_s=0.1)
 
     async def controller(cluster: TwinCluster) -> None:
         await asyncio.sleep(STALL_AT)

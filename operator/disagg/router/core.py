@@ -298,12 +298,12 @@ class RequestCore(Generic[R]):
     def _hedge_delay(self, ctx: Ctx, decode: str) -> float | None:
         """How long a remote stream's decode leg may go without its first token before a local prefill races it:
         ``hedge_factor`` × what the decode worker's recent remote first tokens took for this many prompt tokens (its
-        pool's slowest such worker when it has none on record yet), at least ``hedge_min_s``. None (no hedge) when
-        hedging is off, no worker of the pool has a remote first token on record yet, or it was queueing at its last
-        scrape (then the wait is the decode pool's capacity, not the KV path,
-        and a second prefill elsewhere would only add load)."""
+        pool's slowest such worker when it has none on record yet), at least ``hedge_min_s``, stretched by the
+        requests queued there for room at its last scrape (a queue delays the first token too; requests waiting for
+        their KV are no queue). None (no hedge) when hedging is off or no worker of the pool has a remote first
+        token on record yet."""
         w = self.workers.get(decode)
-        if self.tuning.hedge_factor <= 0 or w is None or w.scraped.get("vllm:num_requests_waiting", 0.0) > 0:
+        if self.tuning.hedge_factor <= 0 or w is None:
             return None
         per_token = w.remote_ttfb_per_token
         if per_token is None:  # a worker not yet used remotely: what its pool's workers took
@@ -312,7 +312,9 @@ class RequestCore(Generic[R]):
             if not known:
                 return None
             per_token = max(known)
-        return max(self.tuning.hedge_min_s, self.tuning.hedge_factor * per_token * ctx.input_tokens)
+        # a queue on the decode worker delays the first token too: each request waiting for room there (not those
+        # waiting for their KV) adds as much again before the race starts
+        return max(self.tuning.hedge_min_s, self.tuning.hedge_factor * per_token * ctx.input_tokens) * (1 + w.queued)
 
     async def _hedged(self, ctx: Ctx, legs: Legs[R], decode: str, kv: Any, hashes: tuple[int, ...],
                       deadline: float, ticket: Ticket, delay: float) -> R:

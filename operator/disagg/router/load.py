@@ -15,13 +15,20 @@ Estimates (docs/router.md):
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .policy import WorkerLoad
 
-GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+          "vllm:num_requests_waiting_by_reason")
+# Families read per value of one label, as '<name>{<label>="<value>"}' (the others are summed over their labels):
+# vLLM ≥ 0.20 splits the waiting requests into those waiting for room ("capacity") and those waiting for their
+# remote KV ("deferred"; vllm/v1/metrics/loggers.py); only the first is a queue.
+BY_LABEL = {"vllm:num_requests_waiting_by_reason": "reason"}
+WAITING_FOR_CAPACITY = 'vllm:num_requests_waiting_by_reason{reason="capacity"}'
 HISTOGRAMS = (
     "vllm:request_prefill_time_seconds",
     "vllm:request_queue_time_seconds",
@@ -50,10 +57,16 @@ def parse_prometheus(text: str, wanted: set[str] = _WANTED) -> dict[str, float]:
             name = line[:brace]
             end = line.rfind("}")
             rest = line[end + 1:].split()
+            label = BY_LABEL.get(name)
+            if label is not None and name in wanted:
+                m = re.search(label + r'="([^"]*)"', line[brace:end])
+                if m is None:
+                    continue
+                name = f'{name}{{{label}="{m.group(1)}"}}'
         else:
             name = line[:space]
             rest = line[space + 1:].split()
-        if name not in wanted or not rest:
+        if (name not in wanted and name.partition("{")[0] not in BY_LABEL) or not rest:
             continue
         try:
             v = float(rest[0])
@@ -116,6 +129,13 @@ class Worker:
     def observe_prefill_leg(self, seconds: float, tokens_ahead_and_own: int) -> None:
         if tokens_ahead_and_own > 0 and seconds > 0:
             self.observed_sec_per_token = _ewma(self.observed_sec_per_token, seconds / tokens_ahead_and_own)
+
+    @property
+    def queued(self) -> float:
+        """Requests waiting for room at the last scrape: vLLM's waiting count less those waiting for their remote
+        KV (``reason="deferred"``) where the release splits it, else all waiting ones."""
+        capacity = self.scraped.get(WAITING_FOR_CAPACITY)
+        return self.scraped.get("vllm:num_requests_waiting", 0.0) if capacity is None else capacity
 
     def observe_remote_ttfb(self, seconds: float, tokens: int) -> None:
         if seconds >= 0 and tokens > 0:

@@ -104,15 +104,23 @@ class _Recorded:
     """One series of a recording view: what a scrape of it would read after summing over labels — a gauge's or
     counter's value, a histogram's ``_sum`` and ``_count`` (no buckets)."""
 
-    __slots__ = ("count", "hist", "value")
+    __slots__ = ("children", "count", "hist", "value")
 
     def __init__(self, hist: bool) -> None:
         self.hist = hist
         self.value = 0.0
         self.count = 0.0
+        self.children: dict[str, _Recorded] = {}  # a family's series by their labels beyond model_name/engine
 
-    def labels(self, *_a: Any, **_kw: Any) -> _Recorded:
-        return self
+    def labels(self, *_a: Any, **kw: Any) -> _Recorded:
+        extra = sorted((k, v) for k, v in kw.items() if k not in ("model_name", "engine"))
+        if not extra:
+            return self
+        key = ",".join(f'{k}="{v}"' for k, v in extra)
+        child = self.children.get(key)
+        if child is None:
+            child = self.children[key] = _Recorded(self.hist)
+        return child
 
     def inc(self, v: float = 1.0) -> None:
         self.value += v
@@ -251,8 +259,10 @@ class Metrics:
         out: dict[str, float] = {}
         for name, r in self._recorded.items():
             if r.hist:
-                out[name + "_sum"] = r.value
-                out[name + "_count"] = r.count
-            else:
-                out[name] = r.value
+                out[name + "_sum"] = r.value + sum(c.value for c in r.children.values())
+                out[name + "_count"] = r.count + sum(c.count for c in r.children.values())
+                continue
+            out[name] = r.value + sum(c.value for c in r.children.values())
+            for key, c in r.children.items():  # as the router reads a family per label value (load.BY_LABEL)
+                out[f"{name}{{{key}}}"] = c.value
         return out
