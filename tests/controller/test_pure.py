@@ -125,11 +125,11 @@ def test_starting_pool_raises_no_warning():
     serving = st.desired_status(dm, {}, ok, 1, now="T0")
     starting = st.desired_status(dm, serving, {**ok, "prefill": _deployment(1, 0) | {"metadata": {"generation": 2}}},
                                  1, now="T1")
-    rec._report_transitions({"metadata": {}}, dm, serving, starting)
+    rec.report.transitions({"metadata": {}}, dm, serving, starting)
     assert events == [("Normal", "Starting")]
     events.clear()
     failing = st.desired_status(dm, serving, {**ok, "prefill": _failed_deployment(1)}, 1, now="T1")
-    rec._report_transitions({"metadata": {}}, dm, serving, failing)
+    rec.report.transitions({"metadata": {}}, dm, serving, failing)
     assert events == [("Warning", "NotReady")]
 
 
@@ -238,7 +238,7 @@ def test_pod_security_condition_names_pool_and_levels():
 
 def test_held_template_keeps_the_live_pods_and_applies_the_rest():
     from disagg.builders.meta import ANNOTATION_TEMPLATE_HASH, stamp_template_hash
-    from disagg.controller.reconcile import held, rolled_out, template_changed
+    from disagg.controller.upgrade import held, rolled_out, template_changed
 
     old = stamp_template_hash(next(o for o in build_children(_dm()) if o["kind"] == "Deployment"))
     live = copy.deepcopy(old)
@@ -307,7 +307,7 @@ def test_build_key_leaves_out_exactly_what_no_builder_reads():
 
 
 def test_child_fingerprint_sees_content_and_the_deployment_counts_only():
-    from disagg.controller.reconcile import child_fingerprint
+    from disagg.controller.filters import child_fingerprint
 
     objs = {o["kind"]: o for o in build_children(parse_model(_body()))}
     pdb = copy.deepcopy(objs["PodDisruptionBudget"])
@@ -332,7 +332,7 @@ def test_child_fingerprint_sees_content_and_the_deployment_counts_only():
 def test_child_fingerprint_keeps_the_status_of_kinds_it_does_not_know():
     """A workload kind added later (a StatefulSet pool, say) keeps its whole status in the fingerprint until someone
     decides which of it the model's status reads: its readiness changes are never filtered out as no news."""
-    from disagg.controller.reconcile import child_fingerprint
+    from disagg.controller.filters import child_fingerprint
 
     sts = {"metadata": {"name": "m-decode"}, "spec": {"replicas": 2}, "status": {"readyReplicas": 1}}
     assert child_fingerprint("StatefulSet", sts) != child_fingerprint(

@@ -17,10 +17,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from disagg.api.models import DisaggregatedModel
+from disagg.controller.apply import replicas_managers
 from disagg.controller.autoscaler import Autoscaler
 from disagg.controller.clock import FakeClock
 from disagg.controller.handlers import CHILD_RESOURCES, MODELS_INDEX, ControllerConfig, child_index_name, register
-from disagg.controller.reconcile import replicas_managers
 
 from .conftest import TEST_BUILD, load_example, scale, step_result, wait_for
 
@@ -242,8 +242,9 @@ def test_the_reconciler_reads_time_from_its_clock(control_plane, cluster):
     moving the fake clock, not by sleeping."""
     import datetime as dt
 
+    from disagg.controller.apply import APPLIED_GRACE
     from disagg.controller.kubeio import Kube
-    from disagg.controller.reconcile import APPLIED_GRACE, Reconciler
+    from disagg.controller.reconcile import Reconciler
     from disagg.kube import api_client
 
     clock = FakeClock(start=dt.datetime(2030, 5, 1, 12, 0, 0, tzinfo=dt.UTC))

@@ -66,18 +66,18 @@ def test_events_that_bring_nothing_new_run_no_reconcile(control_plane, cluster):
     # the ADDED events of the operator's own creates, and later status-only updates of a PDB: no news (Deployments
     # aside: kube-controller-manager may have moved their counts since, which is news for the model's status)
     others = {k: v for k, v in children.items() if not k.startswith("Deployment/")}
-    assert not any(rec.child_news(k.split("/")[0], v, "ADDED") for k, v in others.items())
-    assert not rec.child_news("PodDisruptionBudget", {**pdb, "status": {"currentHealthy": 7}}, "MODIFIED")
+    assert not any(rec.filters.child_news(k.split("/")[0], v, "ADDED") for k, v in others.items())
+    assert not rec.filters.child_news("PodDisruptionBudget", {**pdb, "status": {"currentHealthy": 7}}, "MODIFIED")
     # someone edits a field (news), a child is deleted (news), a Deployment's counts move (news: status follows)
     edited = {**pdb, "spec": {**pdb["spec"], "minAvailable": 9}}
-    assert rec.child_news("PodDisruptionBudget", edited, "MODIFIED")
-    assert rec.child_news("PodDisruptionBudget", pdb, "DELETED")
+    assert rec.filters.child_news("PodDisruptionBudget", edited, "MODIFIED")
+    assert rec.filters.child_news("PodDisruptionBudget", pdb, "DELETED")
     moved = {**deployment, "status": {**(deployment.get("status") or {}), "readyReplicas": 1}}
-    assert rec.child_news("Deployment", moved, "MODIFIED")
-    assert not rec.child_news("Deployment", deployment, None)  # kopf's initial listing: the resume handler's
+    assert rec.filters.child_news("Deployment", moved, "MODIFIED")
+    assert not rec.filters.child_news("Deployment", deployment, None)  # kopf's initial listing: the resume handler's
 
     # the operator's own status patch coming back is no news; another writer's status change is
     model = cluster.model(MODEL)
-    assert not rec.model_news(model)
-    assert rec.model_news(cluster.patch_model_status(MODEL, {"observed": {"ttftP95Ms": 5.0}}))
+    assert not rec.filters.model_news(model)
+    assert rec.filters.model_news(cluster.patch_model_status(MODEL, {"observed": {"ttftP95Ms": 5.0}}))
     assert rec.counters["events_skipped"] == len(others) + 2

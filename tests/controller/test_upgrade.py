@@ -28,7 +28,8 @@ from disagg.builders.meta import ANNOTATION_TEMPLATE_HASH, stamp_spec_hash
 from disagg.controller.clock import FakeClock
 from disagg.controller.handlers import _emit
 from disagg.controller.kubeio import Kube
-from disagg.controller.reconcile import Reconciler, rolled_out
+from disagg.controller.reconcile import Reconciler
+from disagg.controller.upgrade import rolled_out
 from disagg.kube import api_client
 
 from .conftest import TEST_BUILD, load_example, running_operator, wait_for

@@ -43,9 +43,9 @@ from ..autoscaling.mode import ModeState
 from ..autoscaling.queries import Sample, collect, connect
 from ..builders import parse_model
 from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, desired_replicas
+from .apply import replicas_managers
 from .clock import Clock, RealClock, rfc3339
 from .kubeio import Kube, KubeError
-from .reconcile import replicas_managers
 from .scaling import scale_patch
 from .status import condition, merge_conditions, status_patch
 

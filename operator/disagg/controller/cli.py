@@ -109,7 +109,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
 
     from .. import logs
     from .handlers import ControllerConfig, operator_settings, register
-    from .reconcile import UPGRADE_BOUND_SECONDS
+    from .upgrade import UPGRADE_BOUND_SECONDS
 
     logs.configure(level=args.log_level, json=args.log_format == "json")
     registry = kopf.get_default_registry()

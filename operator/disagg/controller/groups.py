@@ -46,7 +46,9 @@ from ..builders.settings import BuildSettings
 from .kubeio import Kube, KubeError
 
 if TYPE_CHECKING:
-    from .reconcile import Key, Reconciler
+    from .objects import Key
+    from .reconcile import Reconciler
+    from .requeue import Requeue
 
 log = logs.get("disagg.controller.groups")
 
@@ -85,8 +87,8 @@ _probes_guard = threading.Lock()
 
 def refresh_settings(rec: Reconciler, dm: DisaggregatedModel) -> BuildSettings:
     """``rec.settings`` with ``lws_installed`` as the cluster has it (cached), for a model with a multi-node pool
-    whose back end is Auto or LeaderWorkerSet. When it changes, the reconciler's cache of built children is dropped
-    (they were built for the other back end)."""
+    whose back end is Auto or LeaderWorkerSet. When it changes, the reconciler builds with the new settings
+    (``Reconciler.use_settings``: children built for the other back end are built again)."""
     if not mn.multinode_roles(dm) or dm.spec.multi_node.backend == "StatefulSet":
         return rec.settings
     with _probes_guard:
@@ -94,8 +96,7 @@ def refresh_settings(rec: Reconciler, dm: DisaggregatedModel) -> BuildSettings:
     installed = probe.check(rec.kube, rec.clock.monotonic())
     if installed != rec.settings.lws_installed:
         log.info("LeaderWorkerSet CRD", crd=mn.LWS_CRD, installed=installed)
-        rec.settings = dataclasses.replace(rec.settings, lws_installed=installed)
-        rec._built.clear()  # noqa: SLF001 - children built for the other back end
+        rec.use_settings(dataclasses.replace(rec.settings, lws_installed=installed))  # (drops the build cache)
     return rec.settings
 
 
@@ -255,8 +256,9 @@ def pod_fingerprint(body: Mapping[str, Any]) -> tuple[Any, ...]:
 ChildrenOf = Callable[[Mapping[str, Any], str, str], "Mapping[Key, Mapping[str, Any]]"]
 
 
-def register(registry: kopf.OperatorRegistry, rec: Reconciler, children_of: ChildrenOf) -> None:
-    """Watch the pods of multi-node groups; reconcile their model when one changes in a way that matters."""
+def register(registry: kopf.OperatorRegistry, rec: Reconciler, children_of: ChildrenOf, requeue: Requeue) -> None:
+    """Watch the pods of multi-node groups; reconcile their model when one changes in a way that matters (a failed
+    reconcile is retried with ``requeue``'s backoff)."""
     seen: dict[tuple[str, str], tuple[Any, ...]] = {}
 
     def news(type: str | None, body: kopf.Body, **_: Any) -> bool:
@@ -278,10 +280,10 @@ def register(registry: kopf.OperatorRegistry, rec: Reconciler, children_of: Chil
         model = labels.get(LABEL_MODEL)
         if not model or namespace is None:
             return
-        try:
-            rec.reconcile(namespace, model, lambda: children_of(kwargs, namespace, model), trigger=f"Pod {type}")
-        except KubeError as exc:
-            log.warning("group reconcile failed", model=f"{namespace}/{model}", pod=name, error=str(exc))
+        requeue.run((namespace, model),
+                    lambda: rec.reconcile(namespace, model, lambda: children_of(kwargs, namespace, model),
+                                          trigger=f"Pod {type}"),
+                    what="group reconcile", pod=name)
 
     for label in (mn.LABEL_GROUP, mn.LWS_GROUP_KEY_LABEL):
         kopf.on.event("", "v1", "pods", id=f"group-pods-{label.rsplit('/', 1)[-1]}",

@@ -6,15 +6,16 @@ apiserver); they differ only in what woke them up:
 - ``@kopf.on.resume / create / update`` (DisaggregatedModel): kopf retries failures with backoff. Resume runs for
   every model when the operator starts: with nothing drifted it writes nothing.
 - ``@kopf.on.event`` (DisaggregatedModel): status-driven inputs (``status.activeMode`` from the mode controller)
-  reach the router ConfigMap.
+  reach the router ConfigMap. kopf never retries an event handler: a failed event-triggered reconcile (this one,
+  a child's, a group pod's) is retried with backoff, 1 s doubling to 60 s, by ``requeue.Requeue``.
 - ``@kopf.on.event`` (each child kind, label ``app.kubernetes.io/managed-by=disagg-operator``): a deleted or
   edited child is restored; Deployment changes refresh the pool counts, ``starting`` and conditions in status.
 - ``@kopf.index``: in-memory caches of models and children, filled before any handler runs, so that a
   reconcile compares against the cluster without listing it. The model index only routes a child's event to its
   model; no child is ever built from it. The indexers are coroutines (kopf's event loop, not its thread pool).
 - Event filters (``when=``, on kopf's event loop): a child event whose child is as the operator last applied or
-  verified it, and the operator's own status patch coming back, run no handler (``Reconciler.child_news`` /
-  ``model_news``; docs/operator.md, "Scale").
+  verified it, and the operator's own status patch coming back, run no handler (``EventFilters.child_news`` /
+  ``model_news`` in filters.py; docs/operator.md, "Scale").
 - ``@kopf.timer`` (models with ``RolloutPending=True``): a held operator-upgrade rollout asks again for its turn.
 - ``@kopf.daemon`` (models with ``spec.autoscaling.prometheus``): the autoscaler / mode controller loop; with
   autoscaling on it writes pool sizes through each Deployment's /scale subresource itself.
@@ -38,9 +39,13 @@ from ..api.contract import LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from ..api.models import GROUP, PLURAL, VERSION
 from ..builders import BuildSettings
 from ..kube import api_client
+from .apply import REJECTED
 from .groups import register as register_groups
 from .kubeio import Kube, KubeError
-from .reconcile import REJECTED, ROLLOUT_CONDITION, UPGRADE_BOUND_SECONDS, Key, Reconciler, trim
+from .objects import Key, trim
+from .reconcile import Reconciler
+from .requeue import Requeue
+from .upgrade import ROLLOUT_CONDITION, UPGRADE_BOUND_SECONDS
 
 log = logs.get("disagg.controller")
 
@@ -70,7 +75,7 @@ class ControllerConfig:
     # Run the autoscaler / mode controller daemon (disagg.controller.autoscaler) for models that name a
     # Prometheus (spec.autoscaling.prometheus). Off in tests of the reconciler alone.
     autoscaler: bool = True
-    # Operator upgrades: how long one model may hold the upgrade slot (reconcile.UPGRADE_BOUND_SECONDS), and how
+    # Operator upgrades: how long one model may hold the upgrade slot (upgrade.UPGRADE_BOUND_SECONDS), and how
     # often a model whose pod-template change is held (RolloutPending=True) checks whether its turn has come.
     upgrade_bound: float = UPGRADE_BOUND_SECONDS
     upgrade_poll_seconds: float = 15.0
@@ -132,6 +137,11 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     config = config or ControllerConfig()
     rec = reconciler or Reconciler(Kube(api_client(config.kubeconfig)), config.build, emit=_emit,
                                    upgrade_bound=config.upgrade_bound)
+    requeue = Requeue()  # failed event-triggered reconciles, retried with backoff (kopf retries no event handler)
+
+    @kopf.on.cleanup(registry=registry)
+    def cancel_retries(**_: Any) -> None:
+        requeue.close()
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -179,21 +189,24 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
                                    trigger=str(reason))
         except KubeError as exc:  # refused objects are reported in status; retry them less often
             raise kopf.TemporaryError(f"reconcile failed: {exc}", delay=60 if exc.status in REJECTED else 5) from exc
+        requeue.succeeded((namespace, name))  # (a pending event-triggered retry has nothing left to do)
         log.info("reconciled", model=f"{namespace}/{name}", trigger=str(reason), applied=len(result.applied),
                  deleted=len(result.deleted), invalid=result.invalid)
 
     def status_news(type: str | None, body: kopf.Body, **_: Any) -> bool:
-        return type == "MODIFIED" and rec.model_news(body)  # not our own status patch coming back
+        return type == "MODIFIED" and rec.filters.model_news(body)  # not our own status patch coming back
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="status-inputs", when=status_news, registry=registry)
     def status_inputs(type: str | None, body: kopf.Body, namespace: str | None, name: str, **kwargs: Any) -> None:
         if type != "MODIFIED" or body.get("metadata", {}).get("deletionTimestamp"):
             return
         namespace = _ns(namespace)
-        try:
-            rec.reconcile(namespace, name, lambda: _children_of(kwargs, namespace, name), trigger="status")
-        except KubeError as exc:
-            log.warning("status-driven reconcile failed", model=f"{namespace}/{name}", error=str(exc))
+
+        def attempt(trigger: str) -> Callable[[], Any]:
+            return lambda: rec.reconcile(namespace, name, lambda: _children_of(kwargs, namespace, name),
+                                         trigger=trigger)
+
+        requeue.run((namespace, name), attempt("status"), attempt("status retry"), what="status-driven reconcile")
 
     @kopf.timer(GROUP, VERSION, PLURAL, id="held-rollouts", interval=config.upgrade_poll_seconds,
                 when=_rollout_pending, registry=registry)
@@ -219,25 +232,28 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
                 if type == "DELETED":
                     rec.forget(namespace, kind, name)  # (a deleted model's children: drop what we recorded)
                 return  # not (or no longer) one of our models
-            try:
-                rec.reconcile(namespace, model, lambda: _children_of(kwargs, namespace, model),
-                              trigger=f"{kind} {type}", event=(kind, name, None if type == "DELETED" else body))
-            except KubeError as exc:
-                log.warning("drift correction failed", model=f"{namespace}/{model}", object=f"{kind}/{name}",
-                            error=str(exc))
+            def children() -> Mapping[Key, Mapping[str, Any]]:
+                return _children_of(kwargs, namespace, model)
+
+            # A retry reads the child from the watch cache (by then fresher than this event's copy).
+            requeue.run((namespace, model),
+                        lambda: rec.reconcile(namespace, model, children, trigger=f"{kind} {type}",
+                                              event=(kind, name, None if type == "DELETED" else body)),
+                        lambda: rec.reconcile(namespace, model, children, trigger=f"{kind} {type} retry"),
+                        what="drift correction", object=f"{kind}/{name}")
         on_child.__name__ = f"on_{kind.lower()}"
         return on_child
 
     def make_child_filter(kind: str) -> Callable[..., bool]:
         def child_news(type: str | None, body: kopf.Body, **_: Any) -> bool:
-            return rec.child_news(kind, body, type)  # runs on kopf's event loop: no thread for a no-news event
+            return rec.filters.child_news(kind, body, type)  # runs on kopf's event loop: no thread for a no-news event
         return child_news
 
     for group, version, plural, kind in CHILD_RESOURCES:
         kopf.on.event(group, version, plural, id=f"drift-{plural}", labels=MANAGED, when=make_child_filter(kind),
                       registry=registry)(make_child_handler(kind))
 
-    register_groups(registry, rec, _children_of)  # pods of multi-node groups (controller/groups.py)
+    register_groups(registry, rec, _children_of, requeue)  # pods of multi-node groups (controller/groups.py)
 
     if config.autoscaler:
         register_autoscaler(registry, rec)
