@@ -44,7 +44,7 @@ Public API (stable; later tools — goodput sweeps, the autoscale hindsight orac
   the one place; goodput_rps = requests meeting both SLOs ÷ the arrival window.
 
 What the router does per request is the router's own code: the request core (router/core.py) that ``disagg
-router`` runs, over engine legs instead of HTTP legs (cluster.py ``EngineLegs``): features → a load snapshot from
+router`` runs, over engine legs instead of HTTP legs (legs.py ``EngineLegs``): features → a load snapshot from
 the last scrape (every ``scrape_interval_s``: running, waiting, KV usage, the prefill/prompt histogram sums) plus the
 router's own in-flight counts, prefill backlog clock and prefix index, at the request's virtual time → ``decide``
 (with mode probes and circuit breakers) → remote (prefill leg with ``max_tokens=1``/``do_remote_decode`` on the

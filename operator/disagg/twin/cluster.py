@@ -1,4 +1,4 @@
-"""TwinCluster: simulated engines (sim/engine.py) and an in-process router (router/policy.py) in virtual time.
+"""TwinCluster: simulated engines (sim/engine.py) and the router's request core (router/core.py) in virtual time.
 
 Every worker is a real :class:`~disagg.sim.engine.Engine` built from a ``SimConfig`` that sim/config.py parses
 from the same flags ``disagg sim`` takes; its clock reads the virtual loop (clock.py). The KV hand-off between a
@@ -7,9 +7,9 @@ channel's read → modelled transfer time → notification, as method calls inst
 
 Requests go through the router's own request core (router/core.py ``RequestCore``: the load snapshot, the
 decision and mode probe, the circuit breakers, remote → fallback → the one local retry, the in-flight counts, the
-prefill backlog clock and the prefix index) over engine legs (``EngineLegs``) instead of HTTP legs: one copy of the
-orchestration, so a benchmark here measures what ships. Scrapes run every ``scrape_interval_s`` of virtual time, so
-the snapshot is as stale as the real router's.
+prefill backlog clock and the prefix index) over engine legs (legs.py ``EngineLegs``) instead of HTTP legs: one
+copy of the orchestration, so a benchmark here measures what ships. Scrapes run every ``scrape_interval_s`` of
+virtual time, so the snapshot is as stale as the real router's.
 """
 
 from __future__ import annotations
@@ -20,24 +20,21 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from typing_extensions import override
-
 from ..api.contract import RouterConfig
 from ..router import features
-from ..router.core import Legs, OnCommit, RequestCore
+from ..router.core import RequestCore
 from ..router.load import GAUGES, HISTOGRAMS, Worker, WorkerSet
 from ..router.metrics import RouterMetrics
 from ..router.policy import Decision, Tuning
-from ..router.proxy import PREFILL_KV_PARAMS, UpstreamError
 from ..router.request import Ctx
 from ..sim import config as sim_config
 from ..sim.engine import Engine, ReqCtx, SimClock, make_request
 from ..sim.metrics import PER_STEP
 from ..sim.nixl import PullOutcome
 from ..sim.scheduler import Request
-from ..sim.server import ApiError, check_lengths, error_body
 from .arrivals import Arrival, Prepared, prepare
 from .clock import VirtualTimeLoop
+from .legs import EngineLegs
 
 ROLES = ("prefill", "decode", "aggregated")
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -507,121 +504,6 @@ class TwinCluster:
         req.ctx = ReqCtx(max_tokens_param=max_tokens, engine=w.engine, sink=leg.sink, sink_run=leg.sink_run)
         w.engine.submit(req)
         return leg
-
-
-class EngineLegs(Legs[None]):
-    """One request's transport for the request core (router/core.py ``Legs``) in the twin: the legs call the
-    simulated engines in process (the KV hand-off through ``LocalKVLink``) and fail the way the HTTP legs do,
-    with the same causes: a removed or crashed worker refuses the connection, the fault table's per-request
-    faults are HTTP 500s, a prompt over ``max_model_len`` is vLLM's 400, a stream that ends before its first token
-    is vLLM's in-stream error (``generation_error``). The answer is written into the request's ``Outcome``."""
-
-    __slots__ = ("cluster", "o")
-
-    def __init__(self, cluster: TwinCluster, o: Outcome) -> None:
-        self.cluster = cluster
-        self.o = o
-
-    def _admit(self, url: str, kv: dict[str, Any] | None, max_tokens: int | None, prefix: str) -> TwinWorker:
-        """What the sim's HTTP server checks before it queues a request (sim/server.py ``_serve``)."""
-        w = self.cluster.live(url)
-        if w is None:
-            raise UpstreamError(prefix + "connect_error", worker=url)
-        try:
-            check_lengths(w.engine.cfg, len(self.o.prepared.prompt_ids), max_tokens)
-        except ApiError as e:
-            raise UpstreamError(prefix + "rejected", status=400, body=_error_body(e), worker=url) from None
-        remote_prefill = bool(kv and kv.get("do_remote_prefill") and w.engine.cfg.kv_transfer)
-        fault = w.engine.request_fault(needs_local_prefill=not remote_prefill)
-        if fault is not None:
-            if fault[1]:
-                self.cluster.crash(w)
-            raise UpstreamError(prefix + "error", status=500, worker=url)
-        return w
-
-    @override
-    async def prefill(self, ctx: Ctx, worker: str, deadline: float) -> Any:
-        c, p = self.cluster, self.o.prepared
-        self._admit(worker, PREFILL_KV, 1, "prefill_")
-        leg = c.submit(worker, p, p.request_id + "-p", 1, dict(PREFILL_KV))
-        assert leg.done is not None
-        t = c.now
-        try:
-            await asyncio.wait_for(asyncio.shield(leg.done), max(deadline - t, 0.001))
-        except TimeoutError:
-            leg.engine.abort(leg.req)  # the router closes the connection; vLLM aborts the request
-            raise UpstreamError("prefill_timeout", worker=worker) from None
-        self.o.prefill_leg_s = c.now - t
-        if leg.reason != "length":
-            raise UpstreamError("prefill_error", status=500, worker=worker)
-        kv = leg.req.ctx.kv_params_out
-        if not kv:
-            raise UpstreamError("prefill_no_kv_params", worker=worker)
-        return dict(kv)
-
-    @override
-    async def relay(self, ctx: Ctx, worker: str, kv: Any | None, deadline: float | None, remote: bool,
-                    on_commit: OnCommit) -> None:
-        c, o = self.cluster, self.o
-        p, a = o.prepared, o.prepared.arrival
-        ctx.decode_worker = worker
-        self._admit(worker, kv, a.output_tokens, "")
-        leg = c.submit(worker, p, p.request_id, a.output_tokens, kv, want_first=True)
-        assert leg.done is not None and leg.first_token is not None
-        # a stream commits at its first token; a non-streamed answer when it is whole (legs.py ``_first``)
-        commit = leg.first_token if ctx.stream else leg.done
-        try:
-            if deadline is not None:
-                try:
-                    await asyncio.wait_for(asyncio.shield(commit), max(deadline - c.now, 0.001))
-                except TimeoutError:
-                    raise UpstreamError("timeout", worker=worker) from None
-            else:
-                await commit
-            if leg.first is None or (not ctx.stream and leg.reason not in ("length", "stop")):
-                if leg.reason == "abort":  # the worker went away (a crash) before anything was relayed
-                    raise UpstreamError("disconnected", worker=worker)
-                raise UpstreamError("generation_error", worker=worker)  # vLLM's error event / 500 before a token
-            on_commit()  # raises when a raced leg won (router/core.py hedge): this one is abandoned
-            await leg.done
-        except BaseException:
-            # the router closed the connection (a timeout, a lost race, a cancel): vLLM aborts the request
-            if leg.reason is None:
-                leg.engine.abort(leg.req)
-            raise
-        o.first, o.last, o.tokens, o.itl_max, o.end = leg.first, leg.last, leg.tokens, leg.itl_max, c.now
-        o.kv_transfer_s = leg.req.ctx.xfer_s
-        o.cached_tokens = leg.req.num_cached
-        if leg.reason in ("length", "stop"):
-            o.status, o.error = 200, ""
-            ctx.outcome, ctx.status = "ok", 200
-            c.core.tenants.observe(ctx.tenant, leg.tokens)  # accounting.py: ok requests teach the tenant average
-        else:
-            o.status, o.error = 500, f"generation ended: {leg.reason}"
-            ctx.outcome, ctx.status = "upstream_error_mid_stream", 200
-
-    def _end(self, status: int, error: str) -> None:
-        self.o.status, self.o.error, self.o.end = status, error, self.cluster.now
-
-    @override
-    def error(self, ctx: Ctx, status: int, message: str, type_: str) -> None:
-        self._end(status, message)
-
-    @override
-    def passthrough(self, ctx: Ctx, e: UpstreamError) -> None:
-        self._end(ctx.status, e.body.decode() if e.body else e.cause)
-
-    @override
-    def give_up(self, ctx: Ctx, e: UpstreamError) -> None:
-        self._end(ctx.status, f"upstream failed: {e.cause}")
-
-
-# the prefill leg's kv_transfer_params (router/proxy.py prefill_body)
-PREFILL_KV: dict[str, Any] = dict(PREFILL_KV_PARAMS)
-
-
-def _error_body(e: ApiError) -> bytes:
-    return json.dumps(error_body(e.message, e.err_type, e.status, e.param)).encode()
 
 
 def _parse_sim(argv: list[str], where: str) -> sim_config.SimConfig:
