@@ -124,3 +124,29 @@ def test_other_errors_are_not_swallowed():
         pass
     else:
         raise AssertionError("a non-API error must reach kopf")
+
+
+async def test_the_loop_scheduler_runs_retries_on_the_bound_loop_and_cancels_them() -> None:
+    """Retries run in the operator loop's executor after their delay; a cancelled one never runs; an unbound or
+    closed loop schedules nothing (no thread of its own outlives the operator)."""
+    import asyncio
+
+    from disagg.controller.requeue import LoopScheduler
+
+    sched = LoopScheduler()
+    ran: list[str] = []
+    sched(0.0, lambda: ran.append("unbound")).cancel()  # nothing to run it on: a no-op handle
+    sched.bind(asyncio.get_running_loop())
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def fire(name: str) -> None:
+        ran.append(name)
+        loop.call_soon_threadsafe(done.set)
+
+    # the cancelled one is due first: had it not been cancelled, it would have run before the kept one
+    dropped = await asyncio.to_thread(sched, 0.01, lambda: fire("dropped"))  # from a handler's thread
+    await asyncio.to_thread(dropped.cancel)
+    await asyncio.to_thread(sched, 0.05, lambda: fire("kept"))
+    await asyncio.wait_for(done.wait(), 10)
+    assert ran == ["kept"]

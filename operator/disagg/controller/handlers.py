@@ -26,6 +26,7 @@ apiserver); they differ only in what woke them up:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
@@ -44,7 +45,7 @@ from .groups import register as register_groups
 from .kubeio import Kube, KubeError
 from .objects import Key, trim
 from .reconcile import Reconciler
-from .requeue import Requeue
+from .requeue import LoopScheduler, Requeue
 from .upgrade import ROLLOUT_CONDITION, UPGRADE_BOUND_SECONDS
 
 log = logs.get("disagg.controller")
@@ -137,7 +138,13 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     config = config or ControllerConfig()
     rec = reconciler or Reconciler(Kube(api_client(config.kubeconfig)), config.build, emit=_emit,
                                    upgrade_bound=config.upgrade_bound)
-    requeue = Requeue()  # failed event-triggered reconciles, retried with backoff (kopf retries no event handler)
+    # failed event-triggered reconciles, retried with backoff (kopf retries no event handler), on the operator's loop
+    scheduler = LoopScheduler()
+    requeue = Requeue(scheduler)
+
+    @kopf.on.startup(registry=registry)
+    async def bind_retries(**_: Any) -> None:
+        scheduler.bind(asyncio.get_running_loop())
 
     @kopf.on.cleanup(registry=registry)
     def cancel_retries(**_: Any) -> None:

@@ -10,6 +10,8 @@ event's work).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,12 +34,61 @@ class Cancellable(Protocol):
 Schedule = Callable[[float, Callable[[], None]], Cancellable]  # (delay in seconds, what to run) → its handle
 
 
-def timer(delay: float, fn: Callable[[], None]) -> Cancellable:
-    """Run ``fn`` in a daemon thread after ``delay`` seconds."""
-    out = threading.Timer(delay, fn)
-    out.daemon = True
-    out.start()
-    return out
+class _Nothing:
+    def cancel(self) -> None:
+        pass
+
+
+class _LoopHandle:
+    """A retry armed on the operator's event loop; ``cancel`` from any thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.handle: asyncio.TimerHandle | None = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        if not self.loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to cancel
+                self.loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+
+
+class LoopScheduler:
+    """Runs retries on the operator's event loop (``bind`` it from an on-startup handler): the delay is a loop
+    timer and the retry runs in the loop's executor, like kopf's own sync handlers. Nothing of it outlives the
+    operator — no thread of its own, so nothing can wake during interpreter shutdown. Before ``bind`` (or once the
+    loop is closed) nothing is scheduled: the next event reconciles."""
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def __call__(self, delay: float, fn: Callable[[], None]) -> Cancellable:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return _Nothing()
+        h = _LoopHandle(loop)
+
+        def run() -> None:
+            if not h.cancelled:
+                loop.run_in_executor(None, fn)
+
+        def arm() -> None:
+            if not h.cancelled:
+                h.handle = loop.call_later(delay, run)
+
+        try:
+            loop.call_soon_threadsafe(arm)
+        except RuntimeError:  # closed between the check and the call
+            return _Nothing()
+        return h
 
 
 def backoff(attempt: int, base: float = BASE_SECONDS, cap: float = CAP_SECONDS) -> float:
@@ -55,8 +106,8 @@ class _Entry:
 class Requeue:
     """Per-model retry with backoff of a failed event-triggered reconcile. ``schedule`` is injectable (tests)."""
 
-    def __init__(self, schedule: Schedule = timer, base: float = BASE_SECONDS, cap: float = CAP_SECONDS) -> None:
-        self.schedule = schedule
+    def __init__(self, schedule: Schedule | None = None, base: float = BASE_SECONDS, cap: float = CAP_SECONDS) -> None:
+        self.schedule: Schedule = schedule or LoopScheduler()
         self.base = base
         self.cap = cap
         self._models: dict[Model, _Entry] = {}
