@@ -101,3 +101,23 @@ def test_router_needs_workers_or_namespace():
     env = {k: v for k, v in os.environ.items() if k != "POD_NAMESPACE"}
     r = subprocess.run([DISAGG, "router", "--port", "0"], capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 2 and "--prefill" in r.stderr
+
+
+
+def test_hedge_flags_refuse_negative_and_non_finite_values(capsys) -> None:
+    """--hedge-factor / --hedge-min-ms: argparse refuses a bad value naming the flag; 0 turns hedging off."""
+    import argparse
+
+    import pytest
+
+    from disagg.router.cli import add_parser
+
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers())
+    for flag, bad in (("--hedge-factor", "-1"), ("--hedge-factor", "inf"), ("--hedge-min-ms", "nan"),
+                      ("--hedge-min-ms", "soon")):
+        with pytest.raises(SystemExit):
+            p.parse_args(["router", flag, bad])
+        assert f"argument {flag}:" in capsys.readouterr().err
+    args = p.parse_args(["router", "--hedge-factor", "0", "--hedge-min-ms", "100"])
+    assert (args.hedge_factor, args.hedge_min_ms) == (0.0, 100.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -11,6 +12,16 @@ from typing import Any
 from ..api.contract import ROUTER_PORT
 from .policy import Tuning
 
+
+def _non_negative(text: str) -> float:
+    """A finite number ≥ 0 (argparse names the flag in its error)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -52,11 +63,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="requireDecodePoolPressure: a decode worker is under pressure at this KV-cache usage")
     p.add_argument("--decode-pressure-running", type=int, default=8,
                    help="… or with this many running + waiting sequences")
-    p.add_argument("--hedge-factor", type=float, default=Tuning.hedge_factor,
+    p.add_argument("--hedge-factor", type=_non_negative, default=Tuning.hedge_factor,
                    help="a remote stream whose first token is this many times later than its decode worker's recent "
                    "remote first tokens (per prompt token) gets a local prefill beside it; the first answer serves "
                    "(fallback cause kv_transfer_slow); 0: off")
-    p.add_argument("--hedge-min-ms", type=float, default=Tuning.hedge_min_s * 1000,
+    p.add_argument("--hedge-min-ms", type=_non_negative, default=Tuning.hedge_min_s * 1000,
                    help="… and at least this many milliseconds after its decode leg started")
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="send OpenTelemetry traces (OTLP over HTTP/protobuf) to this URL, e.g. "

@@ -434,6 +434,7 @@ async def _cancel(task: asyncio.Task[Any] | None) -> None:
     if task is None:
         return
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, UpstreamError):
-        await task
+    await asyncio.wait({task})  # (unlike awaiting the task, lets a cancellation of the caller itself through)
+    if not task.cancelled():
+        task.exception()  # retrieved: its failure is the race's business, not a stray "never retrieved" warning
 
