@@ -74,13 +74,10 @@ class Router:
         self.core: RequestCore[web.StreamResponse] = RequestCore(
             workers, self.metrics, self.opts.tuning, clock=clock, down_seconds=self.opts.down_seconds,
             probe_rate_scale=1.0 / max(self.opts.workers, 1))
-        self.prefix = self.core.prefix
-        self.tenants = self.core.tenants
-        self.breakers = self.core.breakers
         self.session: aiohttp.ClientSession | None = None
         self.raw: RawPool | None = None
         self.upstream = Upstream(workers, self._session, self.opts.client_write_timeout, raw=lambda: self.raw)
-        self.accounting = Accounting(self.metrics, self.tenants, lambda: self.config.slo)
+        self.accounting = Accounting(self.metrics, self.core.tenants, lambda: self.config.slo)
         self.scraper = Scraper(workers, self.metrics, self._session, self.opts.scrape_interval,
                                self.opts.scrape_timeout, self.opts.down_seconds)
         self.connections = ConnectionGuard(self.metrics, self.opts.header_timeout, self.opts.max_connections)

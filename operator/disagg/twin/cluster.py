@@ -301,8 +301,6 @@ class TwinCluster:
         self.ws = WorkerSet(clock=self.loop.time)
         # the router's own request core (router/core.py): snapshot, decision, probes, breakers, paths, fallbacks
         self.core: RequestCore[None] = RequestCore(self.ws, RouterMetrics(), self.tuning, clock=self.loop.time)
-        self.prefix = self.core.prefix
-        self.tenants = self.core.tenants
         self.decisions: dict[str, int] = {}
         self.producers: dict[str, Engine] = {}
         self.retired: list[TwinWorker] = []  # removed workers (GPU-seconds up to their removal)
@@ -382,7 +380,7 @@ class TwinCluster:
         if w is None:
             raise ValueError(f"url: no worker {url!r}")
         self._sync_pool(w.role)
-        self.prefix.forget(url)
+        self.core.prefix.forget(url)
         while w.engine.busy or w.engine.sched.held or w.rw.inflight:
             await asyncio.sleep(self.spec.scrape_interval_s / 10)
         w.stopped_at = self.now
