@@ -1,6 +1,6 @@
 """One prepared microbenchmark for the twin's H200 preset: a Llama-3.1-8B-shaped decoder in bf16, torch eager + SDPA.
 
-Measures, on one GPU (random weights; the shapes are ``disagg.sim.presets.MODELS["Llama-3.1-8B"]``'s, copied
+Measures, on one GPU (random weights; the shapes are ``disagg.perf.presets.MODELS["Llama-3.1-8B"]``'s, copied
 below so the script runs where the project is not installed):
 
 (a) prefill: the 32-layer stack + final norm + LM head on the last position, one prompt of 512 / 2048 / 8192 tokens
@@ -50,7 +50,7 @@ class Shape:
     vocab: int
 
 
-# disagg/sim/presets.py MODELS["Llama-3.1-8B"] (meta-llama/Llama-3.1-8B-Instruct config.json)
+# disagg/perf/presets.py MODELS["Llama-3.1-8B"] (meta-llama/Llama-3.1-8B-Instruct config.json)
 LLAMA_8B = Shape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256)
 TINY = Shape(hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, intermediate=512, vocab=1000)
 

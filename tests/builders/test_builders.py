@@ -303,7 +303,10 @@ def test_aggregated_pool_has_no_kv_connector() -> None:
     assert [p["name"] for p in cont["ports"]] == [c.WORKER_PORT_NAME]
     assert dep["spec"]["replicas"] == 2
     assert "Service/llama-8b-aggregated" in refs and "PodDisruptionBudget/llama-8b-aggregated" in refs
-    assert router_config(dm).pools.aggregated == c.PoolEndpoint(service="llama-8b-aggregated", port=8000)
+    agg = router_config(dm).pools.aggregated
+    assert agg is not None and (agg.service, agg.port) == ("llama-8b-aggregated", 8000)
+    # the SLO placement's prior: the pool's engines as the spec describes them (vLLM's default budget here)
+    assert agg.engine is not None and agg.engine.max_num_batched_tokens is None
 
 
 @pytest.mark.parametrize("mode,status_mode,want", [

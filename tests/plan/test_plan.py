@@ -12,12 +12,12 @@ import yaml
 
 from disagg.api.validate import errors_of, validate_documents
 from disagg.cli import main
+from disagg.perf.presets import get_gpu, get_model
 from disagg.plan.emit import bounds, to_model
 from disagg.plan.model import build_workload, decode_side, erlang_c, mgc, pool_model
 from disagg.plan.profile import ProfileError, TokenDist, load_profile, parse_profile
 from disagg.plan.report import render
 from disagg.plan.search import Mode, search
-from disagg.sim.presets import get_gpu, get_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = ROOT / "docs/examples/profiles/profile-chat.yaml"
@@ -66,7 +66,7 @@ def test_gpu_type_without_a_preset_lists_the_known_ones() -> None:
     doc = base(gpus=[{"type": "H100-SXM", "count": 8}, {"type": "TPU-v5", "count": 8}])
     (msg,) = problems(doc)
     assert msg.startswith("gpus[1].type: unknown GPU preset 'TPU-v5'; known: H100-SXM")
-    assert "add a preset to sim/presets.py" in msg
+    assert "add a preset to perf/presets.py" in msg
 
 
 def test_model_errors() -> None:

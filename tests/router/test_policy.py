@@ -282,3 +282,31 @@ def test_scrape_averages_and_parser():
     assert w.sec_per_token is not None and abs(w.sec_per_token - 0.0001) < 1e-12
     load = w.load(prefix_tokens=32)
     assert (load.waiting, load.kv_usage, load.prefix_tokens) == (5, 0.25, 32)
+
+
+# ------------------------------------------------------------------------------ one elastic fleet (Thresholds)
+BUSY_D = WorkerLoad("http://d1", compat="a", inflight=6, running=6)
+
+
+def test_a_local_request_runs_whole_on_an_idle_prefill_worker_less_loaded_than_the_decode_worker() -> None:
+    d = decide(cfg(), feats(SHORT), LoadSnapshot(prefill=(P,), decode=(BUSY_D,)))
+    assert (d.decision, d.reason, d.decode, d.local_decode) == ("local", "short_prompt", "http://p1", "http://p1")
+    assert d.detail == {"elastic": True}
+    # equally loaded: the decode worker keeps it (a prefill worker's first job is the remote prefills)
+    even = WorkerLoad("http://p1", compat="a", inflight=6, running=6)
+    assert decide(cfg(), feats(SHORT), LoadSnapshot(prefill=(even,), decode=(BUSY_D,))).decode == "http://d1"
+
+
+def test_a_prefill_worker_with_recent_remote_prefills_or_a_starting_pool_serves_no_whole_request() -> None:
+    recent = WorkerLoad("http://p1", compat="a", remote_idle_s=1.0)
+    assert decide(cfg(), feats(SHORT), LoadSnapshot(prefill=(recent,), decode=(BUSY_D,))).decode == "http://d1"
+    starting = cfg(prefillStarting=True)
+    assert decide(starting, feats(SHORT), LoadSnapshot(prefill=(P,), decode=(BUSY_D,))).decode == "http://d1"
+    off = Tuning(elastic_idle_s=0)
+    assert decide(cfg(), feats(SHORT), LoadSnapshot(prefill=(P,), decode=(BUSY_D,)), off).decode == "http://d1"
+
+
+def test_a_prefix_hit_stays_on_the_decode_worker_that_holds_it() -> None:
+    holder = WorkerLoad("http://d1", compat="a", inflight=6, running=6, prefix_tokens=3500)
+    d = decide(cfg(), feats(LONG), LoadSnapshot(prefill=(P,), decode=(holder,)))
+    assert (d.reason, d.decode) == ("prefix_cache_hit", "http://d1")

@@ -49,8 +49,10 @@ def _alive(pid: int) -> bool:
 async def test_workers_share_the_port_sum_metrics_and_stop_on_sigterm(tmp_path, fake_workers):
     p, d = await fake_workers("prefill"), await fake_workers("decode", tokens=3, token_delay=0.01)
     with Processes(tmp_path / "procs") as procs:  # on a failure its exit stops the whole group, workers too
+        # every request on p is a prefill leg (counted below): no whole requests on the prefill worker
         router = procs.router(prefill=[p.url], decode=[d.url],
-                              extra=["--workers", "2", "--scrape-interval", "0.2", "--log-level", "INFO"])
+                              extra=["--workers", "2", "--scrape-interval", "0.2", "--log-level", "INFO",
+                                     "--elastic-idle-seconds", "0"])
         proc, url, log_path = router.proc, router.url, router.log_path
 
         def listening() -> set[int]:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from disagg.perf.roofline import Efficiency
 from disagg.results import validate
 from disagg.sim import bench
-from disagg.sim.perf import Efficiency
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,7 +90,7 @@ def test_microbench_script_uses_the_presets_shapes() -> None:
     """hack/gpu/measure_h200.py runs where the project is not installed, so it copies the shapes: same numbers."""
     import ast
 
-    from disagg.sim.presets import MODELS
+    from disagg.perf.presets import MODELS
 
     tree = ast.parse((ROOT / "hack" / "gpu" / "measure_h200.py").read_text())
     call = next(n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from disagg.sim.perf import Efficiency, PerfModel, SeqWork
-from disagg.sim.presets import GPUS, MODELS
+from disagg.perf.presets import GPUS, MODELS
+from disagg.perf.roofline import Efficiency, PerfModel, SeqWork
 
 H100 = GPUS["H100-SXM"]
 L8B, L70B, QWEN_MOE = MODELS["Llama-3.1-8B"], MODELS["Llama-3.1-70B"], MODELS["Qwen3-30B-A3B"]

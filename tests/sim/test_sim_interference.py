@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 from simtest_util import SimProc, prompt_of
 
+from disagg.perf.roofline import percentile
 from disagg.poll import until
-from disagg.sim.perf import percentile
 
 SCALE = 1.0
 STREAMS = 4

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from disagg.sim import presets
-from disagg.sim.perf import PerfModel, SeqWork, percentile
-from disagg.sim.presets import GPUS, MODELS, TRANSPORTS, get_gpu, get_model, infer_model, transport_from_ucx_tls
+from disagg.perf import presets
+from disagg.perf.presets import GPUS, MODELS, TRANSPORTS, get_gpu, get_model, infer_model, transport_from_ucx_tls
+from disagg.perf.roofline import PerfModel, SeqWork, percentile
 
 H100, H200, A100, L40S = (GPUS[n] for n in ("H100-SXM", "H200", "A100-80GB", "L40S"))
 L8B, L70B = MODELS["Llama-3.1-8B"], MODELS["Llama-3.1-70B"]

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from disagg.perf.presets import get_transport
+from disagg.perf.roofline import SeqWork
 from disagg.sim.engine import build_perf
-from disagg.sim.perf import SeqWork
-from disagg.sim.presets import get_transport
 from disagg.twin import SLO, Arrival, ClusterSpec, PoolSpec, TwinResult, arrivals_from_mix, simulate
 from disagg.twin.clock import run_virtual
 from disagg.twin.cluster import TwinCluster, _parse_sim

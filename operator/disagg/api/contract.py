@@ -79,15 +79,38 @@ SIDE_CHANNEL_PORT_NAME = "nixl"
 # ---------------------------------------------------------------------------------- router config
 
 
+class EngineProfile(ApiModel):
+    """What the router's placement prices a pool's engines with (router/placement.py): the performance model's
+    GPU, model and parallelism, and the engine's batch limits. The operator writes what the spec says (GPU product,
+    model, parallelism, worker args); the router corrects the prior online from each worker's own metrics."""
+
+    gpu: str = Field(default="H100-SXM", description="GPU preset or product name (perf/presets.py aliases).")
+    model: str = Field(default="", description="Model preset or Hugging Face id ('' → the served model).")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="--tensor-parallel-size.")
+    pipeline_parallel_size: int = Field(default=1, ge=1, description="--pipeline-parallel-size.")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, description="--max-num-batched-tokens (None: vLLM's default for the GPU).")
+    max_num_seqs: int | None = Field(default=None, ge=1, description="--max-num-seqs (None: vLLM's default).")
+    block_size: int = Field(default=16, ge=1, description="--block-size.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="--gpu-memory-utilization.")
+    transport: str = Field(default="rdma", description="KV transport preset: rdma, nvlink or tcp.")
+
+
 class PoolEndpoint(ApiModel):
     service: str = Field(description="Headless Service of the pool (router discovery in a cluster).")
     port: int = Field(default=8000, description="Worker HTTP port.")
+    engine: EngineProfile | None = Field(
+        default=None, description="The pool's engines, for the SLO placement's cost prior (None: defaults).")
 
 
 class RouterPools(ApiModel):
     prefill: PoolEndpoint | None = Field(default=None, description="The prefill pool.")
     decode: PoolEndpoint | None = Field(default=None, description="The decode pool.")
     aggregated: PoolEndpoint | None = Field(default=None, description="The aggregated pool, if any.")
+
+    def engine(self, role: str) -> EngineProfile | None:
+        p: PoolEndpoint | None = getattr(self, role, None)
+        return p.engine if p is not None else None
 
 
 class RouterConfig(ApiModel):

@@ -281,7 +281,9 @@ class PoolSpec(ApiModel):
         default=None, ge=1, le=65536, description="Concurrent sequences per worker (--max-num-seqs)."
     )
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=1, le=10_485_760, description="Token budget per engine step (--max-num-batched-tokens)."
+        default=None, ge=1, le=10_485_760, description="Token budget per engine step (--max-num-batched-tokens). "
+        "Unset on the decode pool: the largest multiple of 256 whose one prefill chunk fits in spec.slo.tpotP95Ms "
+        "(it bounds the stall a local prefill causes to running streams); elsewhere vLLM's default."
     )
     extra_args: list[ExtraArg] = Field(
         default_factory=list,
@@ -505,6 +507,15 @@ class PromptBucket(ApiModel):
 class RoutingSpec(ApiModel):
     """The per-request policy (the seed's pd_disaggregation_policy)."""
 
+    policy: Literal["Thresholds", "SLO"] = Field(
+        default="Thresholds",
+        description="How the router places a request that no tenant, bucket or canary rule forces. Thresholds "
+        "(default): the rule ladder of remotePrefill and localPrefill (token thresholds, queue-wait limit, decode "
+        "pressure). SLO (preview): predict, for each placement (the whole request on a decode worker; remote "
+        "prefill then decode; the whole request on a prefill worker with slack), its TTFT and TPOT and the "
+        "slowdown it causes to the requests already there, and pick the one that keeps the most requests within "
+        "spec.slo; remotePrefill and localPrefill are then unused (docs/router.md \"SLO placement\").",
+    )
     remote_prefill: RemotePrefillPolicy = Field(
         default_factory=RemotePrefillPolicy, description="When a request may take the remote-prefill path."
     )

@@ -12,7 +12,9 @@ arrivals (one seed) go through each configuration of each deployment — all wit
   ``prefill: Remote`` for all prompts, prefill-queue overload → Queue); swept over P.
 * (c) ``conditional``: the same pools with the router's per-request policy, swept over P, with two threshold sets:
   ``c-default`` — the CRD's defaults (``RoutingSpec()`` in api/spec.py, read at run time, never copied) — and
-  ``c-tuned`` — :data:`CONDITIONAL_ROUTING` (a shorter prefill-queue limit and a lower output threshold).
+  ``c-tuned`` — :data:`CONDITIONAL_ROUTING` (a shorter prefill-queue limit and a lower output threshold). Both
+  are deployed for the headline SLO (spec.slo 1000/50 ms) and their decode pool takes the budget the operator
+  renders for it (:func:`conditional_decode_budget`: the largest chunk whose step fits in the TPOT target).
 
 Per (mix, rate, SLO) the best configuration of each deployment is reported (c = the best of both threshold sets,
 c-default also on its own), with the ratios c/a and c/b and the targets of :data:`TARGETS`; per (mix, SLO) each
@@ -74,9 +76,13 @@ TRANSFER_TIMEOUT_MS = 30_000
 COMMAND = "disagg bench goodput"
 RESULTS = Path("docs") / "results" / "goodput.json"
 ATTAINMENT_KNEE = 0.90  # a deployment holds a rate when ≥ 90 % of its requests meet the SLO
-VARIANTS = ("a", "b", "c-default", "c-tuned")
-VARIANT_DEPLOYMENT = {"a": "aggregated", "b": "disaggregated", "c-default": "conditional", "c-tuned": "conditional"}
-FAMILIES = ("a", "b", "c", "c-default")  # what the summary compares: c = the best of c-default and c-tuned
+VARIANTS = ("a", "b", "c-default", "c-tuned", "c-slo")
+DEFAULT_VARIANTS = ("a", "b", "c-default", "c-tuned")  # c-slo (the SLO placement preview) on request
+VARIANT_DEPLOYMENT = {"a": "aggregated", "b": "disaggregated", "c-default": "conditional", "c-tuned": "conditional",
+                      "c-slo": "conditional"}
+# what the summary compares: c = the best of c-default and c-tuned (the Thresholds policy); c-slo (the SLO
+# placement preview) when it was run
+FAMILIES = ("a", "b", "c", "c-default", "c-slo")
 
 
 @dataclass(frozen=True)
@@ -138,7 +144,7 @@ class TwinSettings:
     seed: int = 0
     splits: tuple[int, ...] = ()  # P values for (b) and (c); () = default_splits(gpus)
     budgets: tuple[int, ...] = (2048, 8192)  # (a)'s --max-num-batched-tokens (8192: vLLM's default on an H100)
-    variants: tuple[str, ...] = VARIANTS
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
     jobs: int = 1  # runs in parallel (processes); results do not depend on it
 
     def split_grid(self) -> tuple[int, ...]:
@@ -197,9 +203,14 @@ class Config:
             return {**base, "mode": "Aggregated"}
         if self.variant == "b":
             return {**base, "mode": "Disaggregated", "routing": copy.deepcopy(ALWAYS_ROUTING)}
+        # (c) is deployed for the headline SLO (spec.slo: its decode budget follows it); every SLO scores the run
+        slo = {"ttftP95Ms": int(SLOS[0].ttft_ms), "tpotP95Ms": int(SLOS[0].tpot_ms)}
         if self.variant == "c-tuned":
-            return {**base, "mode": "Disaggregated", "routing": copy.deepcopy(CONDITIONAL_ROUTING)}
-        return {"model": SIM_MODEL, "mode": "Disaggregated"}  # c-default: the CRD's routing and transfer timeout
+            return {**base, "mode": "Disaggregated", "routing": copy.deepcopy(CONDITIONAL_ROUTING), "slo": slo}
+        if self.variant == "c-slo":  # the SLO placement (preview), the CRD's other defaults
+            return {"model": SIM_MODEL, "mode": "Disaggregated", "routing": {"policy": "SLO"}, "slo": slo}
+        # c-default: the CRD's routing and transfer timeout
+        return {"model": SIM_MODEL, "mode": "Disaggregated", "slo": slo}
 
     def cluster(self, s: TwinSettings) -> Any:
         from ..twin import ClusterSpec, PoolSpec
@@ -209,8 +220,22 @@ class Config:
 
         if self.variant == "a":
             return ClusterSpec(aggregated=pool(self.workers, self.budget), router=self.router(), drain_s=drain_s())
-        return ClusterSpec(prefill=pool(self.prefill), decode=pool(self.workers), router=self.router(),
-                           drain_s=drain_s())
+        decode_budget = None
+        if self.variant.startswith("c-"):  # the operator's default decode budget for the deployment's spec.slo
+            decode_budget = conditional_decode_budget(s)
+        return ClusterSpec(prefill=pool(self.prefill), decode=pool(self.workers, decode_budget),
+                           router=self.router(), drain_s=drain_s())
+
+
+def conditional_decode_budget(s: TwinSettings) -> int:
+    """(c)'s decode pool ``--max-num-batched-tokens``: what the operator renders when the spec sets none
+    (builders/workers.py ``chunk_budget``: perf/costs.py ``decode_chunk_budget`` for spec.slo's TPOT, here the
+    headline SLO's) — the shipped default, not a per-cell choice."""
+    from ..api.contract import EngineProfile
+    from ..perf.costs import EngineCost, decode_chunk_budget
+
+    cost = EngineCost.from_profile(EngineProfile(gpu=s.gpu, model=s.model_preset))
+    return decode_chunk_budget(cost, SLOS[0].tpot_ms / 1000.0, cost.max_num_seqs)
 
 
 def configs(s: TwinSettings) -> list[Config]:
@@ -313,7 +338,7 @@ def sweep(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] | N
 
 def _best(rows: list[dict[str, Any]], family: str, slo: str) -> dict[str, Any] | None:
     """The family's best row at an SLO: most goodput, then fewest prefill workers (ties: the listed order)."""
-    pick = [r for r in rows if r["variant"] == family or (family == "c" and r["variant"].startswith("c-"))]
+    pick = [r for r in rows if r["variant"] == family or (family == "c" and r["variant"] in ("c-default", "c-tuned"))]
     if not pick:
         return None
     return max(pick, key=lambda r: (r["slos"][slo]["goodput_rps"], -r["prefill"]))
@@ -352,6 +377,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                     targets = {"c ≥ max(a, b)": g["c"] >= max(g["a"], g["b"])}
                     if "c-default" in g:
                         entry["c_default_over_max_ab"] = _ratio(g["c-default"], max(g["a"], g["b"]))
+                    if "c-slo" in g:
+                        entry["c_slo_over_max_ab"] = _ratio(g["c-slo"], max(g["a"], g["b"]))
                     if mix == "long-rag" and slo == SLOS[0].key:
                         targets["long-rag: c ≥ 2 × a"] = g["c"] >= 2 * g["a"]
                     entry["targets"] = targets

@@ -129,11 +129,11 @@ def near(thresholds: list[int], pick: int | None) -> list[int]:
 
 
 def run_mix(name: str, data: dict[str, Any], seed: int = 0, say: Any = print) -> dict[str, Any]:
+    from ..perf.presets import TRANSPORTS
     from ..plan.model import build_workload
     from ..plan.profile import parse_profile
     from ..plan.search import Evaluator, search, thresholds_for
     from ..plan.verify import profile_arrivals
-    from ..sim.presets import TRANSPORTS
 
     p = parse_profile(data)
     res = search(p)

@@ -259,7 +259,7 @@ def run(streams: int = 500, rounds: int = 3, tokens: int = 64, time_scale: float
         progress("[router-bench] nginx not found (run hack/ensure-nginx.sh): skipping the nginx target")
         targets = [t for t in targets if t != "nginx"]
     plan = _plan(targets, workers, paths)
-    from ..sim.perf import PerfModel
+    from ..perf.roofline import PerfModel
 
     # one decode step of this batch, in wall seconds (to recognise step-shifted pairs)
     step_wall = PerfModel.from_names().decode_step_time(2 * streams, 64 + tokens) * time_scale

@@ -13,7 +13,7 @@ from .meta import model_name, namespace_of, object_meta, role_labels, selector_l
 from .security import container_security_context, pod_security_context
 from .settings import BuildSettings, cpu_cores
 from .tracing import router_tracing_args
-from .workers import served_name, worker_roles
+from .workers import engine_profile, served_name, worker_roles
 
 ROUTER_CONFIG_DIR = "/etc/disagg"
 ROUTER_CONFIG_PATH = f"{ROUTER_CONFIG_DIR}/{c.ROUTER_CONFIG_KEY}"
@@ -44,7 +44,8 @@ def router_config(dm: DisaggregatedModel) -> c.RouterConfig:
     spec = dm.spec
     model = model_name(dm)
     pools = {
-        role: c.PoolEndpoint(service=c.pool_name(model, role), port=spec.engine.port) for role in worker_roles(dm)
+        role: c.PoolEndpoint(service=c.pool_name(model, role), port=spec.engine.port,
+                             engine=engine_profile(spec, role)) for role in worker_roles(dm)
     }
     return c.RouterConfig(
         model=served_name(spec),

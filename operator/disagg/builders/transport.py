@@ -13,7 +13,12 @@ from ..api import contract as c
 from ..api.contract import Role
 from ..api.models import KVTransferSpec
 
-# kv_role per pool (vLLM KVTransferConfig.kv_role: kv_producer | kv_consumer | kv_both).
+# kv_role per pool (vLLM KVTransferConfig.kv_role: kv_producer | kv_consumer | kv_both). Not kv_both: vLLM 0.33.0
+# deprecates it for the NixlConnector (distributed/kv_transfer/kv_connector/v1/nixl/connector.py, NixlBaseConnector
+# __init__: "Please set kv_role='kv_producer' for prefill instances and kv_role='kv_consumer' for decode
+# instances"), and it is not needed for one elastic fleet: the connector's per-request behaviour follows the request's
+# kv_transfer_params, not the role (nixl/pull_scheduler.py get_num_new_matched_tokens / request_finished return early
+# without them), so a prefill worker serves a whole request and a decode worker prefills locally as they are.
 KV_ROLES: dict[str, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 # UCX_TLS per transport. None: leave UCX_TLS unset, UCX picks among everything it finds ("all").

@@ -14,6 +14,7 @@ from ..api.flags import RESERVED_SHORT_FLAGS as RESERVED_SHORT_FLAGS
 from ..api.flags import option_name
 from ..api.models import DisaggregatedModel, DisaggregatedModelSpec, PoolSpec
 from ..api.semantics import WORKER_CONTAINER
+from ..perf.costs import EngineCost, decode_chunk_budget
 from .merge import strategic_merge
 from .meta import (
     model_name,
@@ -142,6 +143,34 @@ def compat_hash(spec: DisaggregatedModelSpec, role: Role) -> str:
     return short_hash(compat_factors(spec, role))
 
 
+def engine_profile(spec: DisaggregatedModelSpec, role: Role) -> c.EngineProfile:
+    """A pool's engines as the router's SLO placement prices them (perf/costs.py): GPU product, model,
+    parallelism, batch limits and KV transport from the spec; what it does not say takes the defaults."""
+    pool: PoolSpec = getattr(spec, role)
+    p = pool.parallelism
+    transport = spec.kv_transfer.transport
+    return c.EngineProfile(
+        gpu=pool.gpu.product or c.EngineProfile().gpu, model=spec.model.name, tensor_parallel_size=p.tensor,
+        pipeline_parallel_size=p.pipeline, max_num_batched_tokens=chunk_budget(spec, role),
+        max_num_seqs=pool.max_num_seqs, transport=transport if transport in ("rdma", "nvlink", "tcp") else "rdma")
+
+
+def chunk_budget(spec: DisaggregatedModelSpec, role: Role) -> int | None:
+    """``--max-num-batched-tokens`` of a pool: the spec's, else for the decode pool the largest budget whose one
+    prefill chunk fits in spec.slo.tpotP95Ms (perf/costs.py ``decode_chunk_budget``: it bounds what a local
+    prefill does to the streams running beside it), else None (vLLM's default)."""
+    pool: PoolSpec = getattr(spec, role)
+    if pool.max_num_batched_tokens:
+        return pool.max_num_batched_tokens
+    if role != "decode" or pool.parallelism.expert or pool.parallelism.data > 1:
+        return None  # expert / data parallel: the all-to-all back end sets its own token limits per rank
+    prof = c.EngineProfile(gpu=pool.gpu.product or c.EngineProfile().gpu, model=spec.model.name,
+                           tensor_parallel_size=pool.parallelism.tensor,
+                           pipeline_parallel_size=pool.parallelism.pipeline, max_num_seqs=pool.max_num_seqs)
+    cost = EngineCost.from_profile(prof)
+    return decode_chunk_budget(cost, spec.slo.tpot_p95_ms / 1000.0, pool.max_num_seqs or cost.max_num_seqs)
+
+
 def worker_args(dm: DisaggregatedModel, role: Role, rank_args: Sequence[str] = ()) -> list[str]:
     """``vllm serve``'s arguments for a pool's workers; ``rank_args``: the flags of one rank of a multi-node replica
     (builders/multinode.py ``rank_flags``), placed after the operator's flags and before the user's extraArgs."""
@@ -164,8 +193,9 @@ def worker_args(dm: DisaggregatedModel, role: Role, rank_args: Sequence[str] = (
         args += ["--max-model-len", str(spec.model.max_model_len)]
     if pool.max_num_seqs:
         args += ["--max-num-seqs", str(pool.max_num_seqs)]
-    if pool.max_num_batched_tokens:
-        args += ["--max-num-batched-tokens", str(pool.max_num_batched_tokens)]
+    budget = chunk_budget(spec, role)
+    if budget:
+        args += ["--max-num-batched-tokens", str(budget)]
     if role in KV_ROLES:
         args += ["--kv-transfer-config", kv_transfer_config_arg(spec, role)]
     args += shutdown_timeout_args(spec)  # drain on SIGTERM, where the release has the flag

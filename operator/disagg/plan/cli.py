@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     src.add_argument("--base", type=Path, default=None,
                      help="a profile YAML giving model, slo, gpus, search (its traffic is replaced)")
     src.add_argument("--name", default=None, help="metadata.name of the plan")
-    src.add_argument("--model", default=None, help="model preset (sim/presets.py), e.g. Llama-3.1-8B")
+    src.add_argument("--model", default=None, help="model preset (perf/presets.py), e.g. Llama-3.1-8B")
     src.add_argument("--ttft-ms", type=int, default=None, help="SLO: p95 TTFT target, ms")
     src.add_argument("--tpot-ms", type=int, default=None, help="SLO: p95 TPOT target, ms")
     src.add_argument("--goodput-target", type=float, default=None, help="SLO: share meeting both (default 0.9)")

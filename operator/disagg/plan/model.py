@@ -1,4 +1,4 @@
-"""The planner's analytic model: per-pool quantities from the simulator's roofline (sim/perf.py), then queueing.
+"""The planner's analytic model: per-pool quantities from the simulator's roofline (perf/roofline.py), then queueing.
 
 Pure functions, no I/O. docs/planning.md derives every formula; in brief:
 
@@ -24,8 +24,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..sim.perf import PerfModel, SeqWork
-from ..sim.presets import GPUPreset, ModelPreset, TransportPreset, vllm_batch_defaults
+from ..perf.presets import GPUPreset, ModelPreset, TransportPreset, vllm_batch_defaults
+from ..perf.roofline import PerfModel, SeqWork
 from .profile import Profile, TokenDist
 
 INPUT_BINS = 10

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from ..sim.presets import GPUS, MODELS, GPUPreset, ModelPreset, PresetError, get_gpu, get_model
+from ..perf.presets import GPUS, MODELS, GPUPreset, ModelPreset, PresetError, get_gpu, get_model
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 Z95 = 1.6448536269514722  # standard normal 95th percentile
@@ -197,7 +197,7 @@ class ModelConfig(_Model):
 
 
 class ModelChoice(_Model):
-    preset: str | None = Field(default=None, description=f"One of sim/presets.py: {', '.join(MODELS)}.")
+    preset: str | None = Field(default=None, description=f"One of perf/presets.py: {', '.join(MODELS)}.")
     config: ModelConfig | None = Field(default=None, description="Shapes, for a model without a preset.")
     name: str | None = Field(default=None, max_length=253,
                              description="What vLLM serves (spec.model.name); default the preset's hub id.")
@@ -207,7 +207,7 @@ class ModelChoice(_Model):
     @model_validator(mode="after")
     def _one(self) -> ModelChoice:
         if (self.preset is None) == (self.config is None):
-            raise ValueError("give exactly one of preset (a name from sim/presets.py) or config (the model's shapes)")
+            raise ValueError("give exactly one of preset (a name from perf/presets.py) or config (the model's shapes)")
         if self.config is not None and not self.name:
             raise ValueError("a model given by config needs name (the hub id or path vLLM serves)")
         if self.preset is not None:
@@ -234,7 +234,7 @@ class ModelChoice(_Model):
 
 
 class GPUOffer(_Model):
-    type: str = Field(description=f"A GPU preset of sim/presets.py: {', '.join(GPUS)}.")
+    type: str = Field(description=f"A GPU preset of perf/presets.py: {', '.join(GPUS)}.")
     count: int = Field(ge=1, le=100_000, description="GPUs of this type on offer.")
     cost: float = Field(default=1.0, gt=0, description="Relative cost of one GPU-hour.")
     product: str | None = Field(default=None, max_length=253,
@@ -249,7 +249,7 @@ class GPUOffer(_Model):
         try:
             return get_gpu(v).name
         except PresetError as e:
-            raise ValueError(f"{e}; add a preset to sim/presets.py or offer one of these") from None
+            raise ValueError(f"{e}; add a preset to perf/presets.py or offer one of these") from None
 
     @property
     def preset(self) -> GPUPreset:
@@ -306,7 +306,7 @@ _HINTS = {
     "traffic": "give inputTokens, outputTokens and rate",
     "slo": "give ttftP95Ms and tpotP95Ms (and optionally goodputTarget)",
     "gpus": "list GPU types on offer: - {type: H100-SXM, count: 16, cost: 1.0}",
-    "model": "give preset: Llama-3.1-8B (a sim/presets.py name) or config: {layers, hidden, heads, kvHeads, ...}",
+    "model": "give preset: Llama-3.1-8B (a perf/presets.py name) or config: {layers, hidden, heads, kvHeads, ...}",
 }
 
 

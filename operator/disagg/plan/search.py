@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..sim.presets import TRANSPORTS, ModelPreset, TransportPreset
+from ..perf.presets import TRANSPORTS, ModelPreset, TransportPreset
 from .model import (
     IDLE,
     DecodeSide,

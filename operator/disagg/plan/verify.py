@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from ..api.validate import errors_of
-from ..sim.presets import PresetError, get_gpu, get_model, infer_model
+from ..perf.presets import PresetError, get_gpu, get_model, infer_model
 from ..twin import SLO, Arrival, ClusterSpec, PoolSpec, TwinResult, simulate
 from .profile import Z95, Profile, Tenant, TokenDist
 
@@ -84,7 +84,7 @@ def cluster_spec(doc: dict[str, Any], *, gpu: str | None = None, model_preset: s
         m = infer_model(spec.model.name)
         if m is None:
             problems.append(f"spec.model.name: no model preset matches {spec.model.name!r}: pass --model-preset "
-                            "(a sim/presets.py name)")
+                            "(a perf/presets.py name)")
         else:
             preset_name = m.name
     else:
@@ -327,7 +327,7 @@ def verify(result: Any, settings: VerifySettings | None = None, candidates: Sequ
     s = settings or VerifySettings()
     p: Profile = result.profile
     if p.model.preset is None:
-        raise SpecError(["model.config: --verify needs model.preset: the twin's engines run sim/presets.py "
+        raise SpecError(["model.config: --verify needs model.preset: the twin's engines run perf/presets.py "
                          "models (add a preset for this model, or plan without --verify)"])
     cands = list(candidates) if candidates is not None else [c for c in result.ranked[: s.top]]
     rate = p.traffic.rate.peak
@@ -350,7 +350,7 @@ def verify(result: Any, settings: VerifySettings | None = None, candidates: Sequ
 
 
 def result_ev_fill(result: Any, c: Any) -> None:
-    from ..sim.presets import TRANSPORTS as T
+    from ..perf.presets import TRANSPORTS as T
     from .model import build_workload
     from .search import Evaluator
 

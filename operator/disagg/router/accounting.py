@@ -146,6 +146,10 @@ def end_span(ctx: Ctx) -> None:
                 a[k] = v
         for key, secs in ctx.timings.items():
             a[f"disagg.timing.{key}_ms"] = round(secs * 1000, 3)
+        for prefix, chosen in (("disagg.placement", ctx.placement), ("disagg.rejected_placement",
+                                                                     ctx.rejected_placement)):
+            for k, v in (chosen or {}).items():
+                a[prefix if k == "placement" else f"{prefix}.{k}"] = v
         span.set_attributes(a)
         if ctx.outcome not in ("ok", "client_error", "rejected"):
             from opentelemetry.trace import Status, StatusCode
@@ -203,6 +207,7 @@ class Accounting:
             request_id=ctx.request_id, upstream_request_id=ctx.upstream_id, endpoint=ctx.endpoint,
             tenant=ctx.tenant, stream=ctx.stream, input_tokens=ctx.input_tokens, output_tokens=ctx.output_tokens,
             decision=ctx.decision, reason=ctx.reason, path=path, fallback=ctx.fallback, probe=ctx.probe,
+            placement=ctx.placement, rejected_placement=ctx.rejected_placement,
             prefill_worker=ctx.prefill_worker, decode_worker=ctx.decode_worker, outcome=ctx.outcome, status=ctx.status,
             timings_ms={k: round(v * 1000, 3) for k, v in ctx.timings.items()},
             estimated=sorted(ctx.estimated) if ctx.estimated else [],

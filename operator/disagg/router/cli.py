@@ -69,6 +69,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    "(fallback cause kv_transfer_slow); 0: off")
     p.add_argument("--hedge-min-ms", type=_non_negative, default=Tuning.hedge_min_s * 1000,
                    help="… and at least this many milliseconds after its decode leg started")
+    p.add_argument("--elastic-idle-seconds", type=_non_negative, default=Tuning.elastic_idle_s,
+                   help="one elastic fleet (policy Thresholds): a request kept local may run whole on a prefill "
+                   "worker that has had no remote prefill for this many seconds and is less loaded than the decode "
+                   "worker; 0: off")
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="send OpenTelemetry traces (OTLP over HTTP/protobuf) to this URL, e.g. "
                    "http://jaeger:4318/v1/traces; the router's span per request and its legs' spans, with W3C "

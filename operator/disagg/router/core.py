@@ -38,10 +38,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..api.contract import RouterConfig
+from ..perf.costs import EngineCost
 from . import features
 from .breaker import Breakers, Ticket
 from .load import TenantStats, Worker, WorkerSet
 from .metrics import RouterMetrics
+from .placement import Prediction
 from .policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide
 from .prefix import PrefixIndex
 from .probe import ProbeLimiter, probe_decision
@@ -122,6 +124,8 @@ class RequestCore(Generic[R]):
         self.breakers = Breakers(metrics.circuit_state, clock)
         self.probes = ProbeLimiter(rate_scale=probe_rate_scale)
         self._probing = False
+        self._costs_of: RouterConfig | None = None
+        self._costs: dict[str, EngineCost] = {}
 
     # ------------------------------------------------------------------------------------ bookkeeping
     @contextlib.contextmanager
@@ -152,10 +156,18 @@ class RequestCore(Generic[R]):
         the tenant's average output, and what the circuit breakers block."""
         now = self.clock()
         prefix = self.prefix
+        if cfg is not self._costs_of:  # each pool's engine priced once per config (perf/costs.py)
+            self._costs_of = cfg
+            self._costs = {r: EngineCost.from_profile(cfg.pools.engine(r), cfg.model) for r in WorkerSet.ROLES}
+        costs = self._costs
 
         def loads(role: str, with_prefix: bool) -> tuple[WorkerLoad, ...]:
-            return tuple(w.load(prefix.match_tokens(w.url, hashes) if with_prefix and hashes else 0, now)
-                         for w in self.workers.ready(role))
+            cost = costs[role]
+            out = []
+            for w in self.workers.ready(role):
+                w.cost = cost
+                out.append(w.load(prefix.match_tokens(w.url, hashes) if with_prefix and hashes else 0, now))
+            return tuple(out)
 
         self.breakers.configure(cfg.routing.circuit_breaker)
         blocked_decode, blocked_pairs = self.breakers.blocked()
@@ -195,6 +207,9 @@ class RequestCore(Generic[R]):
             ctx.prefix_hash = f"{hashes[best // features.PREFIX_BLOCK_TOKENS - 1]:016x}"
         d, ticket = self.route(cfg, feats, snap)
         ctx.tenant, ctx.decision, ctx.reason = d.tenant, d.decision, d.reason
+        if "prediction" in d.detail:  # the SLO placement: what it chose, over what, and what it expects
+            ctx.prediction = d.detail["prediction"]
+            ctx.placement, ctx.rejected_placement = d.detail["placement"], d.detail["rejected"]
         ctx.probe = d.reason == "mode_probe"
         self.metrics.decisions.labels(d.decision, d.reason).inc()
         if d.est_prefill_wait_ms is not None:
@@ -222,6 +237,7 @@ class RequestCore(Generic[R]):
         with self.track(url, "prefill", ctx.input_tokens):
             if w is not None:
                 w.prefill_started(ctx.input_tokens, t)
+                w.remote_prefill_at = t
             try:
                 kv = await legs.prefill(ctx, url, deadline)
             except UpstreamError as e:
@@ -235,7 +251,15 @@ class RequestCore(Generic[R]):
                     w.prefill_ended(others_in_flight=w.inflight - 1, now=self.clock())
         if w is not None:
             w.observe_prefill_leg(self.clock() - t, ahead + ctx.input_tokens)
+            pred = ctx.prediction
+            if isinstance(pred, Prediction) and pred.prefill_worker == url and pred.prefill_s > 0:
+                self._observe(w, "prefill", "prefill", (self.clock() - t) / pred.prefill_s)
         return kv
+
+    def _observe(self, w: Worker, phase: str, correct: str, ratio: float) -> None:
+        """One observed ÷ predicted ratio: the metric, and the worker's correction for that phase."""
+        self.metrics.prediction_ratio.labels(phase, w.role).observe(ratio)
+        w.correct(correct, ratio)
 
     async def relay(self, ctx: Ctx, legs: Legs[R], url: str, kv: Any | None, hashes: tuple[int, ...],
                     deadline: float | None = None, on_commit: OnCommit | None = None) -> R:
@@ -245,21 +269,45 @@ class RequestCore(Generic[R]):
         role = "aggregated" if w is not None and w.role == "aggregated" else "decode"
         prefix = self.prefix
         started = self.clock()
+        pred = ctx.prediction if isinstance(ctx.prediction, Prediction) and ctx.prediction.worker == url else None
+        # a local prefill: its uncached prompt tokens are ahead of the next prefill there until its first token
+        pending = max(1, ctx.input_tokens - prefix.match_tokens(url, hashes)) if kv is None and w is not None else 0
+        if pending and w is not None:
+            w.inflight_tokens += pending
+            w.prefill_started(pending, started)
 
         def commit() -> None:
+            nonlocal pending
             if on_commit is not None:
                 on_commit()
             prefix.insert(url, hashes)
-            if kv is not None and w is not None:  # the KV hand-off's time, what a hedge waits against
+            if w is None:
+                return
+            if pending:
+                w.inflight_tokens -= pending
+                pending = 0
+            if kv is not None:  # the KV hand-off's time, what a hedge waits against
                 w.observe_remote_ttfb(self.clock() - started, ctx.input_tokens)
+            if pred is not None and ctx.fallback is None and pred.ttft_s > 0:
+                ratio = (self.clock() - ctx.t0) / pred.ttft_s
+                self.metrics.prediction_ratio.labels("ttft", w.role).observe(ratio)
+                if kv is None:  # the whole request here: the TTFT is this worker's prefill
+                    w.correct("prefill", ratio)
 
         with self.track(url, role):
             try:
-                return await legs.relay(ctx, url, kv, deadline, kv is not None, commit)
+                out = await legs.relay(ctx, url, kv, deadline, kv is not None, commit)
             except UpstreamError as e:
                 if e.cause == "connect_error":
                     self.connect_failed(url)
                 raise
+            finally:
+                if pending and w is not None:
+                    w.inflight_tokens -= pending
+        tpot = ctx.timings.get("tpot")
+        if pred is not None and w is not None and tpot and pred.tpot_s > 0 and ctx.fallback is None:
+            self._observe(w, "tpot", "decode", tpot / pred.tpot_s)
+        return out
 
     # ------------------------------------------------------------------------------------ the paths
     async def serve(self, ctx: Ctx, cfg: RouterConfig, d: Decision, hashes: tuple[int, ...], ticket: Ticket | None,

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from ..perf.costs import EngineCost
 from .policy import WorkerLoad
 
 GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
@@ -39,8 +40,13 @@ HISTOGRAMS = (
     "vllm:request_time_per_output_token_seconds",
 )
 _WANTED = {*GAUGES, *(h + s for h in HISTOGRAMS for s in ("_sum", "_count"))}
-DEFAULT_SEC_PER_PROMPT_TOKEN = 0.0001  # 0.1 ms/token (≈10k tokens/s) until measured
+DEFAULT_SEC_PER_PROMPT_TOKEN = 0.0001  # 0.1 ms/token (≈10k tokens/s) until measured, without a cost model
 EWMA_ALPHA = 0.3
+# The placement's online correction (observed ÷ predicted, per worker and phase): a slow EWMA, bounded so that one
+# outlier (a stall, a preemption) cannot make a worker look free or unusable.
+CORRECTION_ALPHA = 0.1
+CORRECTION_BOUNDS = (0.5, 4.0)
+PREFILL_RATE_WINDOW_S = 5.0  # the prefill token rate's time constant (seconds)
 
 
 def parse_prometheus(text: str, wanted: set[str] = _WANTED) -> dict[str, float]:
@@ -98,6 +104,14 @@ class Worker:
     busy_until: float = 0.0  # monotonic time the router's own prefill backlog on this worker should clear
     # EWMA of its remote decode legs' time to first token (the KV hand-off) per prompt token
     remote_ttfb_per_token: float | None = None
+    cost: EngineCost | None = None  # the pool's engine priced (perf/costs.py), set from the router config
+    # prefill tokens sent to it (prefill legs and local prefills): a rate with time constant PREFILL_RATE_WINDOW_S
+    prefill_rate_tps: float = 0.0
+    prefill_rate_at: float = 0.0
+    # the placement's corrections: observed ÷ predicted TTFT of the requests it prefilled, TPOT of those it decoded
+    f_prefill: float = 1.0
+    f_decode: float = 1.0
+    remote_prefill_at: float = -math.inf  # when the router last sent it a prefill leg (clock of the core)
 
     @property
     def up(self) -> bool:
@@ -142,11 +156,27 @@ class Worker:
             self.remote_ttfb_per_token = _ewma(self.remote_ttfb_per_token, seconds / tokens)
 
     def spt(self) -> float:
-        return self.observed_sec_per_token or self.sec_per_token or DEFAULT_SEC_PER_PROMPT_TOKEN
+        prior = self.cost.prefill_s_per_token if self.cost is not None else DEFAULT_SEC_PER_PROMPT_TOKEN
+        return self.observed_sec_per_token or self.sec_per_token or prior
+
+    def prefill_rate(self, now: float) -> float:
+        """Prefill tokens per second sent here lately (decayed to ``now``)."""
+        return self.prefill_rate_tps * math.exp(-max(0.0, now - self.prefill_rate_at) / PREFILL_RATE_WINDOW_S)
 
     def prefill_started(self, tokens: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self.busy_until = max(now, self.busy_until) + tokens * self.spt()
+        self.prefill_rate_tps = self.prefill_rate(now) + tokens / PREFILL_RATE_WINDOW_S
+        self.prefill_rate_at = now
+
+    def correct(self, phase: str, ratio: float) -> None:
+        """Fold one observed ÷ predicted ratio of ``phase`` (prefill | decode) into the worker's correction."""
+        if not (ratio > 0 and math.isfinite(ratio)):
+            return
+        lo, hi = CORRECTION_BOUNDS
+        name = "f_prefill" if phase == "prefill" else "f_decode"
+        old = getattr(self, name)
+        setattr(self, name, min(hi, max(lo, old * (1 + CORRECTION_ALPHA * (min(hi, max(lo, ratio)) - 1)))))
 
     def prefill_ended(self, others_in_flight: int, now: float | None = None) -> None:
         if others_in_flight <= 0:
@@ -159,6 +189,7 @@ class Worker:
 
     def load(self, prefix_tokens: int = 0, now: float | None = None) -> WorkerLoad:
         """This worker's load for the policy; ``now``: the clock (default time.monotonic(); the twin's virtual)."""
+        now = time.monotonic() if now is None else now
         running = self.scraped.get("vllm:num_requests_running", 0.0)
         return WorkerLoad(
             url=self.url, compat=self.compat, inflight=self.inflight,
@@ -167,6 +198,9 @@ class Worker:
             waiting=self.scraped.get("vllm:num_requests_waiting", 0.0),
             kv_usage=self.scraped.get("vllm:kv_cache_usage_perc", 0.0),
             prefix_tokens=prefix_tokens,
+            role=self.role, queued=self.queued, ahead_tokens=max(0, self.inflight_tokens),
+            prefill_rate=self.prefill_rate(now), cost=self.cost, f_prefill=self.f_prefill, f_decode=self.f_decode,
+            avg_prompt_tokens=self.avg_prompt_tokens or 0.0, remote_idle_s=now - self.remote_prefill_at,
         )
 
 

@@ -18,6 +18,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
                 0.3, 0.5, 0.75, 1.0, 2.5)
 
+# observed ÷ predicted: 1 is exact; the tails say how far the placement's model drifts from the workers
+RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0)
+
 PHASES = {
     "request_queue_wait": "Time a request waits in the router before its first upstream request is sent (exact).",
     "prefill_compute": "Remote path: the prefill worker's scheduled-to-first-token time from its per-request metrics "
@@ -68,6 +71,11 @@ class RouterMetrics:
         self.hedges = Counter("disagg_hedges", "Remote streams whose KV hand-off was slow, raced by a local prefill, "
                               "by the path that answered (remote | local) or none (both failed).", ["winner"],
                               registry=r)
+        self.prediction_ratio = Histogram(
+            "disagg_placement_prediction_ratio", "SLO placement: observed ÷ predicted, per phase (ttft, tpot, "
+            "prefill: the remote prefill leg) and the pool of the worker it was predicted for. 1 is exact; the "
+            "router corrects each worker's predictions by its recent ratios (docs/router.md).", ["phase", "pool"],
+            registry=r, buckets=RATIO_BUCKETS)
         self.requests = Counter("disagg_requests", "Requests by outcome (ok, client_error, upstream_error, "
                                 "rejected, cancelled).", ["outcome", "path"], registry=r)
         self.slo_requests = Counter("disagg_slo_requests", "Successful requests evaluated against the SLOs.",

@@ -29,11 +29,15 @@ Rule order (first match wins; docs/router.md has the table):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..api.contract import RouterConfig
 from ..api.models import ActiveMode, PromptBucket, TenantPolicy
+
+if TYPE_CHECKING:
+    from ..perf.costs import EngineCost
 
 DecisionKind = Literal["remote", "local", "reject"]
 DEFAULT_TENANT = "default"
@@ -59,6 +63,16 @@ class WorkerLoad:
     waiting: float = 0.0  # vllm:num_requests_waiting (scraped)
     kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
     prefix_tokens: int = 0  # decode workers: tokens of this prompt's prefix the router thinks it holds
+    # for the SLO placement (placement.py)
+    role: str = "decode"
+    queued: float = 0.0  # requests waiting for room (not for their KV) at the last scrape
+    ahead_tokens: int = 0  # prompt tokens of the router's prefills in flight there, not yet at their first token
+    prefill_rate: float = 0.0  # prefill tokens/s sent there lately
+    cost: EngineCost | None = None  # its engine priced (perf/costs.py); None: the default prior
+    f_prefill: float = 1.0  # observed ÷ predicted TTFT of its recent prefills
+    f_decode: float = 1.0  # observed ÷ predicted TPOT of its recent streams
+    avg_prompt_tokens: float = 0.0  # other clients' queued prompts are priced at this size
+    remote_idle_s: float = math.inf  # prefill workers: seconds since the router last sent them a prefill leg
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,10 @@ class Tuning:
     """Router knobs outside the API (CLI flags), with defaults."""
 
     decode_pressure_kv_usage: float = 0.5  # decode worker under pressure at this KV-cache usage …
+    # one elastic fleet (Thresholds): a request the ladder keeps local may run whole on a prefill worker that has
+    # had no remote prefill for this long (its steps are free of long chunks) and is less loaded than the decode
+    # worker. 0: off.
+    elastic_idle_s: float = 5.0
     decode_pressure_running: int = 8  # … or this many running + waiting sequences
     prefix_affinity_slack: int = 4  # prefer the prefix-holding decode worker unless it has this many more in flight
     # A slow KV hand-off is a routing event (core.py "hedge"): a remote stream whose first token has not come this
@@ -85,6 +103,8 @@ class Tuning:
     # hedge_min_s) gets a local prefill on another worker beside it; the first to answer serves. 0: off.
     hedge_factor: float = 8.0
     hedge_min_s: float = 0.25
+    # SLO placement (placement.py): the output a stream is assumed to have when nothing says more
+    default_output_tokens: int = 256
 
 
 @dataclass(frozen=True)
@@ -216,6 +236,18 @@ def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tu
                         prefix_tokens=local_d.prefix_tokens if local_d else 0,
                         local_decode=local_d.url if local_d else None, detail=detail)
 
+    def elastic(reason: str, **detail: Any) -> Decision:
+        """A local decision on the least loaded idle prefill worker when it is less loaded than the decode worker
+        (one elastic fleet: a prefill worker serves a whole request as an aggregated engine does)."""
+        if local_d is not None and not cfg.prefill_starting and tuning.elastic_idle_s > 0:
+            idle = [w for w in snap.prefill if w.remote_idle_s >= tuning.elastic_idle_s]
+            if idle:
+                p = min(idle, key=lambda w: (_decode_load(w), w.kv_usage, w.url))
+                if _decode_load(p) + 1 <= _decode_load(local_d):
+                    return Decision("local", reason, decode=p.url, tenant=tname, bucket=bname, local_decode=p.url,
+                                    detail={**detail, "elastic": True})
+        return local(reason, **detail)
+
     if cfg.effective_mode() == ActiveMode.AGGREGATED:
         agg = choose_decode(snap.aggregated, tuning) if snap.aggregated else local_d
         if agg is None:
@@ -238,17 +270,19 @@ def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tu
     elif bucket is not None and bucket.prefill == "Remote":
         forced = "bucket_remote"
 
+    if forced is None and cfg.routing.policy == "SLO":
+        return slo_decision(cfg, f, snap, tuning, local_d, tname, bname)
     if forced is None:
         if f.input_tokens <= pol.local_max_input_tokens:
-            return local("short_prompt")
+            return elastic("short_prompt")
         if (pol.prefer_when_prefix_cache_hit and local_d.prefix_tokens > 0
                 and f.input_tokens - local_d.prefix_tokens <= pol.local_max_input_tokens):
             return local("prefix_cache_hit", prefix_tokens=local_d.prefix_tokens)
         if f.input_tokens < pol.min_input_tokens:
-            return local("below_remote_threshold")
+            return elastic("below_remote_threshold")
         expected = f.max_tokens if f.max_tokens is not None else snap.tenant_avg_output_tokens
         if expected is not None and expected < pol.min_expected_output_tokens:
-            return local("short_output", expected_output_tokens=expected)
+            return elastic("short_output", expected_output_tokens=expected)
 
     if cfg.prefill_starting:
         return local("prefill_pool_starting")
@@ -264,7 +298,7 @@ def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tu
         return local("circuit_open")
     d, p = pair
     if forced is None and pol.require_decode_pool_pressure and not under_pressure(d, tuning):
-        return local("no_decode_pressure")
+        return elastic("no_decode_pressure")
     reason = forced or "policy"
 
     def remote(reason: str) -> Decision:
@@ -282,3 +316,42 @@ def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tu
         d2 = local("prefill_queue_overload")
         return Decision(**{**d2.__dict__, "est_prefill_wait_ms": p.est_wait_ms})
     return remote(reason)
+
+
+def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning, local_d: WorkerLoad,
+                 tname: str, bname: str | None) -> Decision:
+    """``spec.routing.policy: SLO``: the placement predicted to keep the most requests within spec.slo
+    (placement.py), among the whole request on the chosen decode worker, remote prefill on a compatible pair
+    (closed breakers, the prefill pool not starting), and the whole request on the least busy prefill worker."""
+    from . import placement as pl
+
+    out = float(f.max_tokens if f.max_tokens is not None else
+                snap.tenant_avg_output_tokens or tuning.default_output_tokens)
+    slo_tpot = cfg.slo.tpot_p95_ms / 1000.0
+    options = [pl.predict_whole(local_d, pl.cost_of(local_d), f.input_tokens, "local", slo_tpot, out)]
+    pair: tuple[WorkerLoad, WorkerLoad] | None = None
+    if snap.prefill and not cfg.prefill_starting:
+        compat_groups = {w.compat for w in snap.prefill}
+        remote_decodes = tuple(w for w in snap.decode if w.compat in compat_groups)
+        pair = choose_pair(remote_decodes, snap, tuning) if remote_decodes else None
+        if pair is not None:
+            d, p = pair
+            options.append(pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out))
+        pw = choose_prefill(snap.prefill, None)
+        if pw is not None:  # a stream there shares its steps with the pool's remote prefills to come
+            pool_rate = sum(w.prefill_rate for w in snap.prefill) / len(snap.prefill)
+            options.append(pl.predict_whole(pw, pl.cost_of(pw), f.input_tokens, "prefill_worker", slo_tpot, out,
+                                            rate_floor=pool_rate))
+    best = pl.choose(options, cfg.slo)
+    others = [o for o in options if o is not best]
+    runner_up = pl.choose(others, cfg.slo) if others else None
+    detail: dict[str, Any] = {**best.as_detail(), "rejected": runner_up.as_detail() if runner_up else None,
+                              "prediction": best}
+    if best.placement == "remote" and pair is not None:
+        d, p = pair
+        return Decision("remote", "slo_remote", decode=d.url, prefill=p.url, tenant=tname, bucket=bname,
+                        est_prefill_wait_ms=p.est_wait_ms, prefix_tokens=d.prefix_tokens, local_decode=local_d.url,
+                        detail=detail)
+    return Decision("local", "slo_" + best.placement, decode=best.worker, tenant=tname, bucket=bname,
+                    prefix_tokens=local_d.prefix_tokens if best.placement == "local" else 0,
+                    local_decode=best.worker, detail=detail)

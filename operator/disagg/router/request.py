@@ -55,6 +55,10 @@ class Ctx:
     max_tokens: int | None = None  # what the client asked for (None: absent)
     prefix_hash: str | None = None  # chained hash of the longest leading block run the prefix index had seen
     prefix_tokens: int = 0  # its length in tokens (0: no worker held any of this prompt's prefix)
+    # the SLO placement's choice and runner-up (placement.py Prediction.as_detail), and the chosen prediction itself
+    placement: dict[str, Any] | None = None
+    rejected_placement: dict[str, Any] | None = None
+    prediction: Any = None
 
     def mark_upstream(self) -> None:
         if self.first_upstream_at is None:

@@ -17,8 +17,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from ..perf import presets
 from ..vllm_versions import DEFAULT_VERSION, OLDEST_CHECKED, fmt, parse_version
-from . import presets
 from .faults import FAULTS, FaultSpec
 
 ENV_PREFIX = "DISAGG_SIM_"

@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .perf import Efficiency, PerfModel, SeqWork
-from .presets import GPUS, MODELS
+from ..perf.presets import GPUS, MODELS
+from ..perf.roofline import Efficiency, PerfModel, SeqWork
 
 # The accuracy the docs claim for the twin against published vLLM figures (fit and held-out points alike):
 # docs/simulator.md §8 quotes it, tests/sim/test_calibration.py enforces it. One constant.

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..perf import presets
 from ..vllm_versions import VllmProfile, fmt, parse_version, profile
-from . import presets
 from .args import (
     ENV_PREFIX,
     SIM_FLAGS,
@@ -101,7 +101,7 @@ class SimConfig:
     max_model_len_explicit: bool = False
     otlp_traces_endpoint: str | None = None  # --otlp-traces-endpoint (else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
     enable_per_request_metrics: bool = False  # --enable-per-request-metrics
-    expert_parallel: bool = False  # --enable-expert-parallel: MoE experts over tp × dp GPUs (perf.py ep)
+    expert_parallel: bool = False  # --enable-expert-parallel: MoE experts over tp × dp GPUs (perf/roofline.py ep)
     release: VllmProfile = field(default_factory=lambda: profile(parse_version(VLLM_VERSION) or (0, 0, 0)))
 
     @property

@@ -1,6 +1,6 @@
 """The simulated engine: an asyncio task that advances simulated time one step at a time.
 
-Each iteration asks the scheduler for a batch, prices it with the roofline (perf.py), sleeps
+Each iteration asks the scheduler for a batch, prices it with the roofline (perf/roofline.py), sleeps
 ``step × time_scale`` wall seconds, and applies the step: tokens go to the requests' queues, metrics
 are observed in simulated seconds. KV pulls (decode side) and the side-channel server (prefill side) run
 beside the loop.
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from .. import logs
+from ..perf.roofline import KVCapacityError, PerfModel, SeqWork
 from .config import SimConfig
 from .fastforward import FastForward
 from .kv import BlockPool
 from .metrics import Metrics, Registry
 from .nixl import PullOutcome, SideChannelClient, SideChannelServer, compat_hash
-from .perf import KVCapacityError, PerfModel, SeqWork
 from .scheduler import Request, Scheduler, SchedulerStats, Status
 
 log = logs.get("disagg.sim.engine")

@@ -20,7 +20,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .perf import SeqWork
+from ..perf.roofline import SeqWork
 from .scheduler import Batch, Request, Status
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.contract import RouterConfig
+from ..api.contract import EngineProfile, PoolEndpoint, RouterConfig
 from ..router import features
 from ..router.core import RequestCore
 from ..router.load import GAUGES, HISTOGRAMS, Worker, WorkerSet
@@ -92,7 +92,7 @@ class ClusterSpec:
     router: RouterConfig | Mapping[str, Any] = field(default_factory=RouterConfig)
     tuning: Tuning = field(default_factory=Tuning)
     scrape_interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
-    transport: str = "rdma"  # KV transport preset (sim/presets.py): rdma, nvlink, tcp
+    transport: str = "rdma"  # KV transport preset (perf/presets.py): rdma, nvlink, tcp
     # the decode engines' kv_transfer_config kv_load_failure_policy (spec.kvTransfer.loadFailurePolicy)
     kv_load_failure_policy: str = "recompute"
     model: str = DEFAULT_MODEL
@@ -306,9 +306,11 @@ class TwinCluster:
         self.retired: list[TwinWorker] = []  # removed workers (GPU-seconds up to their removal)
         self._index = 0
         self._started = False
+        self.profiles: dict[str, EngineProfile] = {}
         for role, pool in spec.pools().items():
             for _ in range(pool.count):
                 self._build(role, pool)
+        self.config = self._with_profiles(self.config)
 
     def _build(self, role: str, pool: PoolSpec) -> TwinWorker:
         n = sum(1 for w in [*self.workers.values(), *self.retired] if w.role == role)
@@ -321,6 +323,12 @@ class TwinCluster:
                 "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
                 "kv_load_failure_policy": self.spec.kv_load_failure_policy})]
         cfg = _parse_sim(argv, f"{role} pool")
+        # what the operator writes into the router config for the SLO placement (builders/router.py)
+        self.profiles.setdefault(role, EngineProfile(
+            gpu=cfg.gpu.name, model=cfg.model_preset.name, tensor_parallel_size=cfg.tp,
+            pipeline_parallel_size=cfg.pp, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs, block_size=cfg.block_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization, transport=cfg.transport.name))
         if cfg.dp != 1:
             raise ValueError(f"{role}.extra_args: --data-parallel-size is not modelled by the twin; use count instead")
         link = LocalKVLink("", self.producers) if role == "decode" else None
@@ -361,7 +369,19 @@ class TwinCluster:
 
     def set_config(self, cfg: RouterConfig) -> None:
         """Swap the router's config (a ConfigMap reload): requests decided from now on use it."""
-        self.config = cfg
+        self.config = self._with_profiles(cfg)
+
+    def _with_profiles(self, cfg: RouterConfig) -> RouterConfig:
+        """The config with each pool's engine profile where it names none (as the operator renders it)."""
+        pools = {}
+        for role, prof in self.profiles.items():
+            ep = getattr(cfg.pools, role)
+            if ep is None:
+                ep = PoolEndpoint(service=role)
+            if ep.engine is None:
+                ep = ep.model_copy(update={"engine": prof})
+            pools[role] = ep
+        return cfg.model_copy(update={"pools": cfg.pools.model_copy(update=pools)})
 
     async def add_worker(self, role: str, pool: PoolSpec | None = None) -> str:
         """Scale up: a new ready worker of ``role`` (like the pool's, or ``pool``), counted from now; its URL."""

@@ -102,6 +102,9 @@ class EngineLegs(Legs[None]):
                 leg.engine.abort(leg.req)
             raise
         o.first, o.last, o.tokens, o.itl_max, o.end = leg.first, leg.last, leg.tokens, leg.itl_max, c.now
+        ctx.output_tokens = leg.tokens
+        if leg.tokens > 1 and leg.first is not None and leg.last is not None:  # legs.py: TPOT after the first
+            ctx.timings["tpot"] = (leg.last - leg.first) / (leg.tokens - 1)
         o.kv_transfer_s = leg.req.ctx.xfer_s
         o.cached_tokens = leg.req.num_cached
         if leg.reason in ("length", "stop"):

@@ -56,6 +56,10 @@ class RequestRecord:
     e2e_s: float | None
     prefill_leg_s: float | None
     kv_transfer_s: float | None
+    # the SLO placement's prediction for the chosen placement (None under the Thresholds policy or a forced rule)
+    placement: str | None = None
+    predicted_ttft_s: float | None = None
+    predicted_tpot_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -151,6 +155,7 @@ def _count(xs: Any) -> dict[str, int]:
 
 def _record(o: Outcome) -> RequestRecord:
     p, a, d = o.prepared, o.prepared.arrival, o.decision
+    pred = d.detail.get("prediction") if d else None
     arrival = o.sent
     ttft = tpot = None
     if o.status == 200 and o.first is not None:
@@ -168,7 +173,9 @@ def _record(o: Outcome) -> RequestRecord:
         decode_worker=o.decode_worker, ttft_s=ttft, tpot_s=tpot,
         itl_max_s=o.itl_max if o.tokens > 1 and a.stream else None,
         e2e_s=(o.end - arrival) if o.end is not None and o.status == 200 else None,
-        prefill_leg_s=o.prefill_leg_s, kv_transfer_s=o.kv_transfer_s)
+        prefill_leg_s=o.prefill_leg_s, kv_transfer_s=o.kv_transfer_s,
+        placement=pred.placement if pred else None, predicted_ttft_s=pred.ttft_s if pred else None,
+        predicted_tpot_s=pred.tpot_s if pred else None)
 
 
 def simulate(spec: ClusterSpec, arrivals: Sequence[Arrival], *, seed: int = 0, slo: SLO | None = None,

@@ -227,22 +227,28 @@ class PerfModel:
         return g.link_latency_s + peers * g.link_hop_s + peers / self.ep * nbytes / (g.link_bw * self.eff.link)
 
     def step(self, seqs: Iterable[SeqWork]) -> StepCost:
-        m = self.model
         seqs = list(seqs)
-        tokens = sum(s.new_tokens for s in seqs)
-        sampled = sum(1 for s in seqs if s.samples)
-        if tokens == 0:
+        # causal attention: new token j of a sequence attends to context + j + 1 keys; QK^T and PV
+        return self.step_totals(
+            tokens=sum(s.new_tokens for s in seqs), sampled=sum(1 for s in seqs if s.samples), seqs=len(seqs),
+            pairs=sum(s.new_tokens * s.context + s.new_tokens * (s.new_tokens + 1) / 2 for s in seqs),
+            kv_tokens=sum(s.context + s.new_tokens for s in seqs))
+
+    def step_totals(self, tokens: int, sampled: int, seqs: int, pairs: float, kv_tokens: float) -> StepCost:
+        """One step from its totals: ``tokens`` new tokens, ``sampled`` sequences that sample, ``seqs`` scheduled,
+        ``pairs`` attention (query, key) pairs, ``kv_tokens`` tokens of KV read (context + new). :meth:`step`
+        sums a batch into these; the router's placement (router/placement.py) prices a step from them directly."""
+        m = self.model
+        if tokens <= 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
         body_active = m.layers * (m.attn_params_per_layer + m.active_mlp_params_per_layer)
         linear = 2.0 * tokens * body_active + 2.0 * sampled * m.lm_head_params
-        # causal attention: new token j of a sequence attends to context + j + 1 keys; QK^T and PV
-        pairs = sum(s.new_tokens * s.context + s.new_tokens * (s.new_tokens + 1) / 2 for s in seqs)
         attn = 4.0 * m.heads * m.head_dim * m.layers * pairs
         flops = linear + attn
         compute_s = flops / (self.tp * self.peak_flops * self.eff.compute)
 
         kv_tok = self.kv_bytes_per_token_per_gpu * self.pp  # summed over the sequential stages
-        kv_read = sum(s.context + s.new_tokens for s in seqs) * kv_tok
+        kv_read = kv_tokens * kv_tok
         kv_write = tokens * kv_tok
         bytes_per_gpu = self._weights_read_per_gpu(tokens, sampled) + kv_read + kv_write
         memory_s = bytes_per_gpu / (self.gpu.hbm_bw * self.eff.memory)
@@ -259,7 +265,7 @@ class PerfModel:
         if self.pp > 1:
             comm_s += (self.pp - 1) * (self.gpu.link_latency_s + act / link)
         e = self.eff
-        overhead_s = e.step_overhead_s + e.per_layer_overhead_s * m.layers + e.per_seq_overhead_s * len(seqs)
+        overhead_s = e.step_overhead_s + e.per_layer_overhead_s * m.layers + e.per_seq_overhead_s * seqs
         return StepCost(compute_s, memory_s, comm_s, overhead_s, flops, bytes_per_gpu, tokens)
 
     # ------------------------------------------------------------------------------- convenience

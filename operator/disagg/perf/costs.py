@@ -1,0 +1,152 @@
+"""A pool's engine priced for the router's placement (router/placement.py): the roofline (roofline.py) folded
+into the few quantities a per-request prediction needs, so the router prices a placement the way the twin that
+benchmarks it runs the engine.
+
+vLLM's V1 scheduler with chunked prefill (vllm/v1/core/sched/scheduler.py ``schedule``, 0.33.0) schedules the
+running decodes first and fills the rest of the step's token budget (``--max-num-batched-tokens``) with prefill
+chunks. So on a worker with ``R`` running streams a prompt of ``n`` uncached tokens behind ``A`` tokens of other
+prefills takes ``k = ⌈(A + n) / (budget − R)⌉`` mixed steps, and each of those steps is longer than a decode-only
+step by what its prefill chunk costs — the stall a local prefill imposes on the streams already there.
+
+A stream's time per output token on a worker that receives prefill tokens at rate ``r`` (tokens/s): a share
+``u = r · t_mixed / (budget − R)`` of the time goes to mixed steps, so its TPOT is the step-weighted mean
+``1 / (u / t_mixed + (1 − u) / t_decode)`` (``u`` capped at 1: past that the prefill backlog grows).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from ..api.contract import EngineProfile
+from .presets import PresetError, TransportPreset, get_gpu, get_model, get_transport, infer_model, vllm_batch_defaults
+from .roofline import KVCapacityError, PerfModel
+
+DEFAULT_PROFILE = EngineProfile()
+DEFAULT_MODEL = "Llama-3.1-8B"
+
+
+@dataclass(frozen=True)
+class PrefillCost:
+    seconds: float  # the prefill steps until this prompt's first token (own and the tokens ahead)
+    steps: int  # how many steps carry a prefill chunk
+    step_s: float  # one of those steps (decode tokens + a chunk)
+    stall_s: float  # what each such step adds to a decode-only step of the streams running there
+    own_stall_s: float = 0.0  # what this prompt's tokens add to the streams' wait (beyond the prefills ahead)
+
+
+class EngineCost:
+    """One engine (a pool's worker) priced: step times, prefill, TPOT under prefill interference, KV transfer."""
+
+    def __init__(self, perf: PerfModel, budget: int, max_num_seqs: int, kv_capacity_tokens: int,
+                 transport: TransportPreset) -> None:
+        self.perf = perf
+        self.budget = max(1, budget)
+        self.max_num_seqs = max(1, max_num_seqs)
+        self.kv_capacity_tokens = max(1, kv_capacity_tokens)
+        self.transport = transport
+        self.request_overhead_s = perf.request_overhead_s
+        # seconds per prompt token of a full-budget prefill step on an idle engine: the backlog clock's prior
+        self.prefill_s_per_token = self.step(self.budget, 1, 1, self.budget * self.budget / 2.0,
+                                             float(self.budget)) / self.budget
+
+    @classmethod
+    def from_profile(cls, profile: EngineProfile | None, served_model: str = "") -> EngineCost:
+        """The cost of a pool's engine from its profile (the router config's ``pools.<role>.engine``); unknown
+        GPU or model names fall back to the defaults (H100-SXM, Llama-3.1-8B): the online correction from the
+        workers' own metrics (router/load.py) then carries the difference."""
+        p = profile or DEFAULT_PROFILE
+        return _cached(p.model_dump_json(), p.model or served_model)
+
+    def step(self, tokens: float, sampled: int, seqs: int, pairs: float, kv_tokens: float) -> float:
+        return self.perf.step_totals(math.ceil(tokens), sampled, seqs, pairs, kv_tokens).total_s
+
+    def decode_step(self, batch: int, mean_ctx: float) -> float:
+        """A decode-only step of ``batch`` streams with ``mean_ctx`` tokens of context each."""
+        if batch <= 0:
+            return 0.0
+        return self.step(batch, batch, batch, batch * (mean_ctx + 1.0), batch * (mean_ctx + 1.0))
+
+    def prefill(self, tokens: int, cached: int = 0, decodes: int = 0, mean_ctx: float = 0.0,
+                ahead: float = 0.0) -> PrefillCost:
+        """``tokens`` uncached prompt tokens (after ``cached`` ones the engine holds) behind ``ahead`` tokens of
+        other prefills, on an engine running ``decodes`` streams."""
+        room = max(1, self.budget - decodes)
+        total = max(0.0, ahead) + max(0, tokens)
+        if total <= 0:
+            return PrefillCost(0.0, 0, 0.0, 0.0)
+        k = max(1, math.ceil(total / room))
+        x = total / k
+        # attention: this prompt's tokens over its cached part and themselves, the decodes over their context,
+        # the tokens ahead over their own chunk (their context is unknown: about half a chunk)
+        pairs = (tokens * (cached + tokens / 2.0) + ahead * min(ahead, room) / 2.0) / k + decodes * (mean_ctx + 1.0)
+        kv = decodes * (mean_ctx + 1.0) + cached + x
+        t = self.step(decodes + x, decodes + 1, decodes + 1, pairs, kv)
+        t_d = self.decode_step(decodes, mean_ctx)
+        stall = k * max(0.0, t - t_d)
+        if ahead > 0 and tokens > 0:  # the streams wait for the prefills ahead anyway: count this prompt's share
+            stall -= self.prefill(0, 0, decodes, mean_ctx, ahead).steps * max(0.0, self.prefill(
+                0, 0, decodes, mean_ctx, ahead).step_s - t_d)
+        return PrefillCost(k * t, k, t, max(0.0, t - t_d), max(0.0, stall))
+
+    def tpot(self, streams: int, mean_ctx: float, prefill_rate: float = 0.0) -> float:
+        """Mean time per output token of ``streams`` running streams while prefill tokens arrive at
+        ``prefill_rate`` tokens/s (module docstring)."""
+        streams = max(1, streams)
+        t_d = self.decode_step(streams, mean_ctx)
+        if prefill_rate <= 0:
+            return t_d
+        room = max(1, self.budget - streams)
+        t_m = self.prefill(room, 0, streams, mean_ctx).step_s
+        u = min(1.0, prefill_rate * t_m / room)
+        return 1.0 / (u / t_m + (1.0 - u) / t_d)
+
+    def transfer(self, tokens: int, remote_tp: int | None = None) -> float:
+        return self.perf.transfer_time(tokens, self.transport, remote_tp=remote_tp)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached(profile_json: str, model: str) -> EngineCost:
+    p = EngineProfile.model_validate_json(profile_json)
+    try:
+        gpu = get_gpu(p.gpu)
+    except PresetError:
+        gpu = get_gpu(DEFAULT_PROFILE.gpu)
+    try:
+        preset = get_model(model) if model else get_model(DEFAULT_MODEL)
+    except PresetError:
+        preset = infer_model(model) or get_model(DEFAULT_MODEL)
+    try:
+        transport = get_transport(p.transport)
+    except PresetError:
+        transport = get_transport(DEFAULT_PROFILE.transport)
+    tp, pp = p.tensor_parallel_size, p.pipeline_parallel_size
+    if preset.layers % pp:
+        pp = 1
+    perf = PerfModel(gpu, preset, tp, pp)
+    seqs, budget = vllm_batch_defaults(gpu)
+    seqs, budget = p.max_num_seqs or seqs, p.max_num_batched_tokens or budget
+    try:
+        blocks = perf.num_kv_blocks(p.gpu_memory_utilization, p.block_size, budget, seqs)
+    except KVCapacityError:
+        blocks = 0
+    return EngineCost(perf, budget, seqs, blocks * p.block_size or 1 << 20, transport)
+
+
+BUDGET_STEP = 256  # budgets are multiples of this (vLLM accepts any; round numbers read better in a pod spec)
+
+
+def decode_chunk_budget(cost: EngineCost, tpot_slo_s: float, floor: int = BUDGET_STEP) -> int:
+    """The decode pool's ``--max-num-batched-tokens`` when the user sets none: the largest multiple of
+    :data:`BUDGET_STEP`, up to vLLM's default for the GPU, whose one full prefill chunk takes at most the TPOT
+    target (spec.slo.tpotP95Ms). Each step of a local prefill is then no longer than one TPOT target, so the
+    streams running beside it keep their mean within it even while every step carries a chunk — the bound that
+    vLLM's default (8192 tokens on an H100: ~0.2 s per chunk for an 8B model) does not give. At least ``floor``
+    (vLLM refuses a budget below ``--max-num-seqs``)."""
+    best = floor
+    for b in range(cost.budget - cost.budget % BUDGET_STEP, BUDGET_STEP - 1, -BUDGET_STEP):
+        if cost.prefill(b).step_s <= tpot_slo_s:
+            best = b
+            break
+    return max(floor, min(best, cost.budget))

@@ -1,0 +1,136 @@
+"""SLO-predictive placement (``spec.routing.policy: SLO``). PURE: features + load snapshot + SLO → the placement
+that keeps the most requests within the SLO, with its prediction. No I/O, no clock.
+
+For a request of ``n`` prompt tokens the router prices every feasible placement on the workers it would use
+(docs/router.md "SLO placement"):
+
+* ``local`` — the whole request on the chosen decode worker ``d``: its prefill runs in ``d``'s steps beside the
+  streams already there (chunked at ``d``'s budget, behind the prefills queued there), minus the prefix ``d`` holds;
+* ``remote`` — prefill on the chosen prefill worker ``p`` (behind its backlog), the KV transfer, then decode on ``d``;
+* ``prefill_worker`` — the whole request on ``p`` (one elastic fleet: a prefill worker serves a whole request as
+  an aggregated engine does; vLLM's NixlConnector acts on a request's ``kv_transfer_params``, not on the role).
+
+Each prediction: TTFT = request overhead + queue + prefill steps (+ transfer + first decode step for ``remote``),
+TPOT = the worker's mean step time for one more stream under the prefill traffic it receives (perf/costs.py), and
+the harm: how many of the streams already on the worker the placement's prefill stalls push over the TPOT SLO.
+Every worker's prediction is scaled by its online correction (observed ÷ predicted, router/load.py).
+
+The choice minimises the **expected misses**: a prediction is a median, so the chance that a request meets a
+target is taken as a logistic in predicted ÷ target with a relative spread :data:`SPREAD` (about the twin's own
+prediction error below the knee); the expected misses of a placement are this request's chance to miss TTFT or TPOT
+plus, over the streams already there, the rise of their chance to miss TPOT. Ties: the most headroom (the smallest
+of predicted ÷ SLO over TTFT and TPOT). A prefill worker takes a whole request only with slack (its expected misses
+below :data:`SLACK`): its first job is the remote prefills.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..api.models import SLOSpec
+from ..perf.costs import EngineCost
+from .policy import WorkerLoad
+
+PLACEMENTS = ("local", "remote", "prefill_worker")
+SPREAD = 0.15  # relative spread of an outcome around its prediction (logistic scale)
+SLACK = 0.05  # a prefill worker serves a whole request only when the expected misses stay below this
+
+
+def p_miss(predicted_s: float, target_s: float) -> float:
+    """The chance that an outcome predicted at ``predicted_s`` (a median) lands above ``target_s``."""
+    z = (predicted_s / target_s - 1.0) / SPREAD
+    if z > 40:
+        return 1.0
+    if z < -40:
+        return 0.0
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    placement: str  # local | remote | prefill_worker
+    worker: str  # where it decodes
+    ttft_s: float
+    tpot_s: float
+    harm: float  # expected streams already there pushed over the TPOT SLO by this placement
+    prefill_worker: str | None = None  # remote: where it prefills
+    prefill_s: float = 0.0  # remote: the prefill leg (queue + compute) predicted
+
+    def expected_misses(self, slo: SLOSpec) -> float:
+        meet = (1.0 - p_miss(self.ttft_s, slo.ttft_p95_ms / 1000.0)) * (1.0 - p_miss(self.tpot_s,
+                                                                                      slo.tpot_p95_ms / 1000.0))
+        return 1.0 - meet + self.harm
+
+    def headroom(self, slo: SLOSpec) -> float:
+        return max(self.ttft_s / (slo.ttft_p95_ms / 1000.0), self.tpot_s / (slo.tpot_p95_ms / 1000.0))
+
+    def as_detail(self) -> dict[str, Any]:
+        return {"placement": self.placement, "predicted_ttft_ms": round(self.ttft_s * 1000.0, 1),
+                "predicted_tpot_ms": round(self.tpot_s * 1000.0, 2), "harm": round(self.harm, 3)}
+
+
+def _mean_ctx(w: WorkerLoad, cost: EngineCost, streams: float) -> float:
+    return w.kv_usage * cost.kv_capacity_tokens / streams if streams >= 1 else 0.0
+
+
+def _ahead(w: WorkerLoad) -> float:
+    """Prompt tokens ahead of a new prefill there: the router's own not yet at their first token, or other
+    clients' queue when that is longer (the router's queued ones are in vLLM's waiting count too)."""
+    return max(float(w.ahead_tokens), w.queued * w.avg_prompt_tokens)
+
+
+def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float, stall_s: float,
+          slo_tpot_s: float, out_tokens: float) -> float:
+    """Expected streams on ``w`` that a prefill stalling them ``stall_s`` in all (its share of the mixed steps,
+    beyond the prefills ahead of it) pushes over the TPOT SLO (each stream's mean TPOT grows by the stall spread
+    over its output)."""
+    if streams <= 0 or stall_s <= 0:
+        return 0.0
+    before = cost.tpot(streams, ctx, rate) * w.f_decode
+    after = before + stall_s * w.f_decode / max(1.0, out_tokens)
+    return streams * max(0.0, p_miss(after, slo_tpot_s) - p_miss(before, slo_tpot_s))
+
+
+def predict_whole(w: WorkerLoad, cost: EngineCost, tokens: int, placement: str, slo_tpot_s: float,
+                  out_tokens: float, rate_floor: float = 0.0) -> Prediction:
+    """The whole request on ``w`` (``local`` on a decode worker, ``prefill_worker`` on a prefill worker).
+    ``rate_floor``: the prefill traffic the worker is expected to receive at least (a prefill worker: its pool's
+    mean rate, since the router spreads remote prefills over the pool)."""
+    streams = int(w.running)
+    ctx = _mean_ctx(w, cost, streams)
+    rate = max(w.prefill_rate, rate_floor)
+    cached = min(w.prefix_tokens, max(0, tokens - 1))
+    pre = cost.prefill(tokens - cached, cached, streams, ctx, _ahead(w))
+    ttft = (cost.request_overhead_s + pre.seconds) * w.f_prefill
+    tpot = cost.tpot(streams + 1, (streams * ctx + tokens) / (streams + 1), rate) * w.f_decode
+    harm = _harm(w, cost, streams, ctx, rate, pre.own_stall_s, slo_tpot_s, out_tokens)
+    return Prediction(placement, w.url, ttft, tpot, harm)
+
+
+def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: EngineCost, tokens: int,
+                   slo_tpot_s: float, out_tokens: float) -> Prediction:
+    p_streams = int(p.running)
+    p_ctx = _mean_ctx(p, p_cost, p_streams)
+    pre = p_cost.prefill(tokens, 0, p_streams, p_ctx, _ahead(p))
+    prefill_s = (p_cost.request_overhead_s + pre.seconds) * p.f_prefill
+    d_streams = int(d.running)
+    d_ctx = _mean_ctx(d, d_cost, d_streams)
+    # the decode worker pulls the KV, then its next step produces the first token (behind any queue for room)
+    first = d_cost.decode_step(d_streams + 1, d_ctx) * d.f_decode * (1.0 + d.queued)
+    ttft = prefill_s + d_cost.transfer(tokens, p_cost.perf.tp) + first
+    tpot = d_cost.tpot(d_streams + 1, (d_streams * d_ctx + tokens) / (d_streams + 1), d.prefill_rate) * d.f_decode
+    harm = _harm(p, p_cost, p_streams, p_ctx, p.prefill_rate, pre.own_stall_s, slo_tpot_s, out_tokens)
+    return Prediction("remote", d.url, ttft, tpot, harm, prefill_worker=p.url, prefill_s=prefill_s)
+
+
+def choose(options: list[Prediction], slo: SLOSpec) -> Prediction:
+    """Fewest expected misses (this request and those it harms), then the most headroom; ties keep the listed
+    order (local, remote, prefill worker). A prefill worker takes a whole request only with slack."""
+    feasible = [o for o in options if o.placement != "prefill_worker" or o.expected_misses(slo) < SLACK]
+    return min(feasible or options, key=lambda o: (round(o.expected_misses(slo), 3), o.headroom(slo)))
+
+
+def cost_of(w: WorkerLoad) -> EngineCost:
+    return w.cost if w.cost is not None else EngineCost.from_profile(None)
