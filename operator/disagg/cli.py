@@ -65,18 +65,44 @@ def _cmd_crds(args: argparse.Namespace) -> int:
     return 0
 
 
+def _yaml_error(path: str, exc: Exception) -> str:
+    """``<file>:<line>:<column>: <problem>`` for YAML that does not parse (1-based, as editors count)."""
+    import yaml
+
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}"
+        problem = exc.problem or "invalid YAML"
+        if exc.context:
+            context = exc.context
+            if exc.context_mark is not None and exc.context_mark.line != mark.line:
+                context += f" at line {exc.context_mark.line + 1}"
+            problem += f" ({context})"
+        return f"{where}: {problem}"
+    return f"{path}: invalid YAML: {exc}"
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
+    import yaml
+
     from .api.validate import validate_documents
 
     failures = 0
     for path in args.files:
-        for ref, errors in validate_documents(Path(path)):
-            if errors:
-                failures += 1
-                for e in errors:
-                    print(f"{ref}: {e}", file=sys.stderr)
-            else:
-                print(f"{ref}: valid")
+        try:
+            for ref, errors in validate_documents(Path(path)):
+                if errors:
+                    failures += 1
+                    for e in errors:
+                        print(f"{ref}: {e}", file=sys.stderr)
+                else:
+                    print(f"{ref}: valid")
+        except yaml.YAMLError as exc:  # the documents before the broken one were reported above
+            failures += 1
+            print(_yaml_error(path, exc), file=sys.stderr)
+        except (OSError, UnicodeDecodeError) as exc:
+            failures += 1
+            print(f"{path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -37,8 +37,10 @@ def stack(processes, tmp_path_factory):
     conf.write_text(yaml.safe_dump(BASE_CONFIG))
     p = start_sim(processes, "prefill")
     d1, d2 = start_sim(processes, "decode"), start_sim(processes, "decode")
-    # hedging off: the slow-transfer tests here are about the transfer timeout (the hedge has its own router below)
-    r = start_router(processes, [p.url], [d1.url, d2.url], conf, extra=["--hedge-factor", "0"])
+    # hedging off: the slow-transfer tests here are about the transfer timeout (the hedge has its own router below);
+    # the elastic fleet off: these tests count the requests on each worker (it has its own router below too)
+    r = start_router(processes, [p.url], [d1.url, d2.url], conf,
+                     extra=["--hedge-factor", "0", "--elastic-idle-seconds", "0"])
     return {"prefill": p, "decode": [d1, d2], "router": r, "config": conf, "processes": processes}
 
 
@@ -258,6 +260,37 @@ async def test_slow_kv_transfer_is_raced_by_a_local_prefill(client, stack, metri
     assert took < 7.0  # neither the stalled transfer (10 s) nor the transfer timeout (8 s)
     assert metric(m, "disagg_fallbacks_total", cause="kv_transfer_slow") == 1
     assert metric(m, "disagg_hedges_total", winner="local") == 1
+
+
+async def test_an_idle_prefill_worker_serves_whole_short_requests_while_decode_is_busy(client, stack, tmp_path):
+    """One elastic fleet, on real processes: with the elastic fleet on (the default), short requests that the
+    ladder keeps local run whole on the prefill worker while the decode worker is busier; the prefill sim then
+    generates their tokens (not one token per prefill leg), and each answer is whole."""
+    conf = tmp_path / "router.yaml"
+    conf.write_text(yaml.safe_dump(BASE_CONFIG))
+    p, d1 = stack["prefill"], stack["decode"][0]
+    r = stack["processes"].router(conf, prefill=[p.url], decode=[d1.url], extra=ROUTER_ARGS, wait=True)
+    wait_for(lambda: (n := router_workers_at(r.url)).get("prefill") == 1 and n.get("decode") == 1, 30,
+             "the router to scrape its workers", interval=0.05)
+    generated = "vllm:generation_tokens_total"
+    before = metric_value(await client.text(p.url + "/metrics"), generated)
+
+    async def stream(s: aiohttp.ClientSession, i: int) -> tuple[int, bytes]:
+        body = {"model": MODEL, "prompt": f"short request {i}", "max_tokens": 64, "stream": True}
+        async with s.post(r.url + "/v1/completions", json=body) as resp:
+            return resp.status, await resp.read()
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+        out = await asyncio.gather(*(stream(s, i) for i in range(6)))
+    assert all(status == 200 and body.endswith(b"data: [DONE]\n\n") for status, body in out)
+    lines = [json.loads(x) for x in r.log_path.read_text().splitlines() if x.startswith("{") and '"decode_worker"' in x]
+    served = [x for x in lines if x.get("decision")]
+    on_prefill = [x for x in served if x["decode_worker"] == p.url]
+    assert on_prefill, [x["decode_worker"] for x in served]
+    assert all((x["decision"], x["reason"], x["path"]) == ("local", "short_prompt", "local") for x in on_prefill)
+    after = metric_value(await client.text(p.url + "/metrics"), generated)
+    # whole requests there: its generated tokens grew by their answers, not by one token per prefill leg
+    assert after - before >= 64 * len(on_prefill)
 
 
 async def test_config_mode_flip_is_immediate(client, stack):

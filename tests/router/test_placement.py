@@ -44,12 +44,13 @@ def test_a_long_prompt_goes_remote_when_its_prefill_would_push_busy_streams_over
     # 120 streams of 2k context, prefill traffic already arriving: their TPOT sits just under the 50 ms target
     rate = next(r for r in range(0, 100_000, 500) if COST.tpot(120, 2000, r) > 0.04)
     busy = decode(running=120, kv=120 * 2000 / COST.kv_capacity_tokens, rate=rate)
-    # the prefill worker is busy with remote prefills (a stream there would miss), but its queue is short
-    snap = LoadSnapshot(prefill=(prefill(rate=60_000),), decode=(busy,))
-    d = decide(cfg(), feats(16_000), snap)
-    assert (d.decision, d.reason, d.prefill) == ("remote", "slo_remote", "p0")
     local = pl.predict_whole(busy, COST, 16_000, "local", 0.05, 256)
-    assert local.harm > 1  # the local placement would have pushed several of them over
+    remote = pl.predict_remote(prefill(), COST, busy, COST, 16_000, 0.05, 256)
+    assert local.harm > 1  # the local placement would push several of them over
+    assert pl.choose([local, remote], cfg().slo) is remote
+    # with the idle prefill worker as a third option the request leaves the busy decode worker either way
+    d = decide(cfg(), feats(16_000), LoadSnapshot(prefill=(prefill(),), decode=(busy,)))
+    assert d.reason in ("slo_remote", "slo_prefill_worker") and d.detail["rejected"] is not None
 
 
 def test_the_elastic_fleet_serves_a_whole_request_on_an_idle_prefill_worker_when_decode_is_saturated() -> None:
@@ -153,3 +154,12 @@ def test_the_decode_budget_keeps_one_chunk_within_the_tpot_target() -> None:
 def test_unknown_gpu_or_model_falls_back_to_the_default_prior() -> None:
     odd = EngineCost.from_profile(EngineProfile(gpu="TPU-v9", model="acme/unknown-model"))
     assert odd.decode_step(8, 1000) == COST.decode_step(8, 1000)
+
+
+def test_a_prefill_queue_near_the_ttft_target_counts_the_requests_it_would_delay() -> None:
+    d = decode(running=10, kv=0.05)
+    idle = pl.predict_remote(prefill(), COST, d, COST, 8000, 0.05, 256, slo_ttft_s=1.0)
+    # ~0.9 s of prompts queued there and 40k prompt tokens/s arriving: the next ones sit at the TTFT target
+    near = pl.predict_remote(prefill(ahead=30_000, rate=40_000), COST, d, COST, 8000, 0.05, 256, slo_ttft_s=1.0)
+    assert idle.harm == 0.0
+    assert near.harm > 1.0 and near.ttft_s > idle.ttft_s

@@ -34,6 +34,7 @@ class PrefillCost:
     step_s: float  # one of those steps (decode tokens + a chunk)
     stall_s: float  # what each such step adds to a decode-only step of the streams running there
     own_stall_s: float = 0.0  # what this prompt's tokens add to the streams' wait (beyond the prefills ahead)
+    own_s: float = 0.0  # what this prompt adds to the prefill queue there (beyond the prefills ahead)
 
 
 class EngineCost:
@@ -84,11 +85,12 @@ class EngineCost:
         kv = decodes * (mean_ctx + 1.0) + cached + x
         t = self.step(decodes + x, decodes + 1, decodes + 1, pairs, kv)
         t_d = self.decode_step(decodes, mean_ctx)
-        stall = k * max(0.0, t - t_d)
+        stall, own = k * max(0.0, t - t_d), k * t
         if ahead > 0 and tokens > 0:  # the streams wait for the prefills ahead anyway: count this prompt's share
-            stall -= self.prefill(0, 0, decodes, mean_ctx, ahead).steps * max(0.0, self.prefill(
-                0, 0, decodes, mean_ctx, ahead).step_s - t_d)
-        return PrefillCost(k * t, k, t, max(0.0, t - t_d), max(0.0, stall))
+            before = self.prefill(0, 0, decodes, mean_ctx, ahead)
+            stall -= before.steps * max(0.0, before.step_s - t_d)
+            own -= before.seconds
+        return PrefillCost(k * t, k, t, max(0.0, t - t_d), max(0.0, stall), max(0.0, own))
 
     def tpot(self, streams: int, mean_ctx: float, prefill_rate: float = 0.0) -> float:
         """Mean time per output token of ``streams`` running streams while prefill tokens arrive at

@@ -266,7 +266,7 @@ class RequestCore(Generic[R]):
         """A decode (or aggregated) leg with its bookkeeping: in flight until the answer ends; at the commit the
         prefix index learns the prompt (after a remote prefill the decode worker holds the blocks too)."""
         w = self.workers.get(url)
-        role = "aggregated" if w is not None and w.role == "aggregated" else "decode"
+        role = w.role if w is not None else "decode"  # a whole request on a prefill worker counts in its pool
         prefix = self.prefix
         started = self.clock()
         pred = ctx.prediction if isinstance(ctx.prediction, Prediction) and ctx.prediction.worker == url else None
@@ -345,8 +345,9 @@ class RequestCore(Generic[R]):
 
     def _hedge_delay(self, ctx: Ctx, decode: str) -> float | None:
         """How long a remote stream's decode leg may go without its first token before a local prefill races it:
-        ``hedge_factor`` × what the decode worker's recent remote first tokens took for this many prompt tokens (its
-        pool's slowest such worker when it has none on record yet), at least ``hedge_min_s``, stretched by the
+        ``hedge_factor`` × what the decode worker's healthy remote first tokens took for this many prompt tokens
+        (load.py ``observe_remote_ttfb``: a floor; its pool's slowest such worker when it has none on record yet),
+        at least ``hedge_min_s``, stretched by the
         requests queued there for room at its last scrape (a queue delays the first token too; requests waiting for
         their KV are no queue). None (no hedge) when hedging is off or no worker of the pool has a remote first
         token on record yet."""

@@ -47,6 +47,7 @@ EWMA_ALPHA = 0.3
 CORRECTION_ALPHA = 0.1
 CORRECTION_BOUNDS = (0.5, 4.0)
 PREFILL_RATE_WINDOW_S = 5.0  # the prefill token rate's time constant (seconds)
+REMOTE_TTFB_RISE = 0.05  # how fast the healthy hand-off floor follows slower observations
 
 
 def parse_prometheus(text: str, wanted: set[str] = _WANTED) -> dict[str, float]:
@@ -102,7 +103,7 @@ class Worker:
     observed_sec_per_token: float | None = None  # from the router's own prefill legs
     avg_prompt_tokens: float | None = None
     busy_until: float = 0.0  # monotonic time the router's own prefill backlog on this worker should clear
-    # EWMA of its remote decode legs' time to first token (the KV hand-off) per prompt token
+    # its remote decode legs' healthy time to first token (the KV hand-off) per prompt token (observe_remote_ttfb)
     remote_ttfb_per_token: float | None = None
     cost: EngineCost | None = None  # the pool's engine priced (perf/costs.py), set from the router config
     # prefill tokens sent to it (prefill legs and local prefills): a rate with time constant PREFILL_RATE_WINDOW_S
@@ -152,8 +153,12 @@ class Worker:
         return self.scraped.get("vllm:num_requests_waiting", 0.0) if capacity is None else capacity
 
     def observe_remote_ttfb(self, seconds: float, tokens: int) -> None:
+        """The healthy hand-off time per prompt token, what a hedge waits against: a floor that falls to a faster
+        observation at once and rises slowly (α = REMOTE_TTFB_RISE), so that a spell of decode queueing (a load
+        step) or of slow transfers does not teach the hedge to wait past the transfer timeout."""
         if seconds >= 0 and tokens > 0:
-            self.remote_ttfb_per_token = _ewma(self.remote_ttfb_per_token, seconds / tokens)
+            v, old = seconds / tokens, self.remote_ttfb_per_token
+            self.remote_ttfb_per_token = v if old is None or v < old else old + REMOTE_TTFB_RISE * (v - old)
 
     def spt(self) -> float:
         prior = self.cost.prefill_s_per_token if self.cost is not None else DEFAULT_SEC_PER_PROMPT_TOKEN

@@ -93,8 +93,18 @@ def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float
     return streams * max(0.0, p_miss(after, slo_tpot_s) - p_miss(before, slo_tpot_s))
 
 
+def _queue_harm(w: WorkerLoad, ttft_s: float, own_s: float, slo_ttft_s: float) -> float:
+    """Expected later requests pushed over the TTFT SLO because they queue behind this prefill's ``own_s`` seconds
+    on ``w``: those arriving there while it waits and runs (the worker's recent prefill arrivals, requests/s, ×
+    its predicted TTFT), each later by ``own_s``."""
+    if own_s <= 0 or w.prefill_rate <= 0:
+        return 0.0
+    arrivals = w.prefill_rate / max(1.0, w.avg_prompt_tokens or 1000.0) * ttft_s
+    return arrivals * max(0.0, p_miss(ttft_s + own_s, slo_ttft_s) - p_miss(ttft_s, slo_ttft_s))
+
+
 def predict_whole(w: WorkerLoad, cost: EngineCost, tokens: int, placement: str, slo_tpot_s: float,
-                  out_tokens: float, rate_floor: float = 0.0) -> Prediction:
+                  out_tokens: float, rate_floor: float = 0.0, slo_ttft_s: float = 1.0) -> Prediction:
     """The whole request on ``w`` (``local`` on a decode worker, ``prefill_worker`` on a prefill worker).
     ``rate_floor``: the prefill traffic the worker is expected to receive at least (a prefill worker: its pool's
     mean rate, since the router spreads remote prefills over the pool)."""
@@ -106,11 +116,12 @@ def predict_whole(w: WorkerLoad, cost: EngineCost, tokens: int, placement: str, 
     ttft = (cost.request_overhead_s + pre.seconds) * w.f_prefill
     tpot = cost.tpot(streams + 1, (streams * ctx + tokens) / (streams + 1), rate) * w.f_decode
     harm = _harm(w, cost, streams, ctx, rate, pre.own_stall_s, slo_tpot_s, out_tokens)
+    harm += _queue_harm(w, ttft, pre.own_s * w.f_prefill, slo_ttft_s)
     return Prediction(placement, w.url, ttft, tpot, harm)
 
 
 def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: EngineCost, tokens: int,
-                   slo_tpot_s: float, out_tokens: float) -> Prediction:
+                   slo_tpot_s: float, out_tokens: float, slo_ttft_s: float = 1.0) -> Prediction:
     p_streams = int(p.running)
     p_ctx = _mean_ctx(p, p_cost, p_streams)
     pre = p_cost.prefill(tokens, 0, p_streams, p_ctx, _ahead(p))
@@ -122,6 +133,7 @@ def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: Eng
     ttft = prefill_s + d_cost.transfer(tokens, p_cost.perf.tp) + first
     tpot = d_cost.tpot(d_streams + 1, (d_streams * d_ctx + tokens) / (d_streams + 1), d.prefill_rate) * d.f_decode
     harm = _harm(p, p_cost, p_streams, p_ctx, p.prefill_rate, pre.own_stall_s, slo_tpot_s, out_tokens)
+    harm += _queue_harm(p, prefill_s, pre.own_s * p.f_prefill, slo_ttft_s)
     return Prediction("remote", d.url, ttft, tpot, harm, prefill_worker=p.url, prefill_s=prefill_s)
 
 

@@ -327,8 +327,9 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
 
     out = float(f.max_tokens if f.max_tokens is not None else
                 snap.tenant_avg_output_tokens or tuning.default_output_tokens)
-    slo_tpot = cfg.slo.tpot_p95_ms / 1000.0
-    options = [pl.predict_whole(local_d, pl.cost_of(local_d), f.input_tokens, "local", slo_tpot, out)]
+    slo_tpot, slo_ttft = cfg.slo.tpot_p95_ms / 1000.0, cfg.slo.ttft_p95_ms / 1000.0
+    options = [pl.predict_whole(local_d, pl.cost_of(local_d), f.input_tokens, "local", slo_tpot, out,
+                                slo_ttft_s=slo_ttft)]
     pair: tuple[WorkerLoad, WorkerLoad] | None = None
     if snap.prefill and not cfg.prefill_starting:
         compat_groups = {w.compat for w in snap.prefill}
@@ -336,12 +337,13 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
         pair = choose_pair(remote_decodes, snap, tuning) if remote_decodes else None
         if pair is not None:
             d, p = pair
-            options.append(pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out))
+            options.append(pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out,
+                                             slo_ttft_s=slo_ttft))
         pw = choose_prefill(snap.prefill, None)
         if pw is not None:  # a stream there shares its steps with the pool's remote prefills to come
             pool_rate = sum(w.prefill_rate for w in snap.prefill) / len(snap.prefill)
             options.append(pl.predict_whole(pw, pl.cost_of(pw), f.input_tokens, "prefill_worker", slo_tpot, out,
-                                            rate_floor=pool_rate))
+                                            rate_floor=pool_rate, slo_ttft_s=slo_ttft))
     best = pl.choose(options, cfg.slo)
     others = [o for o in options if o is not best]
     runner_up = pl.choose(others, cfg.slo) if others else None
