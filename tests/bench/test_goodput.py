@@ -41,8 +41,8 @@ def test_results_document_follows_the_convention(doc: dict[str, Any]) -> None:
     assert results.validate(on_disk, "goodput") == []
     assert on_disk["command"] == "disagg bench goodput --test" and on_disk["machine"]["cpus"]
     res = on_disk["results"]
-    # 2 rates × (2 budgets + 3 variants × 2 splits) runs, every one scored at the three SLOs
-    assert len(res["rows"]) == 2 * (2 + 3 * 2)
+    # 2 rates × (2 budgets + 4 variants (b, c-default, c-tuned, c-slo) × 2 splits) runs, each scored at three SLOs
+    assert len(res["rows"]) == 2 * (2 + 4 * 2)
     assert all(set(r["slos"]) == {"1000/50", "1000/25", "2000/100"} for r in res["rows"])
     assert res["targets_per_slo"] == {k: list(v) for k, v in goodput.TARGETS.items()}
     tables = goodput.render_tables(on_disk)

@@ -511,10 +511,11 @@ class RoutingSpec(ApiModel):
         default="Thresholds",
         description="How the router places a request that no tenant, bucket or canary rule forces. Thresholds "
         "(default): the rule ladder of remotePrefill and localPrefill (token thresholds, queue-wait limit, decode "
-        "pressure). SLO (preview): predict, for each placement (the whole request on a decode worker; remote "
-        "prefill then decode; the whole request on a prefill worker with slack), its TTFT and TPOT and the "
-        "slowdown it causes to the requests already there, and pick the one that keeps the most requests within "
-        "spec.slo; remotePrefill and localPrefill are then unused (docs/router.md \"SLO placement\").",
+        "pressure). SLO (preview): the ladder decides, then the router predicts, for each placement (the whole "
+        "request on a decode worker; remote prefill then decode; the whole request on a prefill worker with "
+        "slack), its TTFT and TPOT and the slowdown it causes to the requests already there, and overrules the "
+        "ladder when another placement keeps clearly more requests within spec.slo (docs/router.md \"SLO "
+        "placement\").",
     )
     remote_prefill: RemotePrefillPolicy = Field(
         default_factory=RemotePrefillPolicy, description="When a request may take the remote-prefill path."

@@ -38,9 +38,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="prefill workers of (b) and (c) to sweep (default: every P up to 4 GPUs, else 1/8..5/8)")
     g.add_argument("--budgets", default="2048,8192", metavar="N,N,...",
                    help="(a)'s chunked-prefill budgets (--max-num-batched-tokens) to sweep")
-    g.add_argument("--variants", nargs="+", default=["a", "b", "c-default", "c-tuned"],  # goodput.DEFAULT_VARIANTS
+    g.add_argument("--variants", nargs="+", default=["a", "b", "c-default", "c-tuned", "c-slo"],  # DEFAULT_VARIANTS
                    choices=["a", "b", "c-default", "c-tuned", "c-slo"],
-                   help="deployments of the twin sweep (c-slo: the SLO placement preview, not run by default)")
+                   help="deployments of the twin sweep (c-slo: the SLO placement preview, not part of (c))")
     g.add_argument("--jobs", type=int, default=1, help="twin runs in parallel processes (results do not change)")
     g.add_argument("--out", type=Path, default=None,
                    help="results file (default docs/results/goodput.json: the docs' tables come from it, `make docs`; "

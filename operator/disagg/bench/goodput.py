@@ -77,7 +77,7 @@ COMMAND = "disagg bench goodput"
 RESULTS = Path("docs") / "results" / "goodput.json"
 ATTAINMENT_KNEE = 0.90  # a deployment holds a rate when ≥ 90 % of its requests meet the SLO
 VARIANTS = ("a", "b", "c-default", "c-tuned", "c-slo")
-DEFAULT_VARIANTS = ("a", "b", "c-default", "c-tuned")  # c-slo (the SLO placement preview) on request
+DEFAULT_VARIANTS = VARIANTS  # c-slo: the SLO placement preview (spec.routing.policy SLO), outside (c)
 VARIANT_DEPLOYMENT = {"a": "aggregated", "b": "disaggregated", "c-default": "conditional", "c-tuned": "conditional",
                       "c-slo": "conditional"}
 # what the summary compares: c = the best of c-default and c-tuned (the Thresholds policy); c-slo (the SLO
@@ -452,24 +452,30 @@ def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
     where = (f"{st['gpu']}, {st['model_preset']}, one worker per GPU; Poisson arrivals, seed {st['seed']}, "
              + "; ".join(f"{m}: {p['duration_s'] or st['duration_s']:g} simulated s per run"
                          for m, p in res["plans"].items()))
+    # the SLO placement preview's column only when the run has it
+    slo_col = any(e.get("c-slo") for e in res["best"])
     head = ("| GPUs | mix | rate /s | SLO ms | (a) aggregated | (b) disaggregated | (c) conditional | "
-            "(c) CRD defaults | c/a | c/b | targets |\n|---:|---|---:|---|---|---|---|---|---:|---:|---|")
+            "(c) CRD defaults | " + ("(c) SLO preview | " if slo_col else "") + "c/a | c/b | targets |\n"
+            "|---:|---|---:|---|---|---|---|---|" + ("---|" if slo_col else "") + "---:|---:|---|")
     lines = [head]
     for e in res["best"]:
         t = ", ".join(f"{k}: {'met' if v else '**missed**'}" for k, v in (e.get("targets") or {}).items())
         lines.append(f"| {e['gpus']} | {e['mix']} | {e['rate']:g} | {e['slo']} | {_cell(e.get('a'))} | "
                      f"{_cell(e.get('b'))} | {_cell(e.get('c'))} | {_cell(e.get('c-default'))} | "
-                     f"{_f(e.get('c_over_a'))} | {_f(e.get('c_over_b'))} | {t or '–'} |")
+                     + (f"{_cell(e.get('c-slo'))} | " if slo_col else "")
+                     + f"{_f(e.get('c_over_a'))} | {_f(e.get('c_over_b'))} | {t or '–'} |")
     summary = ("Each cell: goodput in req/s (attainment) and the deployment's best configuration of the sweep at "
                f"that rate and SLO. {where}. Goodput counts the requests of the Poisson sample, so at full "
                "attainment it can exceed the nominal rate.\n\n" + "\n".join(lines))
 
-    kl = ["| GPUs | mix | SLO ms | rates swept /s | (a) | (b) | (c) | (c) CRD defaults |",
-          "|---:|---|---|---|---:|---:|---:|---:|"]
+    fams = [f for f in FAMILIES if f != "c-slo" or slo_col]
+    kl = ["| GPUs | mix | SLO ms | rates swept /s | (a) | (b) | (c) | (c) CRD defaults |"
+          + (" (c) SLO preview |" if slo_col else ""),
+          "|---:|---|---|---|---:|---:|---:|---:|" + ("---:|" if slo_col else "")]
     for k in res["knees"]:
         rates = ", ".join(f"{x:g}" for x in k["rates"])
         cells = " | ".join("–" if f not in k else f"≥ {k[f]:g}" if k[f] is not None else f"< {k['rates'][0]:g}"
-                           for f in FAMILIES)
+                           for f in fams)
         kl.append(f"| {k['gpus']} | {k['mix']} | {k['slo']} | {rates} | {cells} |")
     knee = (f"The highest swept rate (req/s) at which the deployment's best configuration keeps ≥ "
             f"{st['attainment_knee']:.0%} of requests within the SLO (`<` the lowest rate: none did).\n\n"

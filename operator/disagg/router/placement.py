@@ -1,5 +1,7 @@
 """SLO-predictive placement (``spec.routing.policy: SLO``). PURE: features + load snapshot + SLO → the placement
-that keeps the most requests within the SLO, with its prediction. No I/O, no clock.
+that keeps the most requests within the SLO, with its prediction. No I/O, no clock. policy.py ``slo_decision``
+prices the ladder's choice and the alternatives with these functions and overrules the ladder only when another
+placement is clearly better (``Tuning.slo_override`` expected misses).
 
 For a request of ``n`` prompt tokens the router prices every feasible placement on the workers it would use
 (docs/router.md "SLO placement"):

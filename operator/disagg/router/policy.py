@@ -29,6 +29,7 @@ Rule order (first match wins; docs/router.md has the table):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -103,8 +104,10 @@ class Tuning:
     # hedge_min_s) gets a local prefill on another worker beside it; the first to answer serves. 0: off.
     hedge_factor: float = 8.0
     hedge_min_s: float = 0.25
-    # SLO placement (placement.py): the output a stream is assumed to have when nothing says more
+    # SLO placement (placement.py): the output a stream is assumed to have when nothing says more, and by how many
+    # expected misses a placement must beat the ladder's choice to overrule it
     default_output_tokens: int = 256
+    slo_override: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -224,7 +227,19 @@ def under_pressure(w: WorkerLoad, tuning: Tuning) -> bool:
     return w.kv_usage >= tuning.decode_pressure_kv_usage or _decode_load(w) >= tuning.decode_pressure_running
 
 
+# The ladder's own choices (rules 7–10, 12b, 13 LocalPrefill, 14 policy): what the SLO policy may overrule.
+LADDER_REASONS = frozenset({"short_prompt", "prefix_cache_hit", "below_remote_threshold", "short_output",
+                            "no_decode_pressure", "prefill_queue_overload", "policy"})
+
+
 def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning = Tuning()) -> Decision:
+    d = _ladder(cfg, f, snap, tuning)
+    if cfg.routing.policy == "SLO" and d.decision != "reject" and d.reason in LADDER_REASONS:
+        return slo_decision(cfg, f, snap, tuning, d)
+    return d
+
+
+def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning) -> Decision:
     tenant = find_tenant(cfg, f.tenant)
     tname = tenant.name if tenant else DEFAULT_TENANT
     bucket = find_bucket(cfg, f.input_tokens)
@@ -270,8 +285,6 @@ def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tu
     elif bucket is not None and bucket.prefill == "Remote":
         forced = "bucket_remote"
 
-    if forced is None and cfg.routing.policy == "SLO":
-        return slo_decision(cfg, f, snap, tuning, local_d, tname, bname)
     if forced is None:
         if f.input_tokens <= pol.local_max_input_tokens:
             return elastic("short_prompt")
@@ -318,19 +331,23 @@ def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tu
     return remote(reason)
 
 
-def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning, local_d: WorkerLoad,
-                 tname: str, bname: str | None) -> Decision:
-    """``spec.routing.policy: SLO``: the placement predicted to keep the most requests within spec.slo
-    (placement.py), among the whole request on the chosen decode worker, remote prefill on a compatible pair
-    (closed breakers, the prefill pool not starting), and the whole request on the least busy prefill worker."""
+def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning,
+                 base: Decision) -> Decision:
+    """``spec.routing.policy: SLO``: the ladder's choice ``base``, overruled by the placement predicted to keep
+    clearly more requests within spec.slo (placement.py: by at least ``tuning.slo_override`` expected misses),
+    among the whole request on the chosen decode worker, remote prefill on a compatible pair (closed breakers, the
+    prefill pool not starting), and the whole request on the least busy prefill worker."""
     from . import placement as pl
 
+    local_d = choose_decode(snap.decode, tuning) or choose_decode(snap.aggregated, tuning)
+    assert local_d is not None  # the ladder rejected otherwise
     out = float(f.max_tokens if f.max_tokens is not None else
                 snap.tenant_avg_output_tokens or tuning.default_output_tokens)
     slo_tpot, slo_ttft = cfg.slo.tpot_p95_ms / 1000.0, cfg.slo.ttft_p95_ms / 1000.0
     options = [pl.predict_whole(local_d, pl.cost_of(local_d), f.input_tokens, "local", slo_tpot, out,
                                 slo_ttft_s=slo_ttft)]
     pair: tuple[WorkerLoad, WorkerLoad] | None = None
+    base_worker = next((w for w in snap.prefill if w.url == base.decode), None) if base.decision == "local" else None
     if snap.prefill and not cfg.prefill_starting:
         compat_groups = {w.compat for w in snap.prefill}
         remote_decodes = tuple(w for w in snap.decode if w.compat in compat_groups)
@@ -339,21 +356,27 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
             d, p = pair
             options.append(pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out,
                                              slo_ttft_s=slo_ttft))
-        pw = choose_prefill(snap.prefill, None)
+        pw = base_worker or choose_prefill(snap.prefill, None)
         if pw is not None:  # a stream there shares its steps with the pool's remote prefills to come
             pool_rate = sum(w.prefill_rate for w in snap.prefill) / len(snap.prefill)
             options.append(pl.predict_whole(pw, pl.cost_of(pw), f.input_tokens, "prefill_worker", slo_tpot, out,
                                             rate_floor=pool_rate, slo_ttft_s=slo_ttft))
+    kind = "remote" if base.decision == "remote" else "prefill_worker" if base_worker is not None else "local"
+    chosen = next((o for o in options if o.placement == kind), options[0])
     best = pl.choose(options, cfg.slo)
+    if best is not chosen and chosen.expected_misses(cfg.slo) - best.expected_misses(cfg.slo) < tuning.slo_override:
+        best = chosen
     others = [o for o in options if o is not best]
     runner_up = pl.choose(others, cfg.slo) if others else None
-    detail: dict[str, Any] = {**best.as_detail(), "rejected": runner_up.as_detail() if runner_up else None,
-                              "prediction": best}
+    detail: dict[str, Any] = {**base.detail, **best.as_detail(),
+                              "rejected": runner_up.as_detail() if runner_up else None, "prediction": best}
+    if best is chosen:
+        return dataclasses.replace(base, detail=detail)
     if best.placement == "remote" and pair is not None:
         d, p = pair
-        return Decision("remote", "slo_remote", decode=d.url, prefill=p.url, tenant=tname, bucket=bname,
+        return Decision("remote", "slo_remote", decode=d.url, prefill=p.url, tenant=base.tenant, bucket=base.bucket,
                         est_prefill_wait_ms=p.est_wait_ms, prefix_tokens=d.prefix_tokens, local_decode=local_d.url,
                         detail=detail)
-    return Decision("local", "slo_" + best.placement, decode=best.worker, tenant=tname, bucket=bname,
+    return Decision("local", "slo_" + best.placement, decode=best.worker, tenant=base.tenant, bucket=base.bucket,
                     prefix_tokens=local_d.prefix_tokens if best.placement == "local" else 0,
                     local_decode=best.worker, detail=detail)
