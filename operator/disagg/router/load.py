@@ -166,6 +166,8 @@ class Worker:
 
     def prefill_rate(self, now: float) -> float:
         """Prefill tokens per second sent here lately (decayed to ``now``)."""
+        if not self.prefill_rate_tps:
+            return 0.0
         return self.prefill_rate_tps * math.exp(-max(0.0, now - self.prefill_rate_at) / PREFILL_RATE_WINDOW_S)
 
     def prefill_started(self, tokens: int, now: float | None = None) -> None:

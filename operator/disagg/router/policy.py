@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ..api.contract import RouterConfig
 from ..api.models import ActiveMode, PromptBucket, TenantPolicy
@@ -54,8 +54,10 @@ class RequestFeatures:
     canary_fraction: float = 0.0  # features.request_hash_fraction(request_id)
 
 
-@dataclass(frozen=True)
-class WorkerLoad:
+class WorkerLoad(NamedTuple):
+    """One worker's load for the policy, built for every ready worker on every request (a NamedTuple: about half
+    the cost of a frozen dataclass at 64 workers)."""
+
     url: str
     compat: str = ""
     inflight: int = 0  # router's own in-flight requests on this worker
