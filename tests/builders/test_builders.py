@@ -445,3 +445,16 @@ def test_pod_template_may_not_override_the_vllm_command_or_args(key: str) -> Non
         {"name": "log", "image": "busybox", key: ["tail"]}]}}
     assert refused(parse_model(body)) == ""
     assert build_children(parse_model(body))
+
+
+def test_a_tenant_below_interactive_turns_on_vllms_priority_scheduler_on_every_pool() -> None:
+    tenants = [{"name": "batch", "match": {"values": ["b"]}, "priority": "Batch"},
+               {"name": "chat", "match": {"values": ["c"]}}]
+    dm = model(routing={"tenants": tenants})
+    for role in ("prefill", "decode"):
+        args = worker_args(dm, role)
+        i = args.index("--scheduling-policy")
+        assert args[i + 1] == "priority"
+    # every tenant Interactive (the default): vLLM's FCFS, no flag
+    plain = model(routing={"tenants": [tenants[1]]})
+    assert all("--scheduling-policy" not in worker_args(plain, role) for role in ("prefill", "decode"))

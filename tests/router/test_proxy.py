@@ -269,3 +269,23 @@ async def test_bad_input(fake_workers, router_factory):
     assert d.requests == []
     status, _ = await r.post("/v1/completions", {"prompt": "x", "model": "served"})
     assert status == 200
+
+
+async def test_priority_scheduling_sends_each_tenants_priority_on_both_legs(fake_workers, router_factory):
+    """A tenant below Interactive turns on vLLM's priority scheduler (the operator renders it); the router then
+    sends every request's tenant priority on each leg, replacing one the client chose."""
+    p, d = await fake_workers("prefill"), await fake_workers("decode")
+    tenants = [{"name": "batch", "match": {"values": ["batch"]}, "priority": "Batch"},
+               {"name": "chat", "match": {"values": ["chat"]}}]
+    r = await router_factory([p.url], [d.url], config=cfg(routing={"tenants": tenants}))
+    status, _ = await r.post("/v1/completions", {"prompt": LONG, "max_tokens": 200, "priority": -5},
+                             {"x-tenant-id": "batch"})
+    assert status == 200
+    assert p.requests[0]["body"]["priority"] == 1 and d.requests[0]["body"]["priority"] == 1
+    for headers, want in (({"x-tenant-id": "chat"}, 0), ({}, 0)):  # Interactive, and no tenant (default)
+        status, _ = await r.post("/v1/completions", {"prompt": SHORT, "max_tokens": 5, "priority": 7}, headers)
+        assert status == 200 and d.requests[-1]["body"]["priority"] == want
+    # every tenant Interactive: no priority scheduling, the body goes as the client sent it
+    r2 = await router_factory([p.url], [d.url], config=cfg(routing={"tenants": tenants[1:]}))
+    await r2.post("/v1/completions", {"prompt": SHORT, "max_tokens": 5}, {"x-tenant-id": "chat"})
+    assert "priority" not in d.requests[-1]["body"]

@@ -204,3 +204,57 @@ def test_abort_frees_blocks():
     assert s.pool.num_free < 1000
     s.abort(r)
     assert r.finish_reason == "abort" and s.pool.num_free == 1000 and not s.running
+
+
+# ------------------------------------------------------------------------------ --scheduling-policy priority
+def prio_sched(**kw) -> Scheduler:
+    s = sched(**kw)
+    return Scheduler(s.pool, max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+                     policy="priority")
+
+
+def test_priority_policy_serves_the_waiting_queue_by_priority_then_arrival():
+    s = prio_sched(seqs=2, budget=10_000)
+    arrivals = [("batch-old", 1, 0.0), ("bg", 2, 1.0), ("chat-late", 0, 3.0), ("chat-early", 0, 2.0),
+                ("batch-new", 1, 4.0)]
+    for rid, prio, t in arrivals:
+        r = req(rid, 32)
+        r.priority, r.arrival = prio, t
+        s.add(r)
+    assert [r.request_id for r in s.waiting] == ["chat-early", "chat-late", "batch-old", "batch-new", "bg"]
+    first = s.schedule(0.0)
+    assert [it.request.request_id for it in first.items] == ["chat-early", "chat-late"]  # max_num_seqs 2
+    # FCFS keeps arrival order whatever the priority
+    f = sched(seqs=2, budget=10_000)
+    for rid, prio, t in arrivals:
+        r = req(rid, 32)
+        r.priority, r.arrival = prio, t
+        f.add(r)
+    assert [r.request_id for r in f.waiting] == [a[0] for a in arrivals]
+
+
+def test_priority_policy_preempts_the_lowest_priority_running_request():
+    s = prio_sched(blocks=10, bs=16, seqs=4, budget=1000)
+    reqs = [req(f"r{i}", 40, out=40) for i in range(3)]  # 10 blocks cannot hold all three at 80 tokens
+    for i, (r, prio) in enumerate(zip(reqs, (1, 0, 0), strict=True)):
+        r.priority, r.arrival = prio, float(i)
+        s.add(r)
+    steps = run_until_idle(s)
+    assert any(b.preempted for b in steps)
+    assert all(r.finished and r.num_output == 40 for r in reqs)
+    assert s.pool.num_free == 10
+    # the Batch request (priority 1) is the one preempted, although it arrived first and runs first in FCFS
+    assert reqs[0].preemptions > 0 and reqs[1].preemptions == 0
+
+
+def test_the_request_priority_is_read_as_vllm_reads_it():
+    from disagg.sim.server import ApiError, request_priority
+
+    assert request_priority({}, {}) == 0
+    assert request_priority({}, {"priority": 2}) == 2
+    assert request_priority({"X-Vllm-Priority": "-3"}, {"priority": 2}) == -3  # the header wins when an integer
+    assert request_priority({"X-Vllm-Priority": "high"}, {"priority": 2}) == 2  # … and is ignored otherwise
+    for bad in ("1", 1.5, True, 2**63):
+        with pytest.raises(ApiError) as e:
+            request_priority({}, {"priority": bad})
+        assert e.value.param == "priority"

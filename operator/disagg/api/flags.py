@@ -25,6 +25,9 @@ RESERVED_FLAGS: dict[str, str] = {
     "--data-parallel-size": "spec.<pool>.parallelism.data",
     "--data-parallel-size-local": "spec.<pool>.parallelism.data",
     "--shutdown-timeout": "spec.engine.shutdownTimeoutSeconds",
+    # the router sends tenant priorities exactly when the operator renders the priority scheduler
+    "--scheduling-policy": "spec.routing.tenants[].priority (a tenant below Interactive turns on vLLM's priority "
+                           "scheduler)",
 }
 # vLLM's short aliases of reserved flags (vllm 0.33.0, vllm/engine/arg_utils.py, EngineArgs.add_cli_args:
 # `"--tensor-parallel-size", "-tp"`, `"--pipeline-parallel-size", "-pp"`, `"--data-parallel-size", "-dp"`,

@@ -539,6 +539,17 @@ class RoutingSpec(ApiModel):
     )
 
 
+# Tenant priority → vLLM's request ``priority`` (lower is served first under ``--scheduling-policy priority``:
+# vllm/v1/core/sched/request_queue.py PriorityRequestQueue, 0.33.0). Interactive is vLLM's default, 0.
+TENANT_PRIORITY: dict[str, int] = {"Interactive": 0, "Batch": 1, "Background": 2}
+
+
+def priority_scheduling(routing: RoutingSpec) -> bool:
+    """Whether the workers run vLLM's priority scheduler and the router sends each tenant's priority: when any
+    tenant asks for less than Interactive (the operator's worker args and the router read this one rule)."""
+    return any(TENANT_PRIORITY[t.priority] != 0 for t in routing.tenants)
+
+
 # -------------------------------------------------------------------------------------------- rollout
 
 

@@ -14,6 +14,7 @@ from ..api.flags import RESERVED_SHORT_FLAGS as RESERVED_SHORT_FLAGS
 from ..api.flags import option_name
 from ..api.models import DisaggregatedModel, DisaggregatedModelSpec, PoolSpec
 from ..api.semantics import WORKER_CONTAINER
+from ..api.spec import priority_scheduling
 from ..perf.costs import EngineCost, decode_chunk_budget
 from .merge import strategic_merge
 from .meta import (
@@ -198,6 +199,10 @@ def worker_args(dm: DisaggregatedModel, role: Role, rank_args: Sequence[str] = (
         args += ["--max-num-batched-tokens", str(budget)]
     if role in KV_ROLES:
         args += ["--kv-transfer-config", kv_transfer_config_arg(spec, role)]
+    if priority_scheduling(spec.routing):
+        # tenant priorities reach the engine: vllm/engine/arg_utils.py `--scheduling-policy`
+        # (SchedulerConfig.policy, fcfs | priority) and the request's `priority` field, both in 0.11.2 and 0.33.0
+        args += ["--scheduling-policy", "priority"]
     args += shutdown_timeout_args(spec)  # drain on SIGTERM, where the release has the flag
     args += per_request_metrics_args(spec, role)  # exact prefill phases in the router, where the release has it
     args += worker_tracing_args(spec)  # spec.observability.tracing

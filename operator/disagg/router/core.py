@@ -38,13 +38,14 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..api.contract import RouterConfig
+from ..api.spec import TENANT_PRIORITY, priority_scheduling
 from ..perf.costs import EngineCost
 from . import features
 from .breaker import Breakers, Ticket
 from .load import TenantStats, Worker, WorkerSet
 from .metrics import RouterMetrics
 from .placement import Prediction
-from .policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide
+from .policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide, find_tenant
 from .prefix import PrefixIndex
 from .probe import ProbeLimiter, probe_decision
 from .proxy import UpstreamError
@@ -207,6 +208,9 @@ class RequestCore(Generic[R]):
             ctx.prefix_hash = f"{hashes[best // features.PREFIX_BLOCK_TOKENS - 1]:016x}"
         d, ticket = self.route(cfg, feats, snap)
         ctx.tenant, ctx.decision, ctx.reason = d.tenant, d.decision, d.reason
+        if priority_scheduling(cfg.routing):  # the tenant's priority on every leg (the workers run the policy)
+            t = find_tenant(cfg, tenant)
+            ctx.priority = TENANT_PRIORITY[t.priority] if t is not None else 0
         if "prediction" in d.detail:  # the SLO placement: what it chose, over what, and what it expects
             ctx.prediction = d.detail["prediction"]
             ctx.placement, ctx.rejected_placement = d.detail["placement"], d.detail["rejected"]

@@ -56,6 +56,7 @@ class Ctx:
     prefix_hash: str | None = None  # chained hash of the longest leading block run the prefix index had seen
     prefix_tokens: int = 0  # its length in tokens (0: no worker held any of this prompt's prefix)
     # the SLO placement's choice and runner-up (placement.py Prediction.as_detail), and the chosen prediction itself
+    priority: int | None = None  # vLLM request priority sent on every leg (None: priority scheduling is off)
     placement: dict[str, Any] | None = None
     rejected_placement: dict[str, Any] | None = None
     prediction: Any = None

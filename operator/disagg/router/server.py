@@ -227,4 +227,6 @@ class Router:
                    "no_decode_worker": "no ready worker for this model"}.get(d.reason, d.reason)
             return openai_error(d.status, msg, "server_overloaded" if d.status == 429 else "service_unavailable",
                                 headers={"Retry-After": "1"})
-        return await self.core.serve(ctx, cfg, d, hashes, ticket, HttpLegs(self.upstream, request, req.body))
+        # under priority scheduling every leg carries the tenant's priority, not one the client chose
+        body = req.body if ctx.priority is None else {**req.body, "priority": ctx.priority}
+        return await self.core.serve(ctx, cfg, d, hashes, ticket, HttpLegs(self.upstream, request, body))

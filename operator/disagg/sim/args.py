@@ -154,6 +154,8 @@ def _add_vllm_flags(v: argparse._ArgumentGroup) -> None:
     v.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     v.add_argument("--long-prefill-token-threshold", type=int, default=0)
+    # vLLM SchedulerConfig.policy (vllm/config/scheduler.py SchedulerPolicy, 0.33.0): fcfs | priority
+    v.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     v.add_argument("--kv-transfer-config", type=_json_obj, default=None)
     v.add_argument("--shutdown-timeout", type=float, default=0.0)
     v.add_argument("--gpu-memory-utilization", type=float, default=0.9)

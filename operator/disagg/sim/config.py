@@ -75,6 +75,7 @@ class SimConfig:
     chunked_prefill: bool
     prefix_caching: bool
     long_prefill_token_threshold: int
+    scheduling_policy: str  # fcfs | priority (--scheduling-policy)
     gpu_memory_utilization: float
     block_size: int
     kv_cache_dtype: str
@@ -332,6 +333,7 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> SimConfig:
         chunked_prefill=batch.chunked_prefill,
         prefix_caching=batch.prefix_caching,
         long_prefill_token_threshold=ns.long_prefill_token_threshold,
+        scheduling_policy=ns.scheduling_policy,
         gpu_memory_utilization=ns.gpu_memory_utilization,
         block_size=ns.block_size,
         kv_cache_dtype=ns.kv_cache_dtype,

@@ -146,7 +146,8 @@ class Engine:
         self.pool = BlockPool(self.num_blocks, cfg.block_size, cfg.prefix_caching)
         self.sched = Scheduler(self.pool, max_num_seqs=cfg.max_num_seqs,
                                max_num_batched_tokens=cfg.max_num_batched_tokens, chunked_prefill=cfg.chunked_prefill,
-                               long_prefill_token_threshold=cfg.long_prefill_token_threshold)
+                               long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+                               policy=cfg.scheduling_policy)
         self.kvt = cfg.kv_transfer
         if self.kvt and self.kvt.producer:
             self.sched.set_kv_lease(self.kvt.lease_s)
@@ -576,9 +577,11 @@ class Engine:
 
 
 def make_request(request_id: str, prompt_ids: list[int], max_new_tokens: int, arrival: float, *,
-                 limit_reason: str = "length", kv_params: dict[str, Any] | None = None, seed: int = 0) -> Request:
+                 limit_reason: str = "length", kv_params: dict[str, Any] | None = None, seed: int = 0,
+                 priority: int = 0) -> Request:
     remote_decode = bool(kv_params and kv_params.get("do_remote_decode"))
     remote_prefill = dict(kv_params) if kv_params and kv_params.get("do_remote_prefill") else None
     return Request(request_id=request_id, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, arrival=arrival,
-                   limit_reason=limit_reason, remote_decode=remote_decode, remote_prefill=remote_prefill, seed=seed)
+                   limit_reason=limit_reason, remote_decode=remote_decode, remote_prefill=remote_prefill, seed=seed,
+                   priority=priority)
 

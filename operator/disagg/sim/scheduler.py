@@ -44,6 +44,7 @@ class Request:
     remote_decode: bool = False  # producer side: hold KV for a decode engine
     remote_prefill: dict[str, Any] | None = None  # consumer side: kv_transfer_params to pull from
     seed: int = 0
+    priority: int = 0  # the request's ``priority`` (lower first; only the priority policy reads it)
 
     status: Status = Status.WAITING
     num_computed: int = 0
@@ -110,8 +111,14 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, pool: BlockPool, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunked_prefill: bool = True, long_prefill_token_threshold: int = 0) -> None:
+                 chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
+                 policy: str = "fcfs") -> None:
+        """``policy`` (``--scheduling-policy``): ``fcfs``, or ``priority`` as vLLM 0.33.0 runs it
+        (vllm/v1/core/sched/request_queue.py PriorityRequestQueue: waiting requests by (priority, arrival);
+        scheduler.py ``schedule``: out of KV blocks, the running request with the largest (priority, arrival) is
+        preempted, and when that is the one being scheduled the ones after it are still tried)."""
         self.pool = pool
+        self.priority = policy == "priority"
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
@@ -125,7 +132,22 @@ class Scheduler:
     def add(self, req: Request) -> None:
         req.hashes = block_hashes(req.prompt_ids, self.pool.block_size) if self.pool.enable_caching else []
         req.status = Status.WAITING
-        self.waiting.append(req)
+        self._enqueue(req)
+
+    def _enqueue(self, req: Request, front: bool = False) -> None:
+        """Into the waiting queue: FCFS at the back (a preempted request at the front); by priority in its
+        (priority, arrival) place."""
+        if not self.priority:
+            if front:
+                self.waiting.appendleft(req)
+            else:
+                self.waiting.append(req)
+            return
+        key = (req.priority, req.arrival)
+        i = len(self.waiting)
+        while i > 0 and (self.waiting[i - 1].priority, self.waiting[i - 1].arrival) > key:
+            i -= 1
+        self.waiting.insert(i, req)
 
     def has_work(self) -> bool:
         if self.running:
@@ -143,18 +165,26 @@ class Scheduler:
             n = min(n, self.long_prefill_token_threshold)
         return min(n, budget)
 
-    def _preempt_last(self, batch: Batch) -> Request:
-        victim = self.running.pop()
+    def _preempt_last(self, batch: Batch) -> tuple[Request, int, int]:
+        """Preempt the last running request (FCFS), or the one with the largest (priority, arrival); it, its index
+        in ``running`` and the tokens it had been scheduled this step (back into the budget)."""
+        if self.priority:
+            idx = max(range(len(self.running)), key=lambda k: (self.running[k].priority, self.running[k].arrival))
+        else:
+            idx = len(self.running) - 1
+        victim = self.running.pop(idx)
         self.pool.release(victim.blocks)
         victim.blocks = []
         victim.num_computed = 0
         victim.status = Status.WAITING
         victim.preemptions += 1
         self.stats.preemptions += 1
-        self.waiting.appendleft(victim)
+        self._enqueue(victim, front=True)
         batch.preempted.append(victim)
-        batch.items = [s for s in batch.items if s.request is not victim]
-        return victim
+        freed = sum(s.new_tokens for s in batch.items if s.request is victim)
+        if freed:
+            batch.items = [s for s in batch.items if s.request is not victim]
+        return victim, idx, freed
 
     def schedule(self, now: float) -> Batch:
         batch = Batch()
@@ -185,10 +215,16 @@ class Scheduler:
                     new = self.pool.allocate(need)
                     if new is not None:
                         break
-                    victim = self._preempt_last(batch)
+                    victim, at, freed = self._preempt_last(batch)
+                    budget += freed
+                    if at < i:
+                        i -= 1
                     if victim is req:
                         break
-                if req.status is not active:  # preempted itself: nothing left to try
+                if req.status is not active:  # preempted itself: nothing left to try (FCFS) …
+                    if self.priority:  # … or the ones after it, of higher priority, may still fit
+                        items = batch.items
+                        continue
                     break
                 if new:
                     req.blocks += new

@@ -93,6 +93,26 @@ def generation_error_event(chat: bool) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------ parsing
+PRIORITY_HEADER = "X-Vllm-Priority"  # vllm/entrypoints/generate/base/serving.py PRIORITY_HEADER (0.33.0)
+_INT64 = 2**63
+
+
+def request_priority(headers: Any, body: dict[str, Any]) -> int:
+    """The request's scheduling priority as vLLM 0.33.0 reads it (serving.py ``_get_priority``): the
+    ``X-Vllm-Priority`` header when it is an integer, else the body's ``priority`` (an int64, default 0; lower is
+    served first under ``--scheduling-policy priority``)."""
+    h = headers.get(PRIORITY_HEADER)
+    if h is not None:
+        try:
+            return int(h)
+        except ValueError:
+            pass
+    v = body.get("priority", 0)
+    if not isinstance(v, int) or isinstance(v, bool) or not -_INT64 <= v < _INT64:
+        raise ApiError("priority must be an integer", param="priority")
+    return v
+
+
 def _int_param(body: dict[str, Any], name: str, minimum: int | None = None) -> int | None:
     v = body.get(name)
     if v is None:
@@ -309,6 +329,7 @@ class Api:
             if stream and len(prompts) > 1:
                 raise ApiError("streaming with several prompts is not supported by the simulator", param="prompt")
             kvp = _kv_params(body)
+            priority = request_priority(request.headers, body)
             for p in prompts:
                 check_lengths(self.cfg, len(p), max_tokens)
             remote_prefill = bool(kvp and kvp.get("do_remote_prefill") and self.cfg.kv_transfer)
@@ -322,7 +343,7 @@ class Api:
             count, reason = _output_plan(self.cfg, len(ids), max_tokens)
             rid = request_id if chat else f"{request_id}-{i}"
             req = make_request(rid, ids, count, now, limit_reason=reason, kv_params=kvp,
-                               seed=zlib.crc32(rid.encode()) & 0xFFFF)
+                               seed=zlib.crc32(rid.encode()) & 0xFFFF, priority=priority)
             req.ctx = ReqCtx(max_tokens_param=max_tokens)
             reqs.append(req)
         for req in reqs:

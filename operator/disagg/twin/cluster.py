@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.contract import EngineProfile, PoolEndpoint, RouterConfig
+from ..api.spec import priority_scheduling
 from ..router import features
 from ..router.core import RequestCore
 from ..router.load import GAUGES, HISTOGRAMS, Worker, WorkerSet
@@ -317,6 +318,8 @@ class TwinCluster:
         url = f"{role}-{n}"
         argv = [*pool.argv(self.spec.model), "--time-scale", "1", "--seed", str(self.seed * 100_003 + self._index),
                 "--kv-transport", self.spec.transport]
+        if priority_scheduling(self.config.routing):  # as the operator renders it (builders/workers.py)
+            argv += ["--scheduling-policy", "priority"]
         if role in ("prefill", "decode"):
             argv += ["--kv-transfer-config", json.dumps({
                 "kv_connector": "NixlConnector", "engine_id": url,
@@ -514,9 +517,10 @@ class TwinCluster:
             w.engine.abort(req)
 
     def submit(self, url: str, p: Prepared, rid: str, max_tokens: int, kv: dict[str, Any] | None,
-               want_first: bool = False) -> Leg:
+               want_first: bool = False, priority: int = 0) -> Leg:
         w = self.workers[url]
-        req = make_request(rid, list(p.prompt_ids), max_tokens, self.clock.now(), kv_params=kv, seed=0)
+        req = make_request(rid, list(p.prompt_ids), max_tokens, self.clock.now(), kv_params=kv, seed=0,
+                           priority=priority)
         leg = Leg(req, w.engine, w, done=self.loop.create_future(),
                   first_token=self.loop.create_future() if want_first else None)
         req.ctx = ReqCtx(max_tokens_param=max_tokens, engine=w.engine, sink=leg.sink, sink_run=leg.sink_run)

@@ -55,7 +55,7 @@ class EngineLegs(Legs[None]):
     async def prefill(self, ctx: Ctx, worker: str, deadline: float) -> Any:
         c, p = self.cluster, self.o.prepared
         self._admit(worker, PREFILL_KV, 1, "prefill_")
-        leg = c.submit(worker, p, p.request_id + "-p", 1, dict(PREFILL_KV))
+        leg = c.submit(worker, p, p.request_id + "-p", 1, dict(PREFILL_KV), priority=ctx.priority or 0)
         assert leg.done is not None
         t = c.now
         try:
@@ -78,7 +78,7 @@ class EngineLegs(Legs[None]):
         p, a = o.prepared, o.prepared.arrival
         ctx.decode_worker = worker
         self._admit(worker, kv, a.output_tokens, "")
-        leg = c.submit(worker, p, p.request_id, a.output_tokens, kv, want_first=True)
+        leg = c.submit(worker, p, p.request_id, a.output_tokens, kv, want_first=True, priority=ctx.priority or 0)
         assert leg.done is not None and leg.first_token is not None
         # a stream commits at its first token; a non-streamed answer when it is whole (legs.py ``_first``)
         commit = leg.first_token if ctx.stream else leg.done
