@@ -44,6 +44,8 @@ IN_FLIGHT = 4  # streams running on each decode worker when the pool is scaled d
 
 COMMON: dict[str, Any] = {
     "autoscaling": {"enabled": False},
+    # every stream on the decode pool (the one scaled down): no whole requests on the prefill worker
+    "routing": {"elasticFleet": False},
     "decode": {"replicas": 2, "minReplicas": 1, "maxReplicas": 3},
 }
 MODELS: dict[str, dict[str, Any]] = {

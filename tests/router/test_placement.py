@@ -173,3 +173,24 @@ def test_a_prefill_queue_near_the_ttft_target_counts_the_requests_it_would_delay
     near = pl.predict_remote(prefill(ahead=30_000, rate=40_000), COST, d, COST, 8000, 0.05, 256, slo_ttft_s=1.0)
     assert idle.harm == 0.0
     assert near.harm > 1.0 and near.ttft_s > idle.ttft_s
+
+
+def test_the_decode_correction_follows_the_engines_own_tpot_against_the_model() -> None:
+    from disagg.router.load import TPOT_HISTOGRAM, Worker
+
+    w = Worker(url="d0", role="decode", cost=COST)
+    model = COST.tpot(20, 0.1 * COST.kv_capacity_tokens / 20, 0.0)
+    base = {"vllm:num_requests_running": 20.0, "vllm:kv_cache_usage_perc": 0.1}
+    w.update_scrape({**base, TPOT_HISTOGRAM + "_sum": 0.0, TPOT_HISTOGRAM + "_count": 0.0})
+    for k in range(1, 60):  # the engine runs at twice the model's TPOT
+        w.update_scrape({**base, TPOT_HISTOGRAM + "_sum": 10 * k * 2 * model, TPOT_HISTOGRAM + "_count": 10.0 * k})
+    assert 1.9 < w.f_decode <= 2.0
+    # log-space: a 3x and a 1/3 observation cancel
+    w2 = Worker(url="d1", role="decode")
+    w2.correct("decode", 3.0)
+    w2.correct("decode", 1 / 3)
+    assert abs(w2.f_decode - 1.0) < 1e-9
+    # no new observations (the count did not move): no correction
+    before = w.f_decode
+    w.update_scrape({**base, TPOT_HISTOGRAM + "_sum": 10 * 59 * 2 * model, TPOT_HISTOGRAM + "_count": 590.0})
+    assert w.f_decode == before

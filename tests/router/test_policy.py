@@ -304,6 +304,8 @@ def test_a_prefill_worker_with_recent_remote_prefills_or_a_starting_pool_serves_
     assert decide(starting, feats(SHORT), LoadSnapshot(prefill=(P,), decode=(BUSY_D,))).decode == "http://d1"
     off = Tuning(elastic_idle_s=0)
     assert decide(cfg(), feats(SHORT), LoadSnapshot(prefill=(P,), decode=(BUSY_D,)), off).decode == "http://d1"
+    spec_off = cfg(routing={"elasticFleet": False})  # spec.routing.elasticFleet: false
+    assert decide(spec_off, feats(SHORT), LoadSnapshot(prefill=(P,), decode=(BUSY_D,))).decode == "http://d1"
 
 
 def test_a_prefix_hit_stays_on_the_decode_worker_that_holds_it() -> None:

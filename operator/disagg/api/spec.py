@@ -517,6 +517,12 @@ class RoutingSpec(ApiModel):
         "ladder when another placement keeps clearly more requests within spec.slo (docs/router.md \"SLO "
         "placement\").",
     )
+    elastic_fleet: bool = Field(
+        default=True,
+        description="One elastic fleet: a request the policy keeps local may run whole on a prefill worker that has "
+        "had no remote prefill lately and is less loaded than the decode worker (a prefill worker serves a whole "
+        "request as an aggregated engine does). false: prefill workers only prefill.",
+    )
     remote_prefill: RemotePrefillPolicy = Field(
         default_factory=RemotePrefillPolicy, description="When a request may take the remote-prefill path."
     )

@@ -310,7 +310,9 @@ class RequestCore(Generic[R]):
                     w.inflight_tokens -= pending
         tpot = ctx.timings.get("tpot")
         if pred is not None and w is not None and tpot and pred.tpot_s > 0 and ctx.fallback is None:
-            self._observe(w, "tpot", "decode", tpot / pred.tpot_s)
+            # the metric only: the decode correction comes from the worker's own metrics at each scrape
+            # (load.py Worker._correct_decode), since a stream's TPOT depends on arrivals after its placement
+            self.metrics.prediction_ratio.labels("tpot", w.role).observe(tpot / pred.tpot_s)
         return out
 
     # ------------------------------------------------------------------------------------ the paths

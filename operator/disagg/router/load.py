@@ -46,7 +46,9 @@ EWMA_ALPHA = 0.3
 # outlier (a stall, a preemption) cannot make a worker look free or unusable.
 CORRECTION_ALPHA = 0.1
 CORRECTION_BOUNDS = (0.5, 4.0)
+RATIO_LOG_CLAMP = math.log(4.0)
 PREFILL_RATE_WINDOW_S = 5.0  # the prefill token rate's time constant (seconds)
+TPOT_HISTOGRAM = "vllm:request_time_per_output_token_seconds"  # per request, at its end (vllm/v1/metrics/loggers.py)
 REMOTE_TTFB_RISE = 0.05  # how fast the healthy hand-off floor follows slower observations
 
 
@@ -120,6 +122,7 @@ class Worker:
 
     def update_scrape(self, values: dict[str, float]) -> None:
         prev = self.scraped
+        fresh: set[str] = set()
         for h in HISTOGRAMS:
             s, c = values.get(h + "_sum"), values.get(h + "_count")
             ps, pc = prev.get(h + "_sum"), prev.get(h + "_count")
@@ -128,6 +131,9 @@ class Worker:
             dc, ds = c - pc, s - ps
             if dc > 0 and ds >= 0:
                 self.avg[h] = ds / dc
+                fresh.add(h)
+        if TPOT_HISTOGRAM in fresh:
+            self._correct_decode(values, self.avg[TPOT_HISTOGRAM])
         pt_s, pt_c = values.get("vllm:request_prompt_tokens_sum"), values.get("vllm:request_prompt_tokens_count")
         pf = values.get("vllm:request_prefill_time_seconds_sum")
         if prev and pt_s is not None and pf is not None:
@@ -140,6 +146,19 @@ class Worker:
         self.scraped = values
         self.scraped_at = time.monotonic()
         self.down_until = 0.0
+
+    def _correct_decode(self, values: dict[str, float], tpot: float) -> None:
+        """The decode correction from the worker's own metrics: the mean TPOT of the requests that finished since
+        the last scrape ÷ what the cost model gives for the batch it runs now (its running requests, their context
+        from the KV-cache usage, the prefill traffic it receives) — the engine against the prior, not one request
+        against a load that changed after it was placed."""
+        running = int(values.get("vllm:num_requests_running", 0.0))
+        if self.cost is None or running < 1 or tpot <= 0:
+            return
+        ctx = values.get("vllm:kv_cache_usage_perc", 0.0) * self.cost.kv_capacity_tokens / running
+        model = self.cost.tpot(running, ctx, self.prefill_rate_tps)
+        if model > 0:
+            self.correct("decode", tpot / (model * self.f_decode))  # against the corrected prediction
 
     def observe_prefill_leg(self, seconds: float, tokens_ahead_and_own: int) -> None:
         if tokens_ahead_and_own > 0 and seconds > 0:
@@ -177,13 +196,15 @@ class Worker:
         self.prefill_rate_at = now
 
     def correct(self, phase: str, ratio: float) -> None:
-        """Fold one observed ÷ predicted ratio of ``phase`` (prefill | decode) into the worker's correction."""
+        """Fold one observed ÷ predicted ratio of ``phase`` (prefill | decode) into the worker's correction: an
+        EWMA of log ratios (so a 3× miss and a 1/3 miss cancel, and a tail of slow requests cannot ratchet the
+        factor up), bounded to CORRECTION_BOUNDS."""
         if not (ratio > 0 and math.isfinite(ratio)):
             return
         lo, hi = CORRECTION_BOUNDS
         name = "f_prefill" if phase == "prefill" else "f_decode"
-        old = getattr(self, name)
-        setattr(self, name, min(hi, max(lo, old * (1 + CORRECTION_ALPHA * (min(hi, max(lo, ratio)) - 1)))))
+        step = max(-RATIO_LOG_CLAMP, min(RATIO_LOG_CLAMP, math.log(ratio)))  # one outlier moves it at most 4×^α
+        setattr(self, name, min(hi, max(lo, getattr(self, name) * math.exp(CORRECTION_ALPHA * step))))
 
     def prefill_ended(self, others_in_flight: int, now: float | None = None) -> None:
         if others_in_flight <= 0:

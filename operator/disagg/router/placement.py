@@ -37,12 +37,14 @@ from .policy import WorkerLoad
 
 PLACEMENTS = ("local", "remote", "prefill_worker")
 SPREAD = 0.15  # relative spread of an outcome around its prediction (logistic scale)
+# the streams on a worker spread around its mean TPOT (each its own context and output) wider than one prediction
+STREAM_SPREAD = 0.3
 SLACK = 0.05  # a prefill worker serves a whole request only when the expected misses stay below this
 
 
-def p_miss(predicted_s: float, target_s: float) -> float:
+def p_miss(predicted_s: float, target_s: float, spread: float = SPREAD) -> float:
     """The chance that an outcome predicted at ``predicted_s`` (a median) lands above ``target_s``."""
-    z = (predicted_s / target_s - 1.0) / SPREAD
+    z = (predicted_s / target_s - 1.0) / spread
     if z > 40:
         return 1.0
     if z < -40:
@@ -92,7 +94,7 @@ def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float
         return 0.0
     before = cost.tpot(streams, ctx, rate) * w.f_decode
     after = before + stall_s * w.f_decode / max(1.0, out_tokens)
-    return streams * max(0.0, p_miss(after, slo_tpot_s) - p_miss(before, slo_tpot_s))
+    return streams * max(0.0, p_miss(after, slo_tpot_s, STREAM_SPREAD) - p_miss(before, slo_tpot_s, STREAM_SPREAD))
 
 
 def _queue_harm(w: WorkerLoad, ttft_s: float, own_s: float, slo_ttft_s: float) -> float:

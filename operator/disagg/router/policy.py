@@ -256,7 +256,7 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
     def elastic(reason: str, **detail: Any) -> Decision:
         """A local decision on the least loaded idle prefill worker when it is less loaded than the decode worker
         (one elastic fleet: a prefill worker serves a whole request as an aggregated engine does)."""
-        if local_d is not None and not cfg.prefill_starting and tuning.elastic_idle_s > 0:
+        if local_d is not None and cfg.routing.elastic_fleet and not cfg.prefill_starting and tuning.elastic_idle_s > 0:
             idle = [w for w in snap.prefill if w.remote_idle_s >= tuning.elastic_idle_s]
             if idle:
                 p = min(idle, key=lambda w: (_decode_load(w), w.kv_usage, w.url))
@@ -358,7 +358,7 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
             d, p = pair
             options.append(pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out,
                                              slo_ttft_s=slo_ttft))
-        pw = base_worker or choose_prefill(snap.prefill, None)
+        pw = base_worker or (choose_prefill(snap.prefill, None) if cfg.routing.elastic_fleet else None)
         if pw is not None:  # a stream there shares its steps with the pool's remote prefills to come
             pool_rate = sum(w.prefill_rate for w in snap.prefill) / len(snap.prefill)
             options.append(pl.predict_whole(pw, pl.cost_of(pw), f.input_tokens, "prefill_worker", slo_tpot, out,
