@@ -479,8 +479,10 @@ class TenantPolicy(ApiModel):
     match: TenantMatch = Field(description="How requests are attributed to this tenant.")
     priority: Literal["Interactive", "Batch", "Background"] = Field(
         default="Interactive",
-        description="Scheduling class, recorded for a future router queue: the router does not yet order, "
-        "reserve capacity for or shed requests by it.",
+        description="Scheduling class, vLLM request priority Interactive 0, Batch 1, Background 2 (lower first): "
+        "when any tenant is below Interactive the workers run vLLM's --scheduling-policy priority and the router "
+        "sends this tenant's priority on every leg. The router itself does not yet queue, reserve capacity for or "
+        "shed requests by it.",
     )
     disaggregation: Literal["Auto", "Never", "Always"] = Field(
         default="Auto",
