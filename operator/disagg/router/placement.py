@@ -35,7 +35,6 @@ from ..api.models import SLOSpec
 from ..perf.costs import EngineCost
 from .policy import WorkerLoad
 
-PLACEMENTS = ("local", "remote", "prefill_worker")
 SPREAD = 0.15  # relative spread of an outcome around its prediction (logistic scale)
 # the streams on a worker spread around its mean TPOT (each its own context and output) wider than one prediction
 STREAM_SPREAD = 0.3
