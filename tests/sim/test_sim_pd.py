@@ -17,8 +17,12 @@ from simtest_util import SimProc, kv_config, metric, prompt_of
 
 from disagg.poll import wait_for
 
+# the keys a real engine's prefill returns (a real 0.32.0 CPU engine, e2e/test_real_vllm.py; 0.33.0 adds
+# remote_registration_generation: pull_scheduler.py line 291)
 KV_KEYS = {"do_remote_prefill", "do_remote_decode", "remote_engine_id", "remote_request_id", "remote_block_ids",
-           "remote_host", "remote_port", "tp_size"}
+           "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens",
+           "remote_blocks_expiry_time", "transfer_mode", "remote_prefill_cached_tokens",
+           "remote_registration_generation"}
 SCALE = 0.2
 
 
@@ -79,10 +83,11 @@ def test_remote_prefill_round_trip_without_recompute(pd):
     assert kv["remote_host"] == "127.0.0.1" and kv["remote_port"] == prod.side_port and kv["tp_size"] == 1
     assert kv["remote_engine_id"] == prod.state()["kv_transfer"]["engine_id"]
     assert kv["remote_request_id"] == f"cmpl-{rid}-0"
-    assert len(kv["remote_block_ids"]) == math.ceil(n_prompt / 16)
+    (group,) = kv["remote_block_ids"]  # one list per KV-cache group, as vLLM sends them
+    assert len(group) == math.ceil(n_prompt / 16) and kv["remote_num_tokens"] == n_prompt
     held = prod.state()
     assert kv["remote_request_id"] in held["held_requests"]
-    assert held["free_blocks"] == held["num_gpu_blocks"] - len(kv["remote_block_ids"])
+    assert held["free_blocks"] == held["num_gpu_blocks"] - len(group)
 
     chunks = decode_stream(dec, {**body, "kv_transfer_params": kv}, rid)
     assert len(chunks) == 20 and chunks[-1]["choices"][0]["finish_reason"] == "length"

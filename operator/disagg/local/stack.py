@@ -1,5 +1,5 @@
 """The whole local stack in one object: control plane, pod runtime, operator, Prometheus, and (``tracing=True``)
-Jaeger.
+Jaeger. Worker pods run the simulator, or real vLLM engines with ``engine`` (:mod:`disagg.local.realengine`).
 
 Used by ``disagg demo`` and the e2e tests. Everything runs on 127.0.0.0/8; :meth:`LocalStack.stop` (also on
 interpreter exit) stops every process it started.
@@ -27,7 +27,7 @@ from .controlplane import ControlPlane
 from .jaeger import LocalJaeger
 from .procs import free_ports, stop_group
 from .prometheus import LocalPrometheus, Target
-from .runtime import LocalRuntime
+from .runtime import LocalRuntime, RealEngine
 
 WORKER_PORT = 8000
 
@@ -41,8 +41,10 @@ class LocalStack:
 
     def __init__(self, namespace: str = "default", workdir: Path | None = None,
                  sim_env: dict[str, str] | None = None, log_dir: Path | None = None,
-                 operator_args: tuple[str, ...] = (), tracing: bool = False) -> None:
+                 operator_args: tuple[str, ...] = (), tracing: bool = False,
+                 engine: RealEngine | None = None) -> None:
         self.namespace = namespace
+        self.engine = engine
         self.workdir = workdir
         self.log_dir = log_dir
         self.sim_env = dict(sim_env or {})
@@ -63,9 +65,10 @@ class LocalStack:
         self.cp.start()
         self.api = api_client(self.cp.kubeconfig)
         install_crd(self.api, build_crd())
-        say("starting the local pod runtime (pods run as processes, `vllm serve` → `disagg sim`)")
+        engine = "real vLLM" if self.engine is not None else "`disagg sim`"
+        say(f"starting the local pod runtime (pods run as processes, `vllm serve` → {engine})")
         self.runtime = LocalRuntime(self.api, self.cp.kubeconfig, namespaces=[self.namespace],
-                                    extra_env=self.sim_env, workdir=self.workdir)
+                                    extra_env=self.sim_env, workdir=self.workdir, engine=self.engine)
         self.runtime.start()
         say("starting Prometheus (Debian package) scraping every pod of every model")
         self.prometheus.start()

@@ -182,7 +182,11 @@ class PerfModel:
         else:
             blocks = self.num_kv_blocks(gpu_memory_utilization, block_size, max_num_batched_tokens, max_num_seqs)
         if blocks * block_size < max_model_len:
-            free = self.kv_cache_bytes_per_gpu(gpu_memory_utilization, max_num_batched_tokens, max_num_seqs)
+            # what the engine had for KV: the explicit budget when one was given (the real engine's message names
+            # that figure; found when a real CPU engine served what the sim refused, e2e/test_real_vllm.py)
+            free = (blocks * block_size * self.kv_bytes_per_token_per_gpu
+                    if num_gpu_blocks_override or kv_cache_memory_bytes else
+                    self.kv_cache_bytes_per_gpu(gpu_memory_utilization, max_num_batched_tokens, max_num_seqs))
             need = max_model_len * self.kv_bytes_per_token_per_gpu
             raise KVCapacityError(
                 f"To serve at least one request with the models's max seq len ({max_model_len}), "

@@ -22,7 +22,7 @@ from .config import SimConfig
 from .fastforward import FastForward
 from .kv import BlockPool
 from .metrics import Metrics, Registry
-from .nixl import PullOutcome, SideChannelClient, SideChannelServer, compat_hash
+from .nixl import PullOutcome, SideChannelClient, SideChannelServer, block_ids, compat_hash
 from .scheduler import Request, Scheduler, SchedulerStats, Status
 
 log = logs.get("disagg.sim.engine")
@@ -233,7 +233,7 @@ class Engine:
         ctx = req.ctx if isinstance(req.ctx, ReqCtx) else ReqCtx()
         req.ctx = ctx
         rp = req.remote_prefill
-        if rp is not None and (self.kvt is None or not rp.get("remote_block_ids") or not all(
+        if rp is not None and (self.kvt is None or not block_ids(rp) or not all(
                 rp.get(k) not in (None, "") for k in ("remote_engine_id", "remote_host", "remote_port"))):
             # no connector, nothing to pull, or incomplete params: plain local prefill (vLLM: "Got invalid
             # KVTransferParams ... will not utilize KVTransfer")
@@ -438,17 +438,31 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ P/D
     def _kv_params_for(self, req: Request) -> dict[str, Any]:
+        """The prefill's kv_transfer_params, as NixlConnector's request_finished returns them
+        (vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py, 0.33.0 lines 278-293; the same keys
+        but remote_registration_generation seen from a real 0.32.0 CPU engine, e2e/test_real_vllm.py): block ids
+        per KV-cache group (one group here), and remote_prefill_cached_tokens added by the output processor
+        (vllm/v1/engine/output_processor.py, 0.33.0 line 294)."""
         assert self.kvt is not None
-        return {
+        out: dict[str, Any] = {
             "do_remote_prefill": True,
             "do_remote_decode": False,
-            "remote_block_ids": list(req.blocks),
+            "remote_block_ids": [list(req.blocks)],
             "remote_engine_id": self.engine_id,
             "remote_request_id": req.request_id,
             "remote_host": self.cfg.side_channel_host,
             "remote_port": self.side_port,
             "tp_size": self.cfg.tp,
+            "dcp_size": 1,
+            "pp_size": self.cfg.pp,
+            "remote_num_tokens": req.prompt_len,
+            "remote_blocks_expiry_time": None,
+            "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": req.num_cached,
         }
+        if self.cfg.release.registration_generation:
+            out["remote_registration_generation"] = 0
+        return out
 
     def serve_read(self, request_id: str, block_ids: list[int]) -> tuple[bool, str, int, float]:
         entry = self.sched.held.get(request_id)
@@ -516,7 +530,7 @@ class Engine:
                 m.nixl_xfer_time.observe(t1 - t0)
                 m.nixl_post_time.observe(min(t1 - t0, self.cfg.transport.latency_s))
                 m.nixl_bytes.observe(self.perf.transfer_bytes(req.num_external))
-                m.nixl_descs.observe(len(params.get("remote_block_ids") or []) * 2 * self.cfg.model_preset.layers)
+                m.nixl_descs.observe(len(block_ids(params)) * 2 * self.cfg.model_preset.layers)
         else:
             self.transfers_failed += 1
             m.nixl_failed.inc()

@@ -33,6 +33,16 @@ _CHUNK = 1 << 20
 _ZEROS = bytes(_CHUNK)
 
 
+def block_ids(params: dict[str, Any]) -> list[int]:
+    """The blocks to read, from kv_transfer_params' remote_block_ids: one list per KV-cache group in vLLM
+    (``[[1, 2, 3]]`` from a real 0.32.0 engine; pull_scheduler.py 0.33.0 line 281), one group in the sim; a flat
+    list (the sim before it matched the real shape) is taken as that one group."""
+    raw = params.get("remote_block_ids") or []
+    if raw and isinstance(raw[0], list):
+        return [int(b) for b in raw[0]]
+    return [int(b) for b in raw]
+
+
 def compat_hash(vllm_version: str, model: str, block_size: int, kv_cache_dtype: str, layers: int, kv_heads: int,
                 head_dim: int) -> str:
     """What NIXL compares at handshake (version, attention layout, block size/len): equal → compatible."""
@@ -167,7 +177,7 @@ class SideChannelClient:
                                           f"not {engine}")
             self.known_engines.add(engine)
             await _send(writer, {"op": "read", "request_id": request_id, "remote_engine_id": engine,
-                                 "block_ids": params.get("remote_block_ids") or []})
+                                 "block_ids": block_ids(params)})
             rd = await asyncio.wait_for(_recv(reader), self.timeout_s)
             if not rd.get("ok"):
                 return PullOutcome(False, f"NIXL read failed: {rd.get('error')}", first_contact=first)

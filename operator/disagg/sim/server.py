@@ -214,6 +214,7 @@ class Api:
         self.engine = engines[0]  # the shared clock and the fault RNG
         self.tracing = _tracing(cfg)
         self.per_request_metrics = cfg.enable_per_request_metrics
+        self.release = cfg.release
 
     def _wall_ns(self, t: float) -> int:
         """A simulated instant as Unix-epoch nanoseconds."""
@@ -379,15 +380,23 @@ class Api:
                 completion_tokens += len(pieces)
                 text = "".join(pieces)
                 kv_out = kv_out or ctx.kv_params_out
+                # the keys a real engine's answer has (a real 0.32.0 CPU engine, e2e/test_real_vllm.py, and
+                # vllm/entrypoints/openai/{chat_completion,completion}/protocol.py of 0.32.0 and 0.33.0): nulls
+                # included; a chat message without tool_calls (an empty list is left out)
                 if chat:
                     message: dict[str, Any] = {
                         "role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
-                        "function_call": None, "tool_calls": [], "reasoning": None, "reasoning_content": None}
-                    choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": reason,
-                                    "stop_reason": None})
+                        "function_call": None, "reasoning": None}
+                    choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None,
+                                              "finish_reason": reason, "stop_reason": None, "token_ids": None,
+                                              "routed_experts": None}
+                    if self.release.chat_weight_versions:
+                        choice["weight_versions"] = None
+                    choices.append(choice)
                 else:
                     choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason,
-                                    "stop_reason": None, "prompt_logprobs": None})
+                                    "stop_reason": None, "token_ids": None, "prompt_logprobs": None,
+                                    "prompt_token_ids": None, "routed_experts": None})
         except ApiError as e:
             for req in reqs:  # vLLM: the exception closes the other prompts' generators, which aborts them
                 req.ctx.engine.abort(req)
@@ -406,13 +415,14 @@ class Api:
             "service_tier": None,
             "system_fingerprint": None,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                      "completion_tokens": completion_tokens, "prompt_tokens_details": None},
+                      "completion_tokens": completion_tokens, "prompt_tokens_details": None,
+                      "completion_tokens_details": None},
         }
         if chat:
-            body["prompt_logprobs"] = None
-        if self.per_request_metrics and len(reqs) == 1:
-            body["metrics"] = self._request_metrics(reqs[0])
+            body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
         body["kv_transfer_params"] = kv_out
+        body["ec_transfer_params"] = None
+        body["metrics"] = self._request_metrics(reqs[0]) if self.per_request_metrics and len(reqs) == 1 else None
         return _json(body, headers={"X-Request-Id": base})
 
     async def _stream(self, request: web.Request, req: Request, request_id: str, base: str, model: str,
@@ -422,15 +432,24 @@ class Api:
         obj = "chat.completion.chunk" if chat else "text_completion"
         ctx: ReqCtx = req.ctx
 
+        first = [True]
+
         def chunk(choice: dict[str, Any]) -> bytes:
-            if chat:  # vLLM dumps chat chunks with exclude_unset=True ...
-                return _sse({"id": request_id, "object": obj, "created": created, "model": model,
-                             "choices": [choice]})
-            # ... and completion chunks with exclude_unset=False (every field, nulls included)
+            # as a real engine streams them (a real 0.32.0 CPU engine, e2e/test_real_vllm.py): chat chunks with
+            # exclude_unset — the role chunk carries prompt_token_ids/prompt_text, later ones token_ids — and
+            # completion chunks with every choice field (nulls included) and no usage key
+            if chat:
+                out: dict[str, Any] = {"id": request_id, "object": obj, "created": created, "model": model,
+                                       "choices": [choice]}
+                if first[0]:
+                    out.update(prompt_token_ids=None, prompt_text=None)
+                else:
+                    choice["token_ids"] = None
+                first[0] = False
+                return _sse(out)
             choice.setdefault("stop_reason", None)
             choice.update(prompt_token_ids=None, token_ids=None)
-            return _sse({"id": request_id, "object": obj, "created": created, "model": model, "choices": [choice],
-                         "usage": None})
+            return _sse({"id": request_id, "object": obj, "created": created, "model": model, "choices": [choice]})
 
         try:
             await resp.prepare(request)

@@ -31,7 +31,7 @@ from ..router.request import Ctx
 from ..sim import config as sim_config
 from ..sim.engine import Engine, ReqCtx, SimClock, make_request
 from ..sim.metrics import PER_STEP
-from ..sim.nixl import PullOutcome
+from ..sim.nixl import PullOutcome, block_ids
 from ..sim.scheduler import Request
 from .arrivals import Arrival, Prepared, prepare
 from .clock import VirtualTimeLoop
@@ -175,7 +175,7 @@ class LocalKVLink:
         eid = str(prod.engine_id)
         first = eid not in self.known_engines
         self.known_engines.add(eid)
-        ok, err, tokens, kv_bytes = prod.serve_read(request_id, list(params.get("remote_block_ids") or []))
+        ok, err, tokens, kv_bytes = prod.serve_read(request_id, block_ids(params))
         if not ok:
             return PullOutcome(False, f"NIXL read failed: {err}", first_contact=first)
         out = PullOutcome(True, "", tokens, kv_bytes, 0, first)

