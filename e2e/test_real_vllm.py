@@ -11,6 +11,8 @@ the rendered arguments, and requests go through the operator's router.
 - the KV-load failure policy the operator renders (recompute) holds on the real engine: KV params of a prefill
   engine that is gone make a failed NIXL transfer, and the decode recomputes and still answers right;
 - the prefill engine killed: the router's answer to the client is clean (same text, a fallback path);
+- the mode flip on the real engine's own failure counter through real Prometheus: failed NIXL transfers that the
+  decode recomputes (answered 200, invisible to the router) still take the model to Aggregated;
 - the contract: every ``vllm:`` family the router, autoscaler, planner, alerts and dashboard read exists in the real
   engine's /metrics, or the version table says 0.32.0 lacks it; the sim's responses have the real shapes.
 """
@@ -21,6 +23,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -357,9 +360,48 @@ def test_kv_load_failure_recomputes_on_the_real_engine(model: ModelHarness) -> N
     assert after[failed] > before.get(failed, 0.0) or after[local] > before.get(local, 0.0)
 
 
+def test_failed_transfers_the_decode_recomputed_flip_the_model_to_aggregated(model: ModelHarness) -> None:
+    """KV reads of blocks the prefill engine does not have fail in NIXL (NIXL_ERR_INVALID_PARAM) and the decode
+    engine recomputes (kv_load_failure_policy=recompute): every client gets 200, the router records no fallback,
+    and only the engine's vllm:nixl_num_failed_transfers_total tells. Scraped by the stack's Prometheus, it drives
+    the operator's mode controller (spec.modePolicy.kvTransferFailureRate) to Aggregated; once the faults stop,
+    the router's remote-path probes on real engines succeed and the model returns to Disaggregated."""
+    router = model.router_url()
+    assert router is not None
+    prefill, decode = worker_ip(model, "prefill"), worker_ip(model, "decode")
+    assert model.active_mode() == "Disaggregated"
+    before = metrics(decode)["vllm:nixl_num_failed_transfers_total{}"]
+    deadline = time.monotonic() + 120
+    n = 0
+    while model.active_mode() != "Aggregated":
+        assert time.monotonic() < deadline, f"still {model.active_mode()} after {n} rounds: {model.status()}"
+        n += 1
+        prompt = f"flip {n}: {LONG}"
+        routed = post(f"{router}/v1/completions", completion(prompt, 2), rid=f"real-flip-{n}")
+        assert routed["usage"]["completion_tokens"] == 2
+        kv = _prefill_kv(f"http://{prefill}:8000", prompt + " broken")
+        broken = {**kv, "remote_block_ids": [[b + 100_000 for b in kv["remote_block_ids"][0]]]}
+        got = post(f"http://{decode}:8000/v1/completions",
+                   {**completion(prompt + " broken", 2), "kv_transfer_params": broken})
+        assert got["usage"]["completion_tokens"] == 2  # recomputed: a clean answer
+    assert metrics(decode)["vllm:nixl_num_failed_transfers_total{}"] > before
+    assert all(router_log(model)[f"real-flip-{i}"]["path"] == "remote" for i in range(1, n))
+    conds = {c["type"]: c for c in model.status().get("conditions") or []}
+    assert conds["KVTransferHealthy"]["status"] == "False", conds.get("KVTransferHealthy")
+    # the faults stop; eligible traffic goes on, and the probes among it take real KV over NIXL again
+    deadline = time.monotonic() + 180
+    while model.active_mode() != "Disaggregated":
+        assert time.monotonic() < deadline, f"still {model.active_mode()}: {model.status()}"
+        n += 1
+        post(f"{router}/v1/completions", completion(f"back {n}: {LONG}", 2), rid=f"real-back-{n}")
+    probes = [ln for ln in router_log(model).values() if ln.get("probe")]
+    assert probes and all(p["path"] == "remote" for p in probes[-3:]), probes[-3:]
+
+
 def test_prefill_engine_killed_the_client_gets_a_clean_answer(model: ModelHarness) -> None:
     """Last (it takes the prefill engine down): SIGKILL the prefill engine, then send a long prompt: the router
     falls back (the prefill leg fails) and the client gets the plain answer, status 200."""
+    assert model.active_mode() == "Disaggregated"
     stack = model.stack
     assert stack.runtime is not None
     router = model.router_url()

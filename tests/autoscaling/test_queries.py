@@ -113,13 +113,16 @@ def test_kv_failure_rate_counts_transport_causes_only(prometheus) -> None:
     registry = CollectorRegistry()
     fallbacks = Counter("disagg_fallbacks", "fallbacks", ["cause"], registry=registry)
     decisions = Counter("disagg_routing_decisions", "decisions", ["decision"], registry=registry)
+    # one exporter for the router's and the decode engine's families (labelled role=decode, which only the
+    # vllm: series are selected by): one scrape sees every increase at once, so the ratio of rates is exact
+    failed = Counter("vllm:nixl_num_failed_transfers", "failed", registry=registry)
     for cause in ("prefill_queue_timeout", "kv_load_failed", "kv_transfer_timeout"):
         fallbacks.labels(cause).inc(0)
     decisions.labels("remote").inc(0)
     server = _text_exporter(registry)
     try:
         prometheus.set_targets([Target(f"127.0.0.1:{server.server_address[1]}",
-                                       {"namespace": "ns", "model": "kv", "role": "router"})])
+                                       {"namespace": "ns", "model": "kv", "role": "decode"})])
         query = connect(prometheus.url)
 
         # this exporter's own series must be in Prometheus (at 0) before they increase, or no rate can be seen
@@ -130,12 +133,45 @@ def test_kv_failure_rate_counts_transport_causes_only(prometheus) -> None:
         sample = collect_when(query, "kv", spec, lambda s: s.get("kv_failure_rate") is not None, "a failure rate")
         assert sample.get("kv_failure_rate") == 0.0
 
+        # 10 failed loads the decode engine counted (and, under kv_load_failure_policy=fail, the router saw as
+        # kv_load_failed: not counted twice), 10 transfer timeouts only the router saw
+        failed.inc(10)
         fallbacks.labels("kv_load_failed").inc(10)
         fallbacks.labels("kv_transfer_timeout").inc(10)
         sample = collect_when(query, "kv", spec, lambda s: (s.get("kv_failure_rate") or 0) > 0,
                               "transport failures to count")
         rate = sample.get("kv_failure_rate")
         assert rate is not None and 0 < rate <= 0.2 + 1e-9  # 20 of 100 remote attempts, never the 50 queued
+    finally:
+        server.shutdown()
+        prometheus.set_targets([])
+
+
+def test_kv_failure_rate_sees_loads_the_decode_recomputed(prometheus) -> None:
+    """Under kv_load_failure_policy=recompute a failed KV load is answered 200 (the decode recomputes): the
+    router records no fallback, and only the decode engine's vllm:nixl_num_failed_transfers_total tells."""
+    from prometheus_client import Counter
+
+    spec = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
+    registry = CollectorRegistry()  # one exporter, as in the test above: the ratio of rates is exact
+    fallbacks = Counter("disagg_fallbacks", "fallbacks", ["cause"], registry=registry)
+    decisions = Counter("disagg_routing_decisions", "decisions", ["decision"], registry=registry)
+    failed = Counter("vllm:nixl_num_failed_transfers", "failed", registry=registry)
+    fallbacks.labels("kv_transfer_timeout").inc(0)
+    decisions.labels("remote").inc(0)
+    server = _text_exporter(registry)
+    try:
+        prometheus.set_targets([Target(f"127.0.0.1:{server.server_address[1]}",
+                                       {"namespace": "ns", "model": "rc", "role": "decode"})])
+        query = connect(prometheus.url)
+        series = 'vllm:nixl_num_failed_transfers_total{namespace="ns",model="rc"}'
+        wait_for(lambda: _api(prometheus, series)["data"]["result"], 30, "the exporter to be scraped", interval=0.5)
+        decisions.labels("remote").inc(100)
+        failed.inc(30)
+        sample = collect_when(query, "rc", spec, lambda s: (s.get("kv_failure_rate") or 0) > 0,
+                              "recomputed loads to count")
+        rate = sample.get("kv_failure_rate")
+        assert rate is not None and 0.2 < rate <= 0.3 + 1e-9  # 30 of 100: above the default 20 % limit
     finally:
         server.shutdown()
         prometheus.set_targets([])
