@@ -75,6 +75,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="results file (docs/results/router.json: the docs' tables come from it; `make docs`)")
     r.set_defaults(func=_cmd_router)
 
+    e = sub.add_parser("real-engine", help="the simulator's engine against a real vLLM CPU engine: fit the CPU "
+                       "preset, then held-out open-loop loads on both (disagg.bench.real_engine)")
+    e.add_argument("--out", type=Path, default=Path("docs/results/real-engine.json"))
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--log-dir", type=Path, default=None, help="keep the engines' logs here")
+    e.set_defaults(func=_cmd_real_engine)
+
     s = sub.add_parser("sim", help="the twin's prefill/decode tokens/s per preset vs published references "
                        "(disagg.sim.bench)")
     s.add_argument("--strict", action="store_true",
@@ -270,6 +277,19 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     from .operator_bench import main
 
     return main(args.models, args.out, args.steady_window, controller_manager=not args.without_controller_manager)
+
+
+def _cmd_real_engine(args: argparse.Namespace) -> int:
+    from .real_engine import run
+
+    result = run(args.out, seed=args.seed, log_dir=args.log_dir)
+    for c in result["held_out"]:
+        real, sim, err = c["real"], c["sim"], c["error"]
+        print(f"{c['rate']:5.1f} req/s  TTFT mean real {real['ttft_mean_ms']:7.1f} sim {sim['ttft_mean_ms']:7.1f}"
+              f" ms ({err['ttft_mean_ms']:+.0%})  TPOT mean real {real['tpot_mean_ms']:5.2f} sim "
+              f"{sim['tpot_mean_ms']:5.2f} ms ({err['tpot_mean_ms']:+.0%})")
+    print(f"results: {args.out}")
+    return 0
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:

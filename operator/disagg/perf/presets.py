@@ -30,6 +30,9 @@ class GPUPreset:
     link_hop_s: float = 1.5e-6  # per ring step (one GPU-to-GPU hop) on NVLink/xGMI; PCIe presets set more
 
 
+CPU_ENGINE = "vLLM-CPU-2core"
+CPU_ENGINE_FLOPS = 43e9  # FITTED: disagg bench real-engine (fit.per_prompt_token_s)
+
 # Datasheet figures; see docs/simulator.md "GPU presets".
 GPUS: dict[str, GPUPreset] = {
     g.name: g
@@ -50,6 +53,11 @@ GPUS: dict[str, GPUPreset] = {
                   ("nvidia-b200", "b200-180gb")),
         GPUPreset("MI300X", 1307.4 * TFLOPS, 2614.9 * TFLOPS, 5.3e12, 192 * GB, 448 * GB, 10e-6,
                   ("amd-mi300x", "mi300x-192gb")),
+        # Not a GPU: the real-engine tier's vLLM CPU build on 2 cores (one OpenMP thread), the engine the sim is
+        # checked against (disagg bench real-engine, docs/results/real-engine.json). bf16_flops is FITTED there
+        # (per-prompt-token cost of the tiny model); the memory figures are assumptions of no consequence at its
+        # size (1.6 MB of weights stay in cache); its step costs are roofline.GPU_EFFICIENCY's.
+        GPUPreset(CPU_ENGINE, CPU_ENGINE_FLOPS, CPU_ENGINE_FLOPS, 20 * GB, 24 * GB, 10 * GB, 0.0, ("cpu",)),
     )
 }
 DEFAULT_GPU = "H100-SXM"
@@ -162,6 +170,9 @@ MODELS: dict[str, ModelPreset] = {
         ModelPreset("Mixtral-8x7B", "mistralai/Mixtral-8x7B-Instruct-v0.1", hidden=4096, layers=32, heads=32,
                     kv_heads=8, head_dim=128, intermediate=0, vocab=32000, max_position=32768, num_experts=8,
                     experts_per_token=2, moe_intermediate=14336, patterns=(r"mixtral-8x7b",)),
+        # the real-engine tier's model (hack/vllm_cpu/tiny_model.py: random weights, a trained byte-level BPE)
+        ModelPreset("disagg-tiny-llama", "disagg/tiny-llama", hidden=128, layers=2, heads=4, kv_heads=2,
+                    head_dim=32, intermediate=256, vocab=2048, max_position=4096, patterns=(r"tiny-llama",)),
     )
 }
 DEFAULT_MODEL = "Llama-3.1-8B"

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .presets import GiB, GPUPreset, ModelPreset, TransportPreset, human_bytes
+from .presets import CPU_ENGINE, GiB, GPUPreset, ModelPreset, TransportPreset, human_bytes
 
 
 class KVCapacityError(ValueError):
@@ -48,6 +48,15 @@ class Efficiency:
     per_seq_overhead_s: float = 10e-6  # CPU per scheduled sequence per step (inputs, sampling, detokenise)
     request_overhead_s: float = 3e-3  # per request, on the TTFT path: HTTP, tokenise, first chunk out
     runtime_reserve_bytes: float = 1.5 * GiB  # CUDA context, NCCL buffers, CUDA graphs
+
+
+# Engines whose fixed costs are not a GPU's: the real-engine tier's CPU engine, every cost FITTED on a real vLLM
+# 0.32.0 CPU engine (disagg bench real-engine: docs/results/real-engine.json "fit"; tests/perf checks they are the
+# committed fit). No kernel gaps apart from the per-step cost, no runtime reserve (--kv-cache-memory-bytes is set).
+GPU_EFFICIENCY: dict[str, Efficiency] = {
+    CPU_ENGINE: Efficiency(compute=1.0, memory=1.0, step_overhead_s=3.4e-3, per_layer_overhead_s=0.0,
+                           per_seq_overhead_s=0.0, request_overhead_s=5.2e-3, runtime_reserve_bytes=0.0),
+}
 
 
 @dataclass(frozen=True)
@@ -109,7 +118,7 @@ class PerfModel:
         self.ep = ep if model.is_moe else 1
         self.dp = dp
         self.weight_bytes, self.kv_bytes = weight_bytes, kv_bytes
-        self.eff = eff or Efficiency()
+        self.eff = eff or GPU_EFFICIENCY.get(gpu.name) or Efficiency()
         self.peak_flops = gpu.fp8_flops if fp8_compute else gpu.bf16_flops
         # KV heads split over TP ranks; with tp > kv_heads each rank keeps (a replica of) one head.
         self.kv_heads_per_gpu = max(1, math.ceil(model.kv_heads / tp))
