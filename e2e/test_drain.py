@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import pytest
 from kubernetes import client
 
@@ -115,20 +114,6 @@ def decode_args(h: ModelHarness) -> list[str]:
     return list(spec.containers[0].args or [])
 
 
-def _router_log(h: ModelHarness) -> dict[str, dict[str, Any]]:
-    stack = h.stack
-    assert stack.runtime is not None
-    out: dict[str, dict[str, Any]] = {}
-    for pod in stack.pods(h.name, "router"):
-        path = stack.runtime.log_path(NS, _name(pod))
-        for raw in path.read_bytes().splitlines() if path.exists() else []:
-            if raw.startswith(b"{"):
-                line = orjson.loads(raw)
-                if isinstance(line, dict) and line.get("event") == "request" and line.get("request_id"):
-                    out[str(line["request_id"])] = line
-    return out
-
-
 def scale_down_under_load(h: ModelHarness, seed: int) -> ScaleDown:
     stack = h.stack
     assert stack.runtime is not None
@@ -164,7 +149,7 @@ def scale_down_under_load(h: ModelHarness, seed: int) -> ScaleDown:
     finally:
         load.join()
     remaining = next(n for n in ips if n != removed)
-    return ScaleDown(results=results, router_log=_router_log(h), removed=removed,
+    return ScaleDown(results=results, router_log=h.request_log(), removed=removed,
                      removed_url=f"http://{ips[removed]}:8000", remaining_url=f"http://{ips[remaining]}:8000",
                      grace_s=grace[removed], deleted_at=deleted_at, dropped_at=dropped_at, exited_at=exited_at,
                      exit_code=proc.returncode)

@@ -11,6 +11,8 @@ the rendered arguments, and requests go through the operator's router.
 - the KV-load failure policy the operator renders (recompute) holds on the real engine: KV params of a prefill
   engine that is gone make a failed NIXL transfer, and the decode recomputes and still answers right;
 - the prefill engine killed: the router's answer to the client is clean (same text, a fallback path);
+- drain on scale-down: the decode pool scaled 2 → 1 under long streams, the real engine SIGTERMed with the
+  operator's --shutdown-timeout finishes every stream in flight on it ([DONE], every token) and exits 0;
 - the mode flip on the real engine's own failure counter through real Prometheus: failed NIXL transfers that the
   decode recomputes (answered 200, invisible to the router) still take the model to Aggregated;
 - the contract: every ``vllm:`` family the router, autoscaler, planner, alerts and dashboard read exists in the real
@@ -23,6 +25,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -37,7 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.local import realengine
 from disagg.local.controlplane import REPO_ROOT
-from disagg.local.harness import ModelHarness
+from disagg.local.harness import ModelHarness, requests_running_at, router_workers_at
 from disagg.local.procs import free_ports, stop_group
 from disagg.local.stack import LocalStack, pod_ip, pod_ready
 from disagg.poll import wait_for
@@ -126,22 +129,21 @@ def families(ip: str) -> set[str]:
         return {fam.name for fam in text_string_to_metric_families(r.read().decode())}
 
 
-def router_log(h: ModelHarness) -> dict[str, dict[str, Any]]:
-    stack = h.stack
-    assert stack.runtime is not None
-    out: dict[str, dict[str, Any]] = {}
-    for pod in stack.pods(h.name, "router"):
-        path = stack.runtime.log_path(NS, _name(pod))
-        for raw in path.read_bytes().splitlines() if path.exists() else []:
-            if raw.startswith(b"{"):
-                line = orjson.loads(raw)
-                if isinstance(line, dict) and line.get("event") == "request" and line.get("request_id"):
-                    out[str(line["request_id"])] = line
-    return out
-
-
 def logged(h: ModelHarness, rid: str) -> dict[str, Any]:
-    return wait_for(lambda: router_log(h).get(rid), 10, f"the router's log line of {rid}")
+    return wait_for(lambda: h.request_log().get(rid), 10, f"the router's log line of {rid}")
+
+
+def drive_until(model: ModelHarness, mode: str, tag: str, timeout: float = 180) -> int:
+    """Send eligible (remote) requests through the router until the operator sets ``mode``: a model held
+    Aggregated returns on evidence, the remote-path probes that ride on such traffic. Returns how many it sent."""
+    router = model.router_url()
+    assert router is not None
+    deadline, n = time.monotonic() + timeout, 0
+    while model.active_mode() != mode:
+        assert time.monotonic() < deadline, f"still {model.active_mode()} after {n} requests: {model.status()}"
+        n += 1
+        post(f"{router}/v1/completions", completion(f"{tag} {n}: {LONG}", 2), rid=f"real-{tag}-{n}")
+    return n
 
 
 def worker_ip(h: ModelHarness, role: str) -> str:
@@ -341,6 +343,64 @@ def _shape_diff(real: Any, sim: Any, at: str = "") -> list[str]:
     return [f"{at}: {type(real).__name__} in the real engine, {type(sim).__name__} in the sim"]
 
 
+def test_scale_down_drains_the_real_engines_streams(model: ModelHarness) -> None:
+    """spec.decode.replicas 2 → 1 (autoscaling off: the operator owns replicas) while long streams run on both
+    decode engines: the ReplicaSet deletes one, the runtime SIGTERMs it as a kubelet does, and vLLM 0.32.0 with the
+    operator's --shutdown-timeout (spec.engine.shutdownTimeoutSeconds) finishes each stream it holds, then exits 0
+    inside the grace period: every client of the removed engine gets every token it asked for."""
+    stack = model.stack
+    assert stack.runtime is not None
+    stack.patch_spec(model.name, {"decode": {"replicas": 2}})
+    router = model.router_url()
+    assert router is not None
+    # the second engine loaded and known to the router (the model's status may still say one replica meanwhile)
+    wait_for(lambda: len(stack.ready_pod_ips(model.name, "decode")) == 2
+             and router_workers_at(router).get("decode") == 2, START_S, "two decode engines serving")
+    pods = [p for p in stack.pods(model.name, "decode") if pod_ready(p)]
+    ips = {_name(p): str(pod_ip(p)) for p in pods}
+    assert len(ips) == 2
+    procs = {name: stack.runtime.process(NS, name) for name in ips}
+    want = 900  # ≈ 3 s of decoding each on this CPU: in flight when the pod goes, well inside the drain timeout
+    results: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
+
+    def one(i: int, ip: str) -> None:
+        try:
+            chunks = stream(f"http://{ip}:8000/v1/completions", {**completion(f"{SHORT} {i}", want),
+                                                                "stream_options": {"include_usage": True}},
+                            rid=f"real-drain-{i}", timeout=120)
+            results[f"real-drain-{i}"] = chunks[-1]["usage"]
+        except Exception as e:  # noqa: BLE001 - reported by the test, not lost in the thread
+            errors.append(f"real-drain-{i}: {e!r}")
+
+    # two streams on each engine, sent to the engines themselves: what is checked is the engine's drain (the
+    # router's part — dropping a terminating pod, sending new requests elsewhere — is e2e/test_drain.py's)
+    threads = [threading.Thread(target=one, args=(i, ip), name=f"drain-{i}")
+               for i, ip in enumerate([*ips.values(), *ips.values()])]
+    for t in threads:
+        t.start()
+    wait_for(lambda: bool(errors) or all(requests_running_at(ip) >= 2 for ip in ips.values()), 30,
+             "two streams running on each decode engine", interval=0.02)
+    assert not errors, errors
+    stack.patch_spec(model.name, {"decode": {"replicas": 1}})
+
+    def deleted() -> str | None:
+        return next((_name(p) for p in stack.pods(model.name, "decode")
+                     if _name(p) in ips and p.metadata is not None and p.metadata.deletion_timestamp), None)
+
+    removed = wait_for(deleted, 30, "the ReplicaSet to delete a decode pod", interval=0.05)
+    proc = procs[removed]
+    assert proc is not None
+    wait_for(lambda: proc.poll() is not None, 60, "the removed engine to exit", interval=0.1)
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert {rid: u["completion_tokens"] for rid, u in results.items()} == {
+        f"real-drain-{i}": want for i in range(len(threads))}
+    assert proc.returncode == 0
+    wait_for(lambda: len(stack.pods(model.name, "decode")) == 1, 60, "the removed pod to be gone")
+
+
 def test_kv_load_failure_recomputes_on_the_real_engine(model: ModelHarness) -> None:
     """The operator renders kv_load_failure_policy=recompute: KV params pointing at a NIXL agent that is not
     there make a failed transfer (the engine's own counter), and the decode recomputes and answers right."""
@@ -368,8 +428,9 @@ def test_failed_transfers_the_decode_recomputed_flip_the_model_to_aggregated(mod
     the router's remote-path probes on real engines succeed and the model returns to Disaggregated."""
     router = model.router_url()
     assert router is not None
+    # the previous test's failed transfer is a real one: the controller may have acted on it already
+    drive_until(model, "Disaggregated", "settle")
     prefill, decode = worker_ip(model, "prefill"), worker_ip(model, "decode")
-    assert model.active_mode() == "Disaggregated"
     before = metrics(decode)["vllm:nixl_num_failed_transfers_total{}"]
     deadline = time.monotonic() + 120
     n = 0
@@ -385,23 +446,19 @@ def test_failed_transfers_the_decode_recomputed_flip_the_model_to_aggregated(mod
                    {**completion(prompt + " broken", 2), "kv_transfer_params": broken})
         assert got["usage"]["completion_tokens"] == 2  # recomputed: a clean answer
     assert metrics(decode)["vllm:nixl_num_failed_transfers_total{}"] > before
-    assert all(router_log(model)[f"real-flip-{i}"]["path"] == "remote" for i in range(1, n))
+    assert all(model.request_log()[f"real-flip-{i}"]["path"] == "remote" for i in range(1, n))
     conds = {c["type"]: c for c in model.status().get("conditions") or []}
     assert conds["KVTransferHealthy"]["status"] == "False", conds.get("KVTransferHealthy")
     # the faults stop; eligible traffic goes on, and the probes among it take real KV over NIXL again
-    deadline = time.monotonic() + 180
-    while model.active_mode() != "Disaggregated":
-        assert time.monotonic() < deadline, f"still {model.active_mode()}: {model.status()}"
-        n += 1
-        post(f"{router}/v1/completions", completion(f"back {n}: {LONG}", 2), rid=f"real-back-{n}")
-    probes = [ln for ln in router_log(model).values() if ln.get("probe")]
+    drive_until(model, "Disaggregated", "back")
+    probes = [ln for ln in model.request_log().values() if ln.get("probe")]
     assert probes and all(p["path"] == "remote" for p in probes[-3:]), probes[-3:]
 
 
 def test_prefill_engine_killed_the_client_gets_a_clean_answer(model: ModelHarness) -> None:
     """Last (it takes the prefill engine down): SIGKILL the prefill engine, then send a long prompt: the router
     falls back (the prefill leg fails) and the client gets the plain answer, status 200."""
-    assert model.active_mode() == "Disaggregated"
+    drive_until(model, "Disaggregated", "before-kill")
     stack = model.stack
     assert stack.runtime is not None
     router = model.router_url()

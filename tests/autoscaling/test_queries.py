@@ -8,6 +8,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
@@ -104,18 +105,23 @@ def test_unreachable_prometheus_is_an_error_not_a_zero() -> None:
     assert sample.error and "failed" in sample.error
 
 
+def _kv_counters() -> tuple[CollectorRegistry, Any, Any, Any]:
+    """The router's fallbacks and remote decisions and the decode engine's failed NIXL transfers, in one registry:
+    one exporter (labelled role=decode, which only the vllm: series are selected by) makes one scrape see every
+    increase at once, so the ratio of their rates is exact."""
+    from prometheus_client import Counter
+
+    registry = CollectorRegistry()
+    return (registry, Counter("disagg_fallbacks", "fallbacks", ["cause"], registry=registry),
+            Counter("disagg_routing_decisions", "decisions", ["decision"], registry=registry),
+            Counter("vllm:nixl_num_failed_transfers", "failed", registry=registry))
+
+
 def test_kv_failure_rate_counts_transport_causes_only(prometheus) -> None:
     """Capacity is not a transport fault: prefill-leg fallbacks (queueing, worker errors: cause prefill_*) leave
     the mode controller's failure rate at 0; KV-transport fallbacks (cause kv_*) raise it."""
-    from prometheus_client import Counter
-
     spec = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
-    registry = CollectorRegistry()
-    fallbacks = Counter("disagg_fallbacks", "fallbacks", ["cause"], registry=registry)
-    decisions = Counter("disagg_routing_decisions", "decisions", ["decision"], registry=registry)
-    # one exporter for the router's and the decode engine's families (labelled role=decode, which only the
-    # vllm: series are selected by): one scrape sees every increase at once, so the ratio of rates is exact
-    failed = Counter("vllm:nixl_num_failed_transfers", "failed", registry=registry)
+    registry, fallbacks, decisions, failed = _kv_counters()
     for cause in ("prefill_queue_timeout", "kv_load_failed", "kv_transfer_timeout"):
         fallbacks.labels(cause).inc(0)
     decisions.labels("remote").inc(0)
@@ -150,13 +156,8 @@ def test_kv_failure_rate_counts_transport_causes_only(prometheus) -> None:
 def test_kv_failure_rate_sees_loads_the_decode_recomputed(prometheus) -> None:
     """Under kv_load_failure_policy=recompute a failed KV load is answered 200 (the decode recomputes): the
     router records no fallback, and only the decode engine's vllm:nixl_num_failed_transfers_total tells."""
-    from prometheus_client import Counter
-
     spec = DisaggregatedModelSpec.model_validate({"model": {"name": "m"}})
-    registry = CollectorRegistry()  # one exporter, as in the test above: the ratio of rates is exact
-    fallbacks = Counter("disagg_fallbacks", "fallbacks", ["cause"], registry=registry)
-    decisions = Counter("disagg_routing_decisions", "decisions", ["decision"], registry=registry)
-    failed = Counter("vllm:nixl_num_failed_transfers", "failed", registry=registry)
+    registry, fallbacks, decisions, failed = _kv_counters()
     fallbacks.labels("kv_transfer_timeout").inc(0)
     decisions.labels("remote").inc(0)
     server = _text_exporter(registry)

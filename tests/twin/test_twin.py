@@ -43,7 +43,8 @@ def test_idle_local_prefill_ttft_and_batch1_tpot_are_the_perf_model() -> None:
     rec = one(ClusterSpec(aggregated=pool, router={"mode": "Aggregated"}),
               Arrival(at=0.5, input_tokens=n, output_tokens=out)).records[0]
     assert rec.path == "local" and rec.reason == "mode_aggregated"
-    assert rec.ttft_s == pytest.approx(perf.prefill_time(n), rel=0.01)
+    # the API server's share (eff.request_overhead_s), then the prefill steps
+    assert rec.ttft_s == pytest.approx(perf.request_overhead_s + perf.prefill_time(n), rel=0.01)
     # every later token is one batch-1 decode step at a context that grows from n to n + out - 2
     mean_step = sum(perf.decode_step_time(1, n + i) for i in range(out - 1)) / (out - 1)
     assert rec.tpot_s == pytest.approx(mean_step, rel=0.01)
@@ -59,11 +60,13 @@ def test_idle_remote_ttft_is_prefill_plus_transfer_plus_one_step() -> None:
         "buckets": [{"name": "all", "minInputTokens": 0, "prefill": "Remote"}]}})
     rec = one(spec, Arrival(at=0.0, input_tokens=n, output_tokens=8)).records[0]
     assert (rec.decision, rec.reason, rec.path) == ("remote", "bucket_remote", "remote")
-    # prefill (samples its one token), the first pull from that engine (handshake), the last prompt token again
+    # each leg's API-server share (eff.request_overhead_s), prefill (samples its one token), the first pull from
+    # that engine (handshake), the last prompt token again
     xfer = perf.transfer_time(n, get_transport("rdma"), remote_tp=1, first_contact=True)
-    expect = perf.prefill_time(n) + xfer + perf.step([SeqWork(1, n - 1)]).total_s
+    api = perf.request_overhead_s
+    expect = api + perf.prefill_time(n) + api + xfer + perf.step([SeqWork(1, n - 1)]).total_s
     assert rec.kv_transfer_s == pytest.approx(xfer, rel=0.01)
-    assert rec.prefill_leg_s == pytest.approx(perf.prefill_time(n), rel=0.01)
+    assert rec.prefill_leg_s == pytest.approx(api + perf.prefill_time(n), rel=0.01)
     assert rec.ttft_s == pytest.approx(expect, rel=0.01)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -171,6 +172,21 @@ class ModelHarness:
                 return url if r.status == 200 else None
         except OSError:
             return None
+
+    def request_log(self) -> dict[str, dict[str, Any]]:
+        """The router pods' request log lines (docs/router.md "The request log"), by request id."""
+        runtime = self.stack.runtime
+        assert runtime is not None
+        out: dict[str, dict[str, Any]] = {}
+        for pod in self.stack.pods(self.name, "router"):
+            assert pod.metadata is not None and pod.metadata.name is not None
+            path = runtime.log_path(self.stack.namespace, pod.metadata.name)
+            for raw in path.read_bytes().splitlines() if path.exists() else []:
+                if raw.startswith(b"{"):
+                    line = orjson.loads(raw)
+                    if isinstance(line, dict) and line.get("event") == "request" and line.get("request_id"):
+                        out[str(line["request_id"])] = line
+        return out
 
     def router_metrics(self) -> str:
         """The router's /metrics text ("" when it has no ready router)."""
