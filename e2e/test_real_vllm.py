@@ -11,8 +11,6 @@ the rendered arguments, and requests go through the operator's router.
 - the KV-load failure policy the operator renders (recompute) holds on the real engine: KV params of a prefill
   engine that is gone make a failed NIXL transfer, and the decode recomputes and still answers right;
 - the prefill engine killed: the router's answer to the client is clean (same text, a fallback path);
-- drain on scale-down: the decode pool scaled 2 → 1 under long streams, the real engine SIGTERMed with the
-  operator's --shutdown-timeout finishes every stream in flight on it ([DONE], every token) and exits 0;
 - the mode flip on the real engine's own failure counter through real Prometheus: failed NIXL transfers that the
   decode recomputes (answered 200, invisible to the router) still take the model to Aggregated;
 - the contract: every ``vllm:`` family the router, autoscaler, planner, alerts and dashboard read exists in the real
@@ -25,7 +23,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -40,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.local import realengine
 from disagg.local.controlplane import REPO_ROOT
-from disagg.local.harness import ModelHarness, requests_running_at, router_workers_at
+from disagg.local.harness import ModelHarness
 from disagg.local.procs import free_ports, stop_group
 from disagg.local.stack import LocalStack, pod_ip, pod_ready
 from disagg.poll import wait_for
@@ -341,64 +338,6 @@ def _shape_diff(real: Any, sim: Any, at: str = "") -> list[str]:
     if real is None or sim is None or type(real) is type(sim) or {type(real), type(sim)} <= {int, float}:
         return []
     return [f"{at}: {type(real).__name__} in the real engine, {type(sim).__name__} in the sim"]
-
-
-def test_scale_down_drains_the_real_engines_streams(model: ModelHarness) -> None:
-    """spec.decode.replicas 2 → 1 (autoscaling off: the operator owns replicas) while long streams run on both
-    decode engines: the ReplicaSet deletes one, the runtime SIGTERMs it as a kubelet does, and vLLM 0.32.0 with the
-    operator's --shutdown-timeout (spec.engine.shutdownTimeoutSeconds) finishes each stream it holds, then exits 0
-    inside the grace period: every client of the removed engine gets every token it asked for."""
-    stack = model.stack
-    assert stack.runtime is not None
-    stack.patch_spec(model.name, {"decode": {"replicas": 2}})
-    router = model.router_url()
-    assert router is not None
-    # the second engine loaded and known to the router (the model's status may still say one replica meanwhile)
-    wait_for(lambda: len(stack.ready_pod_ips(model.name, "decode")) == 2
-             and router_workers_at(router).get("decode") == 2, START_S, "two decode engines serving")
-    pods = [p for p in stack.pods(model.name, "decode") if pod_ready(p)]
-    ips = {_name(p): str(pod_ip(p)) for p in pods}
-    assert len(ips) == 2
-    procs = {name: stack.runtime.process(NS, name) for name in ips}
-    want = 900  # ≈ 3 s of decoding each on this CPU: in flight when the pod goes, well inside the drain timeout
-    results: dict[str, dict[str, Any]] = {}
-    errors: list[str] = []
-
-    def one(i: int, ip: str) -> None:
-        try:
-            chunks = stream(f"http://{ip}:8000/v1/completions", {**completion(f"{SHORT} {i}", want),
-                                                                "stream_options": {"include_usage": True}},
-                            rid=f"real-drain-{i}", timeout=120)
-            results[f"real-drain-{i}"] = chunks[-1]["usage"]
-        except Exception as e:  # noqa: BLE001 - reported by the test, not lost in the thread
-            errors.append(f"real-drain-{i}: {e!r}")
-
-    # two streams on each engine, sent to the engines themselves: what is checked is the engine's drain (the
-    # router's part — dropping a terminating pod, sending new requests elsewhere — is e2e/test_drain.py's)
-    threads = [threading.Thread(target=one, args=(i, ip), name=f"drain-{i}")
-               for i, ip in enumerate([*ips.values(), *ips.values()])]
-    for t in threads:
-        t.start()
-    wait_for(lambda: bool(errors) or all(requests_running_at(ip) >= 2 for ip in ips.values()), 30,
-             "two streams running on each decode engine", interval=0.02)
-    assert not errors, errors
-    stack.patch_spec(model.name, {"decode": {"replicas": 1}})
-
-    def deleted() -> str | None:
-        return next((_name(p) for p in stack.pods(model.name, "decode")
-                     if _name(p) in ips and p.metadata is not None and p.metadata.deletion_timestamp), None)
-
-    removed = wait_for(deleted, 30, "the ReplicaSet to delete a decode pod", interval=0.05)
-    proc = procs[removed]
-    assert proc is not None
-    wait_for(lambda: proc.poll() is not None, 60, "the removed engine to exit", interval=0.1)
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    assert {rid: u["completion_tokens"] for rid, u in results.items()} == {
-        f"real-drain-{i}": want for i in range(len(threads))}
-    assert proc.returncode == 0
-    wait_for(lambda: len(stack.pods(model.name, "decode")) == 1, 60, "the removed pod to be gone")
 
 
 def test_kv_load_failure_recomputes_on_the_real_engine(model: ModelHarness) -> None:

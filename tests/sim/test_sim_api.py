@@ -189,7 +189,9 @@ def test_queueing_shows_in_gauges(sims):
     import threading
 
     s = sims.start("--max-model-len", "2048", "--max-num-seqs", "1", time_scale=0.2)
-    threads = [threading.Thread(target=s.post, args=("/v1/completions", {"prompt": "x " * 50, "max_tokens": 40}))
+    # 400 tokens each (~0.5 s of wall time at this scale): the two queued requests wait ~1 s, many polls long
+    # (with 40 tokens the queue emptied in ~0.1 s, about one poll: a race the poller could lose)
+    threads = [threading.Thread(target=s.post, args=("/v1/completions", {"prompt": "x " * 50, "max_tokens": 400}))
                for _ in range(3)]
     for t in threads:
         t.start()
