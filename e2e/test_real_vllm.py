@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from disagg.local import realengine
 from disagg.local.controlplane import REPO_ROOT
 from disagg.local.harness import ModelHarness
-from disagg.local.procs import free_ports, stop_group
+from disagg.local.procs import free_ports, stop_group, wait_http
 from disagg.local.stack import LocalStack, pod_ip, pod_ready
 from disagg.poll import wait_for
 from disagg.router.proxy import prefill_body
@@ -299,7 +299,7 @@ def test_sim_answers_in_the_real_engines_shapes(model: ModelHarness) -> None:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         sim_url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _ok(sim_url + "/health"), 60, "the simulator to answer /health")
+        wait_http(sim_url + "/health", 60, sim)
         chat = {"model": MODEL, "messages": [{"role": "user", "content": SHORT}], "max_tokens": 4,
                 "temperature": 0}
         pairs = {
@@ -315,14 +315,6 @@ def test_sim_answers_in_the_real_engines_shapes(model: ModelHarness) -> None:
         assert not any(diffs.values()), diffs
     finally:
         stop_group(sim, grace=5)
-
-
-def _ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def _shape_diff(real: Any, sim: Any, at: str = "") -> list[str]:

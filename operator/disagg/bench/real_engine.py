@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import aiohttp
 
 from ..load import loadgen
 from ..local import realengine
-from ..local.procs import free_ports, stop_group
+from ..local.procs import free_ports, stop_group, wait_http
 from ..local.runtime import REAL_ENGINE_ENV
 from ..perf.presets import get_gpu, get_model, infer_model
 from ..perf.roofline import PerfModel
@@ -117,21 +116,6 @@ def _run(url: str, reqs: list[tuple[float, dict[str, Any]]]) -> list[Timed]:
     return asyncio.run(go())
 
 
-def _wait_health(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the engine exited with {proc.returncode} before it answered /health")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)  # polling a starting process with a deadline, not synchronisation
-    raise TimeoutError(f"{url} did not answer /health within {timeout:.0f} s")
-
-
 def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
         return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -207,7 +191,7 @@ def run(out: Path, seed: int = 0, log_dir: Path | None = None) -> dict[str, Any]
     print(f"[real-engine] starting vLLM {realengine.VLLM_CPU_VERSION} (CPU) on {url}", file=sys.stderr)
     real = _start([tier.engine.vllm, "serve", *args], env, logs / "real-engine.log")
     try:
-        _wait_health(url, real, 600)
+        wait_http(url + "/health", 600, real)
         points = fit_points(url, seed)
         fitted = fit(points)
         print(f"[real-engine] fit: {fitted}", file=sys.stderr)
@@ -218,7 +202,7 @@ def run(out: Path, seed: int = 0, log_dir: Path | None = None) -> dict[str, Any]
     sim = _start([sys.executable, "-m", "disagg.cli", "sim", *args, "--gpu", GPU_PRESET,
                   "--emulate-version", realengine.VLLM_CPU_VERSION], dict(os.environ), logs / "sim-engine.log")
     try:
-        _wait_health(url, sim, 60)
+        wait_http(url + "/health", 60, sim)
         sim_loads = held_out(url, seed)
     finally:
         stop_group(sim, grace=5)
