@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from disagg.api.contract import RouterConfig
 from disagg.router.features import request_hash_fraction
@@ -222,6 +224,25 @@ def test_choose_decode_least_loaded_and_prefix_affinity():
     # scraped load counts too
     c = WorkerLoad("http://c", inflight=0, running=10, waiting=5)
     assert url_of(choose_decode((c, a))) == "http://a"
+
+
+_LOADS = st.builds(WorkerLoad, url=st.sampled_from([f"http://w{i}" for i in range(6)]),
+                   inflight=st.integers(0, 8), running=st.integers(0, 8).map(float),
+                   waiting=st.integers(0, 3).map(float), kv_usage=st.sampled_from([0.0, 0.25, 0.5]),
+                   prefix_tokens=st.sampled_from([0, 0, 256, 512]))
+
+
+@given(st.lists(_LOADS, min_size=1, max_size=8), st.integers(0, 4))
+def test_choose_decode_is_the_least_loaded_unless_a_prefix_holder_is_within_slack(workers, slack):
+    # the definition, stated as two orderings: the least loaded by (load, KV usage, url); the longest prefix by
+    # (prefix tokens, least load, url); the prefix holder wins when at most `slack` busier
+    def load(w: WorkerLoad) -> float:
+        return max(float(w.inflight), w.running + w.waiting)
+
+    least = min(workers, key=lambda w: (load(w), w.kv_usage, w.url))
+    holder = max(workers, key=lambda w: (w.prefix_tokens, -load(w), w.url))
+    expected = holder if holder.prefix_tokens > 0 and load(holder) <= load(least) + slack else least
+    assert choose_decode(tuple(workers), Tuning(prefix_affinity_slack=slack)) == expected
 
 
 def test_choose_prefill_least_wait():

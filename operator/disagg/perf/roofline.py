@@ -122,6 +122,17 @@ class PerfModel:
         self.peak_flops = gpu.fp8_flops if fp8_compute else gpu.bf16_flops
         # KV heads split over TP ranks; with tp > kv_heads each rank keeps (a replica of) one head.
         self.kv_heads_per_gpu = max(1, math.ceil(model.kv_heads / tp))
+        # step_totals' per-engine constants (the router prices ~30 steps per SLO decision): the same expressions,
+        # evaluated once, so every step time is bit-for-bit what evaluating them per step gives
+        m, e = model, self.eff
+        self._body_active = m.layers * (m.attn_params_per_layer + m.active_mlp_params_per_layer)
+        self._lm_head = m.lm_head_params
+        self._attn_per_pair = 4.0 * m.heads * m.head_dim * m.layers
+        self._compute_rate = self.tp * self.peak_flops * e.compute
+        self._kv_tok = self.kv_bytes_per_token_per_gpu * self.pp
+        self._memory_rate = gpu.hbm_bw * e.memory
+        self._fixed_overhead_s = e.step_overhead_s + e.per_layer_overhead_s * m.layers
+        self._dense_weights = None if m.is_moe else (self._weights_read_per_gpu(1, 0), self._weights_read_per_gpu(1, 1))
 
     @classmethod
     def from_names(cls, gpu: str = "H100-SXM", model: str = "Llama-3.1-8B", tp: int = 1, pp: int = 1,
@@ -254,17 +265,19 @@ class PerfModel:
         m = self.model
         if tokens <= 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
-        body_active = m.layers * (m.attn_params_per_layer + m.active_mlp_params_per_layer)
-        linear = 2.0 * tokens * body_active + 2.0 * sampled * m.lm_head_params
-        attn = 4.0 * m.heads * m.head_dim * m.layers * pairs
+        # linear layers (the active parameters of the body, the LM head of the sampled) and attention pairs
+        linear = 2.0 * tokens * self._body_active + 2.0 * sampled * self._lm_head
+        attn = self._attn_per_pair * pairs
         flops = linear + attn
-        compute_s = flops / (self.tp * self.peak_flops * self.eff.compute)
+        compute_s = flops / self._compute_rate
 
-        kv_tok = self.kv_bytes_per_token_per_gpu * self.pp  # summed over the sequential stages
+        kv_tok = self._kv_tok  # KV bytes of a token on one GPU, summed over the sequential stages
         kv_read = kv_tokens * kv_tok
         kv_write = tokens * kv_tok
-        bytes_per_gpu = self._weights_read_per_gpu(tokens, sampled) + kv_read + kv_write
-        memory_s = bytes_per_gpu / (self.gpu.hbm_bw * self.eff.memory)
+        weights = (self._dense_weights[1 if sampled else 0] if self._dense_weights is not None else
+                   self._weights_read_per_gpu(tokens, sampled))
+        bytes_per_gpu = weights + kv_read + kv_write
+        memory_s = bytes_per_gpu / self._memory_rate
 
         comm_s = 0.0
         link = self.gpu.link_bw * self.eff.link
@@ -277,8 +290,7 @@ class PerfModel:
             comm_s += m.layers * 2 * self.alltoall_time(act * m.experts_per_token)
         if self.pp > 1:
             comm_s += (self.pp - 1) * (self.gpu.link_latency_s + act / link)
-        e = self.eff
-        overhead_s = e.step_overhead_s + e.per_layer_overhead_s * m.layers + e.per_seq_overhead_s * seqs
+        overhead_s = self._fixed_overhead_s + self.eff.per_seq_overhead_s * seqs
         return StepCost(compute_s, memory_s, comm_s, overhead_s, flops, bytes_per_gpu, tokens)
 
     # ------------------------------------------------------------------------------- convenience

@@ -189,10 +189,18 @@ def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = Tuning()) ->
     """Least loaded decode worker; the one holding the longest prefix wins unless it is `slack` busier."""
     if not workers:
         return None
-    least = min(workers, key=lambda w: (_decode_load(w), w.kv_usage, w.url))
-    best_prefix = max(workers, key=lambda w: (w.prefix_tokens, -_decode_load(w), w.url))
-    slack = tuning.prefix_affinity_slack
-    if best_prefix.prefix_tokens > 0 and _decode_load(best_prefix) <= _decode_load(least) + slack:
+    # one pass (the hot path: every request, up to 64 workers): the least loaded by (load, KV usage, url), and the
+    # longest prefix by (prefix tokens, least load, url)
+    least = best_prefix = workers[0]
+    least_key = (_decode_load(least), least.kv_usage, least.url)
+    prefix_key = (least.prefix_tokens, -least_key[0], least.url)
+    for w in workers[1:]:
+        load = max(float(w.inflight), w.running + w.waiting)
+        if (load, w.kv_usage, w.url) < least_key:
+            least, least_key = w, (load, w.kv_usage, w.url)
+        if w.prefix_tokens >= prefix_key[0] and (w.prefix_tokens, -load, w.url) > prefix_key:
+            best_prefix, prefix_key = w, (w.prefix_tokens, -load, w.url)
+    if best_prefix.prefix_tokens > 0 and -prefix_key[1] <= least_key[0] + tuning.prefix_affinity_slack:
         return best_prefix
     return least
 
@@ -205,15 +213,17 @@ def choose_prefill(workers: tuple[WorkerLoad, ...], compat: str | None) -> Worke
     return min(pool, key=lambda w: (w.est_wait_ms, w.inflight, w.url))
 
 
-def choose_pair(decodes: tuple[WorkerLoad, ...], snap: LoadSnapshot,
-                tuning: Tuning = Tuning()) -> tuple[WorkerLoad, WorkerLoad] | None:
+def choose_pair(decodes: tuple[WorkerLoad, ...], snap: LoadSnapshot, tuning: Tuning = Tuning(),
+                first: WorkerLoad | None = None) -> tuple[WorkerLoad, WorkerLoad] | None:
     """The preferred decode worker and its prefill worker, skipping decode workers and pairs whose circuit
-    breaker is open; None when every candidate is blocked."""
+    breaker is open; None when every candidate is blocked. ``first``: ``choose_decode(decodes)`` when the caller
+    has it already (no breaker open on a decode worker)."""
     cands = decodes
     if snap.blocked_decode:
-        cands = tuple(w for w in cands if w.url not in snap.blocked_decode)
+        cands, first = tuple(w for w in cands if w.url not in snap.blocked_decode), None
     while cands:
-        d = choose_decode(cands, tuning)
+        d = first or choose_decode(cands, tuning)
+        first = None
         assert d is not None
         prefills = snap.prefill
         if snap.blocked_pairs:
@@ -235,18 +245,45 @@ LADDER_REASONS = frozenset({"short_prompt", "prefix_cache_hit", "below_remote_th
 
 
 def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning = Tuning()) -> Decision:
-    d = _ladder(cfg, f, snap, tuning)
+    picks = _Picks(snap, tuning)
+    d = _ladder(cfg, f, snap, tuning, picks)
     if cfg.routing.policy == "SLO" and d.decision != "reject" and d.reason in LADDER_REASONS:
-        return slo_decision(cfg, f, snap, tuning, d)
+        return slo_decision(cfg, f, snap, tuning, d, picks)
     return d
 
 
-def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning) -> Decision:
+class _Picks:
+    """The workers a request would use — the least loaded decode worker, the remote pair — each chosen once per
+    request and shared by the ladder and the SLO placement (the hot path: every request, up to 64 workers)."""
+
+    __slots__ = ("_pair", "_paired", "local_d", "remote_decodes", "snap", "tuning")
+
+    def __init__(self, snap: LoadSnapshot, tuning: Tuning) -> None:
+        self.snap, self.tuning = snap, tuning
+        self.local_d = choose_decode(snap.decode, tuning) or choose_decode(snap.aggregated, tuning)
+        self.remote_decodes: tuple[WorkerLoad, ...] = ()
+        self._pair: tuple[WorkerLoad, WorkerLoad] | None = None
+        self._paired = False
+
+    def pair(self) -> tuple[WorkerLoad, WorkerLoad] | None:
+        """The preferred decode worker with a compatible prefill worker (closed breakers), or None."""
+        if not self._paired:
+            compat_groups = {w.compat for w in self.snap.prefill}
+            self.remote_decodes = tuple(w for w in self.snap.decode if w.compat in compat_groups)
+            # every decode worker compatible (one compat hash: the usual case): the first candidate is local_d
+            first = self.local_d if len(self.remote_decodes) == len(self.snap.decode) else None
+            self._pair = (choose_pair(self.remote_decodes, self.snap, self.tuning, first) if self.remote_decodes
+                          else None)
+            self._paired = True
+        return self._pair
+
+
+def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning, picks: _Picks) -> Decision:
     tenant = find_tenant(cfg, f.tenant)
     tname = tenant.name if tenant else DEFAULT_TENANT
     bucket = find_bucket(cfg, f.input_tokens)
     bname = bucket.name if bucket else None
-    local_d = choose_decode(snap.decode, tuning) or choose_decode(snap.aggregated, tuning)
+    local_d = picks.local_d
 
     def local(reason: str, **detail: Any) -> Decision:
         return Decision("local", reason, decode=local_d.url if local_d else None, tenant=tname, bucket=bname,
@@ -302,13 +339,11 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
     if cfg.prefill_starting:
         return local("prefill_pool_starting")
     # Remote candidate: a decode worker that has a compatible prefill worker, with closed breakers.
-    compat_groups = {w.compat for w in snap.prefill}
     if not snap.prefill:
         return local("no_prefill_worker")
-    remote_decodes = tuple(w for w in snap.decode if w.compat in compat_groups)
-    if not remote_decodes:
+    pair = picks.pair()
+    if not picks.remote_decodes:
         return local("no_compatible_pair")
-    pair = choose_pair(remote_decodes, snap, tuning)
     if pair is None:
         return local("circuit_open")
     d, p = pair
@@ -334,14 +369,14 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
 
 
 def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning,
-                 base: Decision) -> Decision:
+                 base: Decision, picks: _Picks) -> Decision:
     """``spec.routing.policy: SLO``: the ladder's choice ``base``, overruled by the placement predicted to keep
     clearly more requests within spec.slo (placement.py: by at least ``tuning.slo_override`` expected misses),
     among the whole request on the chosen decode worker, remote prefill on a compatible pair (closed breakers, the
     prefill pool not starting), and the whole request on the least busy prefill worker."""
     from . import placement as pl
 
-    local_d = choose_decode(snap.decode, tuning) or choose_decode(snap.aggregated, tuning)
+    local_d = picks.local_d
     assert local_d is not None  # the ladder rejected otherwise
     out = float(f.max_tokens if f.max_tokens is not None else
                 snap.tenant_avg_output_tokens or tuning.default_output_tokens)
@@ -351,9 +386,7 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     pair: tuple[WorkerLoad, WorkerLoad] | None = None
     base_worker = next((w for w in snap.prefill if w.url == base.decode), None) if base.decision == "local" else None
     if snap.prefill and not cfg.prefill_starting:
-        compat_groups = {w.compat for w in snap.prefill}
-        remote_decodes = tuple(w for w in snap.decode if w.compat in compat_groups)
-        pair = choose_pair(remote_decodes, snap, tuning) if remote_decodes else None
+        pair = picks.pair()
         if pair is not None:
             d, p = pair
             options.append(pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out,
