@@ -195,10 +195,10 @@ def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = Tuning()) ->
     least_key = (_decode_load(least), least.kv_usage, least.url)
     prefix_key = (least.prefix_tokens, -least_key[0], least.url)
     for w in workers[1:]:
-        load = max(float(w.inflight), w.running + w.waiting)
+        load = _decode_load(w)
         if (load, w.kv_usage, w.url) < least_key:
             least, least_key = w, (load, w.kv_usage, w.url)
-        if w.prefix_tokens >= prefix_key[0] and (w.prefix_tokens, -load, w.url) > prefix_key:
+        if (w.prefix_tokens, -load, w.url) > prefix_key:
             best_prefix, prefix_key = w, (w.prefix_tokens, -load, w.url)
     if best_prefix.prefix_tokens > 0 and -prefix_key[1] <= least_key[0] + tuning.prefix_affinity_slack:
         return best_prefix
