@@ -191,6 +191,13 @@ RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
                                   {"name": "b", "match": {"values": ["y"]}, "remotePrefill": {"minInputTokens": 512},
                                    "localPrefill": {"maxInputTokens": 512}}]}),
         "spec.routing.tenants[1]"),
+    "tenant-max-queued-needs-queue": (
+        spec(routing={"tenants": [{"name": "a", "match": {"values": ["x"]}, "overload": "Queue", "maxQueued": 8},
+                                  {"name": "b", "match": {"values": ["y"]}, "overload": "Shed", "maxQueued": 8}]}),
+        "spec.routing.tenants[1]"),
+    "tenant-max-queue-time-needs-queue": (
+        spec(routing={"tenants": [{"name": "a", "match": {"values": ["x"]}, "maxQueueTimeMs": 500}]}),
+        "spec.routing.tenants[0]"),
     "bucket-max-above-min": (
         spec(routing={"buckets": [{"name": "short", "maxInputTokens": 1024},
                                   {"name": "long", "minInputTokens": 8192, "maxInputTokens": 8192}]}),
@@ -221,7 +228,7 @@ ALL_RULES_BROKEN: dict[str, Any] = spec(
     routing={
         "remotePrefill": {"minInputTokens": 100},
         "localPrefill": {"maxInputTokens": 200},
-        "tenants": [{"name": "t", "match": {"values": ["x"]},
+        "tenants": [{"name": "t", "match": {"values": ["x"]}, "maxQueued": 1, "maxQueueTimeMs": 1,
                      "remotePrefill": {"minInputTokens": 1}, "localPrefill": {"maxInputTokens": 2}},
                     {"name": "t", "match": {"values": ["y"]}}],
         "buckets": [{"name": "b", "minInputTokens": 10, "maxInputTokens": 5}, {"name": "b"}],
@@ -245,6 +252,8 @@ ALL_RULES_BROKEN_AT: list[tuple[str, str]] = [
     ("routing-tenant-names-unique", "spec.routing"),
     ("routing-bucket-names-unique", "spec.routing"),
     ("tenant-remote-above-local", "spec.routing.tenants[0]"),
+    ("tenant-max-queued-needs-queue", "spec.routing.tenants[0]"),
+    ("tenant-max-queue-time-needs-queue", "spec.routing.tenants[0]"),
     ("bucket-max-above-min", "spec.routing.buckets[0]"),
     ("autoscaling-needs-prometheus", "spec.autoscaling"),
     ("ratio-min-le-max", "spec.autoscaling.prefillDecodeRatio"),

@@ -334,6 +334,22 @@ RULES: tuple[Rule, ...] = (
         holds=_tenant_overrides_ordered,
     ),
     rule(
+        "tenant-max-queued-needs-queue",
+        on=TenantPolicy,
+        cel="!has(self.maxQueued) || self.overload == 'Queue'",
+        message="maxQueued applies only with overload: Queue (Admit holds nothing, Shed refuses at once)",
+        field_path=".maxQueued",
+        holds=lambda t: t.max_queued is None or t.overload == "Queue",
+    ),
+    rule(
+        "tenant-max-queue-time-needs-queue",
+        on=TenantPolicy,
+        cel="!has(self.maxQueueTimeMs) || self.overload == 'Queue'",
+        message="maxQueueTimeMs applies only with overload: Queue (Admit holds nothing, Shed refuses at once)",
+        field_path=".maxQueueTimeMs",
+        holds=lambda t: t.max_queue_time_ms is None or t.overload == "Queue",
+    ),
+    rule(
         "bucket-max-above-min",
         on=PromptBucket,
         cel="!has(self.maxInputTokens) || self.maxInputTokens > self.minInputTokens",

@@ -481,8 +481,31 @@ class TenantPolicy(ApiModel):
         default="Interactive",
         description="Scheduling class, vLLM request priority Interactive 0, Batch 1, Background 2 (lower first): "
         "when any tenant is below Interactive the workers run vLLM's --scheduling-policy priority and the router "
-        "sends this tenant's priority on every leg. The router itself does not yet queue, reserve capacity for or "
-        "shed requests by it.",
+        "sends this tenant's priority on every leg. The router's admission queue (overload: Queue) releases the "
+        "higher classes first, weighted fair (docs/router.md \"Admission and overload\").",
+    )
+    overload: Literal["Admit", "Queue", "Shed"] = Field(
+        default="Admit",
+        description="What the router does with this tenant's request when the TTFT it predicts for it misses "
+        "spec.slo.ttftP95Ms by the admission margin (the deployment is past its knee): Admit serves it anyway (the "
+        "default: no request is ever held or refused for load); Queue holds it in the router, in a bounded "
+        "per-tenant queue released weighted fair across tenants by priority as requests complete, and refuses it "
+        "with 429 after maxQueueTimeMs (the wait counts in its TTFT); Shed refuses it at once with 429, Retry-After "
+        "and an OpenAI error body, so that the capacity goes to the tenants that Admit or Queue.",
+    )
+    max_queued: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="overload: Queue: the most requests of this tenant held in the router's queue (each router "
+        "process) at once; a request past it is refused with 429 at once. Default 256. Only with overload: Queue.",
+    )
+    max_queue_time_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=600_000,
+        description="overload: Queue: the longest a request of this tenant waits in the router's queue before it "
+        "is refused with 429. Default 10000. Only with overload: Queue.",
     )
     disaggregation: Literal["Auto", "Never", "Always"] = Field(
         default="Auto",
@@ -510,14 +533,14 @@ class RoutingSpec(ApiModel):
     """The per-request policy (the seed's pd_disaggregation_policy)."""
 
     policy: Literal["Thresholds", "SLO"] = Field(
-        default="Thresholds",
-        description="How the router places a request that no tenant, bucket or canary rule forces. Thresholds "
-        "(default): the rule ladder of remotePrefill and localPrefill (token thresholds, queue-wait limit, decode "
-        "pressure). SLO (preview): the ladder decides, then the router predicts, for each placement (the whole "
-        "request on a decode worker; remote prefill then decode; the whole request on a prefill worker with "
-        "slack), its TTFT and TPOT and the slowdown it causes to the requests already there, and overrules the "
-        "ladder when another placement keeps clearly more requests within spec.slo (docs/router.md \"SLO "
-        "placement\").",
+        default="SLO",
+        description="How the router places a request that no tenant, bucket or canary rule forces. SLO "
+        "(default): the rule ladder proposes, then the router predicts, for each placement (the whole request on "
+        "a decode worker; remote prefill then decode; the whole request on a prefill worker with slack), its TTFT "
+        "and TPOT and the slowdown it causes to the requests already there, and overrules the ladder when another "
+        "placement keeps clearly more requests within spec.slo (docs/router.md \"SLO placement\"). Thresholds: "
+        "the rule ladder of remotePrefill and localPrefill alone (token thresholds, queue-wait limit, decode "
+        "pressure), blind to spec.slo.",
     )
     elastic_fleet: bool = Field(
         default=True,
@@ -550,6 +573,16 @@ class RoutingSpec(ApiModel):
 # Tenant priority → vLLM's request ``priority`` (lower is served first under ``--scheduling-policy priority``:
 # vllm/v1/core/sched/request_queue.py PriorityRequestQueue, 0.33.0). Interactive is vLLM's default, 0.
 TENANT_PRIORITY: dict[str, int] = {"Interactive": 0, "Batch": 1, "Background": 2}
+
+# overload: Queue's limits when the tenant names none (TenantPolicy.max_queued, max_queue_time_ms)
+DEFAULT_MAX_QUEUED = 256
+DEFAULT_MAX_QUEUE_TIME_MS = 10_000
+
+
+def admission_active(routing: RoutingSpec) -> bool:
+    """Whether the router predicts each request's TTFT for admission (router/admission.py): when any tenant's
+    overload policy is not Admit. Otherwise the router holds and refuses nothing for load, as before."""
+    return any(t.overload != "Admit" for t in routing.tenants)
 
 
 def priority_scheduling(routing: RoutingSpec) -> bool:
