@@ -6,13 +6,17 @@ Pure functions, no I/O. docs/planning.md derives every formula; in brief:
   tokens are its input × (1 − prefixCacheHitShare).
 - **Prefill work.** A prompt's *work* is its share of a full engine step of ``maxNumBatchedTokens`` tokens of
   like prompts (short prompts batch; long ones are chunked); its *own time* is the roofline prefill alone.
-- **Queues.** Prefill waits are M/G/c (c = replicas; the router's least-loaded choice approximates one queue),
-  Erlang C with the Allen–Cunneen correction for service variability, and an exponential tail:
-  P(W > t) = C · exp(−t / θ), θ = E[W] / C.
+- **Queues.** Prefill waits are G/G/c (c = replicas; the router's least-loaded choice approximates one queue):
+  the Allen–Cunneen approximation E[W] ≈ (ca² + cs²) / 2 · E[W(M/M/c)] (Allen 1990, *Probability, Statistics and
+  Queueing Theory*, 2nd ed., §6; for c = 1 it is Kingman's 1961 heavy-traffic formula), ca the arrivals' and cs
+  the service times' coefficient of variation, Erlang C for M/M/c, and an exponential tail:
+  P(W > t) = C · exp(−t / θ), θ = E[W] / C. With Poisson arrivals (ca = 1) it is the M/G/c form used before
+  burstiness was modelled. A pool that sees a share p of the arrivals (the remote or the local prompts) sees
+  ca² = p · ca² + 1 − p (Whitt 1983, the QNA splitting rule).
 - **Decode.** Concurrency per decode replica solves Little's law n = λ_d · E[out] · TPOT(n) (fixed point);
   TPOT = step(n) / (1 − ρ_p) where ρ_p is the share of the replica's time spent on local prefill chunks
   (aggregated and conditional serving); a request's TPOT varies with the prefill work that lands in its lifetime
-  (compound Poisson, normal approximation).
+  (compound renewal: variance λ·t·(E[X²] + (ca² − 1)·E[X]²), normal approximation).
 - **TTFT** = wait + own prefill (+ KV transfer + the first decode step on the remote path; + the decode batch
   that rides along every local chunk step).
 - **Goodput** = Σ tenants share · P(TTFT ≤ SLO) · P(TPOT ≤ SLO), TTFT and TPOT independent within a tenant.
@@ -54,6 +58,7 @@ class Workload:
     mean_out: float
     mean_in: float
     decode_context: float  # time-weighted mean context of a decoding sequence
+    ca2: float = 1.0  # squared coefficient of variation of the inter-arrival times (1: Poisson)
 
     def remote_share(self, threshold: float) -> float:
         return sum(w for t, w in zip(self.in_tokens, self.in_weight, strict=True) if t >= threshold)
@@ -122,7 +127,8 @@ def build_workload(p: Profile) -> Workload:
         in_sum += share * e_in
     return Workload(tuple(names), tuple(shares), tuple(in_tokens), tuple(in_prefill), tuple(in_weight),
                     tuple(in_tenant), tuple(out_tokens), tuple(out_weight), tuple(out_tenant),
-                    p.traffic.rate.mean_rps, p.traffic.rate.peak, out_sum, in_sum, ctx_num / out_sum)
+                    p.traffic.rate.mean_rps, p.traffic.rate.peak, out_sum, in_sum, ctx_num / out_sum,
+                    p.traffic.burstiness.ca2)
 
 
 # ------------------------------------------------------------------------------------------------- pools
@@ -237,8 +243,9 @@ def erlang_c(c: int, a: float) -> float:
     return c * b / (c - a * (1 - b))
 
 
-def mgc(lam: float, es: float, es2: float, c: int) -> Queue:
-    """M/G/c (Allen–Cunneen): E[W] ≈ ErlangC · E[S] / (c − a) · (1 + Cs²) / 2."""
+def mgc(lam: float, es: float, es2: float, c: int, ca2: float = 1.0) -> Queue:
+    """G/G/c, Allen–Cunneen: E[W] ≈ ErlangC · E[S] / (c − a) · (ca² + cs²) / 2 — the M/M/c wait scaled by the
+    arrivals' and the service's variability (Allen 1990; Kingman 1961 for c = 1). ``ca2`` = 1 (Poisson) is M/G/c."""
     if lam <= 0 or es <= 0:
         return IDLE
     a = lam * es
@@ -247,8 +254,15 @@ def mgc(lam: float, es: float, es2: float, c: int) -> Queue:
         return Queue(rho, 1.0, math.inf, True)
     cw = erlang_c(c, a)
     cs2 = max(0.0, es2 / (es * es) - 1)
-    wq = cw * es / (c - a) * (1 + cs2) / 2
+    wq = cw * es / (c - a) * (max(0.0, ca2) + cs2) / 2
     return Queue(rho, cw, wq / cw if cw > 0 else 0.0, False)
+
+
+def split_ca2(ca2: float, share: float) -> float:
+    """The arrival variability a pool sees when it gets a random share of a stream with ``ca2`` (Whitt 1983's QNA
+    splitting rule: p · ca² + 1 − p; thinning makes any stream more Poisson-like)."""
+    p = min(1.0, max(0.0, share))
+    return p * ca2 + 1.0 - p
 
 
 def phi(x: float) -> float:
@@ -296,7 +310,10 @@ def decode_side(dm: PoolModel, replicas: int, wl: Workload, rate: float, local: 
     ew = sum(w * x for w, x, loc in zip(wl.in_weight, dm.work, local, strict=True) if loc)
     ew2 = sum(w * x * x for w, x, loc in zip(wl.in_weight, dm.work, local, strict=True) if loc)
     rho_p = per * ew
-    m2 = per * ew2
+    loc_w = sum(w for w, loc in zip(wl.in_weight, local, strict=True) if loc)
+    ca2_local = split_ca2(wl.ca2, loc_w)
+    # compound renewal: the work landing in a lifetime L has variance (λ/D)·L·(E[X²] + (ca² − 1)·E[X]²), per arrival
+    m2 = per * ew2 + (per * (ca2_local - 1) * ew * ew / loc_w if loc_w > 0 else 0.0)
     limit = min(float(dm.max_seqs), dm.kv_tokens / max(1.0, wl.decode_context))
     zero = tuple(0.0 for _ in wl.out_tokens)
     nofix = tuple(math.inf for _ in wl.in_tokens)
@@ -323,12 +340,11 @@ def decode_side(dm: PoolModel, replicas: int, wl: Workload, rate: float, local: 
     step = dm.t_dec(max(n, 1.0))
     tpot = step / (1 - rho_p)
     # local prefill queue: service = own work + the decode batch riding along its chunk steps
-    loc_w = sum(w for w, loc in zip(wl.in_weight, local, strict=True) if loc)
     if loc_w > 0:
         s = [x + fr * step for x, fr in zip(dm.work, dm.chunk_frac, strict=True)]
         es = sum(w * x for w, x, loc in zip(wl.in_weight, s, local, strict=True) if loc) / loc_w
         es2 = sum(w * x * x for w, x, loc in zip(wl.in_weight, s, local, strict=True) if loc) / loc_w
-        q = mgc(rate * loc_w, es, es2, replicas)
+        q = mgc(rate * loc_w, es, es2, replicas, ca2_local)
     else:
         q = IDLE
     fixed = tuple(so + ch * step for so, ch in zip(dm.solo, dm.chunks, strict=True))
@@ -343,7 +359,7 @@ def prefill_queue(pm: PoolModel, replicas: int, wl: Workload, rate: float, remot
         return IDLE
     es = sum(w * x for w, x, r in zip(wl.in_weight, pm.work, remote, strict=True) if r) / rw
     es2 = sum(w * x * x for w, x, r in zip(wl.in_weight, pm.work, remote, strict=True) if r) / rw
-    return mgc(rate * rw, es, es2, replicas)
+    return mgc(rate * rw, es, es2, replicas, split_ca2(wl.ca2, rw))
 
 
 def transfers(dm: PoolModel, wl: Workload, transport: TransportPreset, remote_tp: int) -> tuple[float, ...]:

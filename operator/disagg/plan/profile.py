@@ -7,6 +7,7 @@ whole profile; docs/examples/profiles/profile-chat.yaml and profile-rag.yaml are
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -130,6 +131,39 @@ class Rate(_Model):
         return self.peak_rps if self.peak_rps is not None else self.mean_rps
 
 
+class Burstiness(_Model):
+    """How bursty the arrivals are beyond their mean and peak rates (``disagg plan --from-log`` measures it; plan/
+    burst.py). Unknown → Poisson: ``interarrivalCv`` 1 and no short-window peaks (the plan is sized for peakRps)."""
+
+    interarrival_cv: float = Field(default=1.0, ge=0, le=100,
+                                   description="Coefficient of variation of the gaps between arrivals (1: Poisson, "
+                                   "0: evenly spaced, > 1: bursty); the queues wait (ca² + cs²) / 2 × the M/M/c "
+                                   "wait, ca = this.")
+    peak_rps_1s: float | None = Field(default=None, alias="peakRps1s", gt=0, le=1_000_000,
+                                      description="Most arrivals in any 1-s window, per second.")
+    peak_rps_10s: float | None = Field(default=None, alias="peakRps10s", gt=0, le=1_000_000,
+                                       description="Most arrivals in any 10-s window, per second.")
+    peak_rps_60s: float | None = Field(default=None, alias="peakRps60s", gt=0, le=1_000_000,
+                                       description="Most arrivals in any 60-s window, per second.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Burstiness:
+        given = [(w, v) for w, v in (("1s", self.peak_rps_1s), ("10s", self.peak_rps_10s),
+                                     ("60s", self.peak_rps_60s)) if v is not None]
+        for (w1, v1), (w2, v2) in itertools.pairwise(given):
+            if v1 < v2:
+                raise ValueError(f"peakRps{w1} ({v1:g}) is below peakRps{w2} ({v2:g}): the busiest short window is "
+                                 "at least as busy as the busiest longer one")
+        return self
+
+    def peak(self, window: str) -> float | None:
+        return {"1s": self.peak_rps_1s, "10s": self.peak_rps_10s, "60s": self.peak_rps_60s}.get(window)
+
+    @property
+    def ca2(self) -> float:
+        return self.interarrival_cv ** 2
+
+
 class Tenant(_Model):
     name: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL)
     share: float = Field(gt=0, le=1, description="Share of the arrivals (normalised over the tenants).")
@@ -146,6 +180,18 @@ class Traffic(_Model):
     prefix_cache_hit_share: float = Field(default=0.0, ge=0, lt=1,
                                           description="Share of prompt tokens served from the prefix cache.")
     tenants: list[Tenant] = Field(default_factory=list, max_length=16)
+    burstiness: Burstiness = Field(default_factory=Burstiness,
+                                   description="Inter-arrival variability and short-window peaks (default Poisson).")
+
+    @model_validator(mode="after")
+    def _peaks_above_mean(self) -> Traffic:
+        b = self.burstiness
+        for w in ("1s", "10s", "60s"):
+            v = b.peak(w)
+            if v is not None and v < self.rate.mean_rps:
+                raise ValueError(f"burstiness.peakRps{w} ({v:g}) is below rate.meanRps ({self.rate.mean_rps:g}): a "
+                                 "window's peak is at least the mean")
+        return self
 
     @field_validator("tenants")
     @classmethod
@@ -275,6 +321,12 @@ class Search(_Model):
     max_num_batched_tokens: int = Field(default=8192, ge=256, le=1_048_576,
                                         description="Prefill chunk per engine step (vLLM's default 8192).")
     gpu_memory_utilization: float = Field(default=0.9, gt=0.1, le=1)
+    cover_peak: Literal["none", "1s", "10s", "60s"] = Field(
+        default="10s", description="Headroom: a candidate must also meet the SLOs at traffic.burstiness's peak over "
+        "this window (when the profile declares it and it is above peakRps); none: at peakRps only.")
+    extra_headroom: float = Field(default=0.0, ge=0, le=10,
+                                  description="Headroom: the rate covered is (1 + this) × the larger of peakRps and "
+                                  "the coverPeak window's peak.")
 
 
 class Profile(_Model):
@@ -297,6 +349,19 @@ class Profile(_Model):
         if dup:
             raise ValueError(f"each GPU type once: {', '.join(dup)} listed twice (sum the counts)")
         return v
+
+    def cover_rate(self) -> tuple[float, str]:
+        """The arrival rate a plan must meet the SLOs at, and what it is: the larger of ``peakRps`` and the declared
+        peak over ``search.coverPeak``, times (1 + ``search.extraHeadroom``)."""
+        peak = self.traffic.rate.peak
+        w = self.search.cover_peak
+        short = self.traffic.burstiness.peak(w) if w != "none" else None
+        base, what = ((short, f"traffic.burstiness.peakRps{w}") if short is not None and short > peak
+                      else (peak, "peakRps"))
+        x = self.search.extra_headroom
+        if x > 0:
+            return base * (1 + x), f"{what} + {x:.0%}"
+        return base, what
 
 
 # ------------------------------------------------------------------------------------------------ loading

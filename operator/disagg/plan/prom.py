@@ -112,6 +112,11 @@ def traffic_from_prometheus(query: Query, query_range: RangeQuery, end: float, r
                                "rate": {"meanRps": round(mean, 4), "peakRps": round(peak, 4)}}
     notes = [f"{total:.0f} requests over {rng}: rate mean {mean:.3g} req/s, peak {peak:.3g} req/s "
              f"({_prom_duration(w)} windows)"]
+    if w == 60.0:
+        traffic["burstiness"] = {"peakRps60s": round(peak, 4)}
+    notes.append("burstiness: " + ("peakRps60s from the 1m rate; " if w == 60.0 else "")
+                 + "the inter-arrival cv and the 1-s/10-s peaks are finer than Prometheus's samples: cv 1 (Poisson) "
+                 "is assumed; measure them with --from-log, or write traffic.burstiness by hand")
     hits = _scalar(query(f"sum(increase(vllm:prefix_cache_hits_total{sel}[{rng}]))"))
     queries = _scalar(query(f"sum(increase(vllm:prefix_cache_queries_total{sel}[{rng}]))"))
     if queries and not math.isnan(queries) and queries > 0 and not math.isnan(hits):

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..twin import Arrival
+from .burst import measure as measure_burstiness
+from .burst import peak_rate
 
 SCHEMAS = (1, 2)
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -232,13 +234,7 @@ def rates(times: list[float], window_s: float) -> tuple[float, float, float]:
         raise LogError("every request in the log arrived at the same instant: no rate can be derived")
     mean = (len(times) - 1) / span
     w = window_s if span >= 2 * window_s else span / 10
-    peak = 0.0
-    j = 0
-    for i, t in enumerate(times):  # sliding window [t, t + w)
-        while j < len(times) and times[j] < t + w:
-            j += 1
-        peak = max(peak, (j - i) / w)
-    return mean, max(peak, mean), w
+    return mean, max(peak_rate(times, w), mean), w
 
 
 def tenant_name(name: str) -> str:
@@ -261,6 +257,13 @@ def traffic_from_log(log: RequestLogData, window_s: float = 60.0) -> tuple[dict[
     }
     notes = [f"{len(reqs)} requests over {log.span_s:.0f} s ({len(ok)} successful give the token distributions); "
              f"rate mean {mean:.3g} req/s, peak {peak:.3g} req/s over {w:.3g} s windows"]
+    burst, why = measure_burstiness([r.arrival for r in reqs])
+    # a short-window peak is at least the mean over the span (the busiest window is at least average)
+    burst = {k: (max(v, round(mean, 4)) if k.startswith("peakRps") else v) for k, v in burst.items()}
+    if burst:
+        traffic["burstiness"] = burst
+        notes.append("burstiness: " + ", ".join(f"{k} {v:g}" for k, v in burst.items()))
+    notes += [f"burstiness: {x}" for x in why]
     with_prefix = [r for r in ok if r.schema == 2]
     if with_prefix:
         share = sum(r.prefix_tokens for r in with_prefix) / sum(r.input_tokens for r in with_prefix)
@@ -357,3 +360,44 @@ def log_lines(records: Iterable[Any], t0_unix: float, schema: int = 2,
                          "prefix_tokens": pt})
         out.append(json.dumps(line))
     return out
+
+
+# ------------------------------------------------------------------------------------- --arrivals FILE
+
+
+def read_times(lines: Iterable[str], source: str) -> list[float]:
+    """Arrival times, one per line: seconds (unix or relative, float) or ISO 8601; blank lines and ``#`` comments
+    skipped. Returned sorted and relative to the first. LogError naming the line on anything else."""
+    out: list[float] = []
+    for i, raw in enumerate(lines, 1):
+        text = raw.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            t: float | None = float(text)
+        except ValueError:
+            t = _ts(text)
+        if t is None or not math.isfinite(t):
+            raise LogError(f"{source}: line {i}: {text[:40]!r} is not an arrival time (seconds, e.g. 1712.25, or "
+                           "ISO 8601, e.g. 2026-01-01T00:00:00.25Z)")
+        out.append(t)
+    if len(out) < 2:
+        raise LogError(f"{source}: {len(out)} arrival time{'s' if len(out) != 1 else ''}: verifying on recorded "
+                       "arrivals needs at least two")
+    out.sort()
+    return [t - out[0] for t in out]
+
+
+def read_arrivals_file(path: Path) -> tuple[list[float], RequestLogData | None]:
+    """``--arrivals FILE``: the router's request log (JSON lines: its arrivals with their tokens) or a list of
+    arrival times. Returns the times (from 0) and the log when it was one."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise LogError(f"--arrivals {path}: {e.strerror or e}") from None
+    first = next((x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith("#")), "")
+    if first.startswith("{"):
+        log = read_lines(text.splitlines(), f"--arrivals {path}")
+        t0 = log.requests[0].arrival
+        return [r.arrival - t0 for r in log.requests], log
+    return read_times(text.splitlines(), f"--arrivals {path}"), None
