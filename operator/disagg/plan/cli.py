@@ -26,6 +26,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--verify-requests", type=int, default=1500,
                    help="about this many arrivals per verified candidate (virtual duration = requests / peak rate, "
                    "30 s … 600 s)")
+    p.add_argument("--verify-top", type=int, default=3, metavar="N",
+                   help="verify the N cheapest candidates (default 3)")
+    p.add_argument("--arrivals", type=Path, default=None, metavar="FILE",
+                   help="with --verify: replay these recorded arrivals instead of Poisson ones — one arrival time per "
+                   "line (seconds or ISO 8601; tokens drawn from the profile) or the router's request log (tokens as "
+                   "recorded); with --from-log the log's own arrivals are used; the pick is then the cheapest "
+                   "verified candidate that holds them")
     p.add_argument("--seed", type=int, default=0, help="seed of the verify arrivals and the twin")
     src = p.add_argument_group("profile sources other than a YAML file (model, SLO, GPUs from --base or flags)")
     src.add_argument("--from-log", type=Path, default=None, metavar="ROUTER.jsonl",
@@ -79,8 +86,9 @@ def _err(lines: list[str], prefix: str = "") -> int:
     return 2
 
 
-def _profile(args: argparse.Namespace) -> Any:
-    """The profile from the file, the log or Prometheus; prints what it derived. ProfileError/LogError on failure."""
+def _profile(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The profile from the file, the log or Prometheus, and the request log when it came from one; prints what it
+    derived. ProfileError/LogError on failure."""
     import time
 
     from .profile import ProfileError, load_profile
@@ -92,16 +100,18 @@ def _profile(args: argparse.Namespace) -> Any:
                             "URL" + (f" (got {len(sources)})" if sources else "")])
     if args.profile is not None:
         try:
-            return load_profile(args.profile)
+            return load_profile(args.profile), None
         except ProfileError as e:
             raise ProfileError([f"{args.profile}: {x}" for x in e.problems]) from None
     o = Overrides(name=args.name, model=args.model, ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms,
                   goodput_target=args.goodput_target, gpus=tuple(args.gpu), max_gpus=args.max_gpus)
     base = load_base(args.base)
+    log = None
     if args.from_log is not None:
         from .reqlog import read_log, traffic_from_log
 
-        traffic, notes = traffic_from_log(read_log(args.from_log), args.window)
+        log = read_log(args.from_log)
+        traffic, notes = traffic_from_log(log, args.window)
         source = str(args.from_log)
     else:
         from prometheus_api_client import PrometheusApiClientException
@@ -124,7 +134,46 @@ def _profile(args: argparse.Namespace) -> Any:
     if args.write_profile is not None:
         args.write_profile.write_text(f"# built by disagg plan from {source}\n" + to_yaml(prof))
         print(f"wrote the profile to {args.write_profile}")
-    return prof
+    return prof, log
+
+
+def _check_verify_flags(args: argparse.Namespace) -> list[str]:
+    problems = []
+    if args.arrivals is not None and not args.verify:
+        problems.append("--arrivals: the recorded arrivals are replayed to verify the plan: add --verify")
+    if args.arrivals is not None and args.from_log is not None:
+        problems.append("--arrivals: --from-log already gives the recorded arrivals (its own): pass one of the two")
+    if args.verify_top < 1:
+        problems.append(f"--verify-top: must be at least 1, got {args.verify_top}")
+    if args.verify_requests < 1:
+        problems.append(f"--verify-requests: must be at least 1, got {args.verify_requests}")
+    return problems
+
+
+def _recorded(args: argparse.Namespace, profile: Any, log: Any, settings: Any) -> Any:
+    """The recorded arrivals ``--verify`` replays (None: Poisson ones from the profile). LogError on a bad file."""
+    from .burst import measure as burstiness
+    from .reqlog import arrivals as log_arrivals
+    from .reqlog import read_arrivals_file
+    from .verify import profile_arrivals, recorded
+
+    if log is not None:
+        arr, _ = log_arrivals(log)
+        return recorded(arr, f"log {args.from_log}", settings)
+    if args.arrivals is None:
+        return None
+    times, alog = read_arrivals_file(args.arrivals)
+    b, _ = burstiness(times)
+    declared = profile.traffic.burstiness.model_dump(by_alias=True, exclude_none=True)
+    print(f"--arrivals {args.arrivals}: {len(times)} arrivals over {times[-1]:.0f} s, mean "
+          f"{(len(times) - 1) / max(times[-1], 1e-9):.3g} req/s; measured "
+          + ", ".join(f"{k} {v:g}" for k, v in b.items())
+          + "; the profile declares " + ", ".join(f"{k} {v:g}" for k, v in declared.items()))
+    if alog is not None:
+        arr, _ = log_arrivals(alog)
+        return recorded(arr, f"log {args.arrivals}", settings)
+    arr = profile_arrivals(profile, times[-1], seed=settings.seed, times=times)
+    return recorded(arr, f"--arrivals {args.arrivals}", settings, tokens_recorded=False)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -140,8 +189,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .reqlog import LogError
     from .search import search
 
+    problems = _check_verify_flags(args)
+    if problems:
+        return _err(problems)
     try:
-        profile = _profile(args)
+        profile, log = _profile(args)
     except ProfileError as e:
         return _err(e.problems)
     except (LogError, PromSourceError) as e:
@@ -149,33 +201,51 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     result = search(profile)
     print(render(result))
     rc = 0 if result.winner is not None else 1
+    pick = result.winner
     if args.verify:
         from .verify import SpecError, VerifySettings, quiet_logs, render_verify, verify
 
-        s = VerifySettings(requests=args.verify_requests, seed=args.seed)
+        s = VerifySettings(requests=args.verify_requests, seed=args.seed, top=args.verify_top)
         print()
         try:
+            rec = _recorded(args, profile, log, s)
             with quiet_logs():
-                vrows = verify(result, s)
+                vrows = verify(result, s, rec=rec)
         except SpecError as e:
             return _err(e.problems, "--verify: ")
-        print(render_verify(vrows, s, profile.traffic.rate.peak))
+        except LogError as e:
+            return _err([str(e)])
+        print(render_verify(vrows, s, profile.traffic.rate.peak, rec))
         missed = [r for r in vrows if r.misses]
         if missed:
             print(f"warning: {len(missed)} of {len(vrows)} verified candidates miss the goodput target "
                   f"{profile.slo.goodput_target:.0%} in the twin: " + "; ".join(
-                      f"#{r.rank} {r.label} {r.simulated.attainment:.1%}" for r in missed))
-    if result.winner is None:
+                      f"#{r.rank} {r.label} {r.simulated.attainment:.1%}"
+                      + ("" if r.worst_window is None else f" (worst window {r.worst_window:.1%})") for r in missed))
+        if rec is not None and pick is not None:
+            # on recorded arrivals the pick is the cheapest verified candidate that holds them
+            held = next((r for r in vrows if not r.misses and r.candidate is not None and r.candidate.feasible),
+                        None)
+            if held is None:
+                print(f"no plan: none of the {len(vrows)} verified candidates holds the recorded arrivals in the "
+                      "twin; verify more (--verify-top), declare the bursts (traffic.burstiness) or raise "
+                      "search.extraHeadroom; nothing is written")
+                return 1
+            if held.candidate is not pick:
+                print(f"pick: #{held.rank} {held.label}, the cheapest verified candidate that holds the recorded "
+                      f"arrivals (the model's #1, {pick.label()}, does not)")
+            pick = held.candidate
+    if pick is None:
         return rc
     if args.out is not None:
-        doc = to_model(result, result.winner)
+        doc = to_model(result, pick)
         errors = errors_of(doc)
         if errors:  # a planner bug, not the user's: say so rather than write a spec the apiserver refuses
             for err in errors:
                 print(f"internal error, emitted spec invalid: {err}", file=sys.stderr)
             return 3
         text = (f"# generated by `disagg plan {args.profile or args.from_log or args.from_prometheus}`: "
-                f"{result.winner.label()}\n" + yaml.safe_dump(doc, sort_keys=False))
+                f"{pick.label()}\n" + yaml.safe_dump(doc, sort_keys=False))
         if str(args.out) == "-":
             sys.stdout.write(text)
         else:

@@ -77,12 +77,28 @@ def queue_wait_budget_ms(result: PlanResult, c: Candidate) -> int:
     return max(1, int(result.profile.slo.ttft_p95_ms - fixed * 1e3))
 
 
+MARGIN_ANNOTATION = "plan.disagg.dev/margin"
+
+
+def margin_note(c: Candidate) -> str:
+    """One line for the emitted spec's annotation: what rate the plan holds and why (docs/planning.md)."""
+    m = c.margin
+    assert m is not None
+    util = ([f"prefill {m.prefill_util:.0%}"] if m.prefill_util is not None else []) + [
+        f"decode batch {m.decode_util:.0%} of cap"]
+    return (f"sized for {m.cover_rps:.4g} req/s ({m.cover_what}); capacity {m.capacity_rps:.4g} req/s "
+            f"({m.headroom:+.0%} over peakRps {m.peak_rps:g}); arrivals cv {m.ca2 ** 0.5:.3g}; "
+            f"{', '.join(util)} at peak; TTFT p95 {m.ttft_of_slo:.0%}, TPOT p95 {m.tpot_of_slo:.0%} of SLO")
+
+
 def to_model(result: PlanResult, c: Candidate, b: Bounds | None = None) -> dict[str, Any]:
     p = result.profile
     b = b or bounds(p, c)
     meta: dict[str, Any] = {"name": p.name}
     if p.namespace:
         meta["namespace"] = p.namespace
+    if c.margin is not None:
+        meta["annotations"] = {MARGIN_ANNOTATION: margin_note(c)}
     model: dict[str, Any] = {"name": p.model.served_model}
     if p.model.served_name:
         model["servedName"] = p.model.served_name

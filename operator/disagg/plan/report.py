@@ -20,7 +20,7 @@ def table(result: PlanResult, rows: Sequence[Candidate]) -> str:
     slo = result.profile.slo
     head = ("#", "mode", "remote ≥", "prefill", "decode", "GPUs", "cost/h", "cost/Mtok",
             f"TTFT p95 ms (≤{slo.ttft_p95_ms})", f"TPOT p95 ms (≤{slo.tpot_p95_ms})", "KV xfer p95 ms",
-            f"goodput (≥{slo.goodput_target:.0%})", "verdict")
+            f"goodput (≥{slo.goodput_target:.0%})", f"capacity req/s (≥{result.cover_rps:.3g})", "verdict")
     lines = []
     for i, c in enumerate(rows, 1):
         rank = str(result.ranked.index(c) + 1) if c in result.ranked else str(i)
@@ -28,12 +28,55 @@ def table(result: PlanResult, rows: Sequence[Candidate]) -> str:
             rank, c.mode, "-" if c.threshold is None else str(c.threshold),
             str(c.prefill) if c.prefill else "-", str(c.decode), str(c.gpus), f"{c.cost_per_hour:.2f}",
             f"{c.cost_per_mtok:.3f}", _ms(c.ttft_p95_ms), _ms(c.tpot_p95_ms), _ms(c.xfer_p95_ms),
-            f"{c.goodput:.1%}", "ok" if c.feasible else "; ".join(c.reasons)))
+            f"{c.goodput:.1%}", _capacity(c), "ok" if c.feasible else "; ".join(c.reasons)))
     widths = [max([len(h)] + [len(r[k]) for r in lines]) for k, h in enumerate(head)]
-    fmt = "  ".join(f"{{:{'<' if k in (1, 4, 3, 12) else '>'}{w}}}" for k, w in enumerate(widths))
+    fmt = "  ".join(f"{{:{'<' if k in (1, 4, 3, 13) else '>'}{w}}}" for k, w in enumerate(widths))
     out = [fmt.format(*head), fmt.format(*("-" * w for w in widths))]
     out += [fmt.format(*r) for r in lines]
     return "\n".join(o.rstrip() for o in out)
+
+
+def _capacity(c: Candidate) -> str:
+    m = c.margin
+    if m is None:
+        return "-"
+    return f"{m.capacity_rps:.3g} ({m.headroom:+.0%})"
+
+
+def headroom(result: PlanResult, c: Candidate) -> str:
+    """What margin the pick kept, and why: the rate it was sized for, its capacity, per-pool utilisation, and the
+    cheaper candidates that met the SLOs at the peak but not at the cover rate."""
+    m = c.margin
+    if m is None:
+        return ""
+    p = result.profile
+    b = p.traffic.burstiness
+    if m.cover_rps > m.peak_rps * (1 + 1e-9):
+        sized = (f"Headroom: sized to meet the SLOs at {m.cover_rps:.3g} req/s ({m.cover_what}, search.coverPeak "
+                 f"{p.search.cover_peak}), {m.cover_rps / m.peak_rps - 1:+.0%} over peakRps {m.peak_rps:g}")
+    else:
+        why = ("no short-window peak declared above it" if p.search.cover_peak != "none"
+               else "search.coverPeak: none")
+        sized = f"Headroom: sized for peakRps {m.peak_rps:g} req/s ({why})"
+    arr = (f"arrivals modelled with inter-arrival cv {b.interarrival_cv:g} (queue waits × {(m.ca2 + 1) / 2:.2g} "
+           "of Poisson's for exponential service; G/G/c, Allen–Cunneen)" if abs(m.ca2 - 1) > 1e-9
+           else "arrivals modelled as Poisson (cv 1: traffic.burstiness not given or cv 1)")
+    pools = []
+    if m.prefill_util is not None:
+        pools.append(f"prefill pool {m.prefill_util:.0%} utilised")
+    pools.append(f"decode batch at {m.decode_util:.0%} of its cap"
+                 + (f", {m.decode_prefill_share:.0%} of its time on local prefills" if m.decode_prefill_share > 0
+                    else ""))
+    parts = [f"{sized}; {arr}. Its capacity is {m.capacity_rps:.3g} req/s ({m.headroom:+.0%} over peakRps): "
+             f"{'; '.join(pools)}; TTFT p95 {m.ttft_of_slo:.0%} and TPOT p95 {m.tpot_of_slo:.0%} of the SLO at "
+             "the peak."]
+    cheaper = [x for x in result.ranked if x.short_of_headroom and x.cost_per_hour < c.cost_per_hour - 1e-9]
+    if cheaper:
+        x = min(cheaper, key=lambda y: y.cost_per_hour)
+        parts.append(f"{len(cheaper)} cheaper candidate{'s' if len(cheaper) > 1 else ''} meet the SLOs at the "
+                     f"peak but not at {m.cover_rps:.3g} req/s (cheapest: {x.label()}, {x.gpus} GPUs, "
+                     f"{x.cost_per_hour / c.cost_per_hour - 1:+.0%} cost); that is the price of the headroom.")
+    return " ".join(parts)
 
 
 def _why_local(c: Candidate) -> str:
@@ -126,4 +169,7 @@ def render(result: PlanResult) -> str:
             out += ["", "closest candidates:", table(result, rows)]
     else:
         out += [table(result, rows), "", "why: " + explain(result, result.winner)]
+        room = headroom(result, result.winner)
+        if room:
+            out += ["", room]
     return "\n".join(out)

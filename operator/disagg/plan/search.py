@@ -3,6 +3,12 @@
 Shapes: aggregated (decode workers prefill locally), disaggregated (every prompt prefills remotely) and conditional
 (prompts of at least ``threshold`` tokens prefill remotely, shorter ones locally); a GPU type and a TP size per
 pool; replicas per pool. Candidates are sized for the peak rate; feasible ones are ranked by cost, then goodput.
+
+**Headroom.** A candidate is feasible when it meets the SLOs at the peak rate *and* at the profile's cover rate
+(``Profile.cover_rate``: the declared short-window peak of ``search.coverPeak`` when it is above peakRps, plus
+``search.extraHeadroom``); one that meets them at the peak only is reported as short of headroom. Every candidate
+shown carries its :class:`Margin`: utilisation per pool, TTFT/TPOT p95 as a share of the SLO, and its capacity —
+the highest arrival rate at which the model still says it meets the SLOs.
 """
 
 from __future__ import annotations
@@ -51,6 +57,37 @@ class Pool:
         return f"{self.replicas}×{self.gpu}" + (f" TP{self.tp}" if self.tp > 1 else "")
 
 
+@dataclass(frozen=True)
+class Margin:
+    """How far a candidate is from missing: per pool, per SLO, and in arrival rate."""
+
+    peak_rps: float
+    cover_rps: float  # the rate it must meet the SLOs at (peakRps, or the declared short-window peak)
+    cover_what: str  # "peakRps", "the 10s peak", …
+    capacity_rps: float  # the highest rate at which the model still says it meets the SLOs (0: not even tiny)
+    prefill_util: float | None  # prefill pool utilisation at the peak (None: no prefill pool)
+    decode_util: float  # running sequences per decode replica over its cap (maxNumSeqs or KV cache), at the peak
+    decode_prefill_share: float  # share of a decode replica's time on local prefills, at the peak
+    ttft_of_slo: float  # TTFT p95 / SLO, at the peak
+    tpot_of_slo: float
+    ca2: float  # the arrivals' squared coefficient of variation the queues were modelled with
+
+    @property
+    def headroom(self) -> float:
+        """Capacity over the peak rate, minus one (0.2: it holds 20 % more than peakRps)."""
+        return self.capacity_rps / self.peak_rps - 1 if self.peak_rps > 0 else math.inf
+
+    @property
+    def covers(self) -> bool:
+        return self.capacity_rps >= self.cover_rps * (1 - 1e-3)
+
+    def to_dict(self) -> dict[str, float | str | bool | None]:
+        r = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+        r["headroom"] = round(self.headroom, 4)
+        r["covers"] = self.covers
+        return r
+
+
 @dataclass
 class Candidate:
     mode: Mode
@@ -73,6 +110,8 @@ class Candidate:
     ttft_p95_ms: float = math.nan
     tpot_p95_ms: float = math.nan
     xfer_p95_ms: float = math.nan
+    short_of_headroom: bool = False  # meets the SLOs at the peak, not at the cover rate
+    margin: Margin | None = None
 
     @property
     def gpus(self) -> int:
@@ -102,6 +141,8 @@ class PlanResult:
     evaluated: int
     seconds: float
     skipped: list[str] = field(default_factory=list)  # shapes left out, and why
+    cover_rps: float = 0.0  # the rate every feasible candidate meets the SLOs at (Profile.cover_rate)
+    cover_what: str = "peakRps"
 
     @property
     def feasible(self) -> list[Candidate]:
@@ -139,6 +180,7 @@ class Evaluator:
         self.evaluated = 0
         self._dsides: dict[tuple[str, int, int, float, float], DecodeSide] = {}
         self._xfer: dict[tuple[str, int, int], tuple[float, ...]] = {}
+        self.cover, self.cover_what = p.cover_rate()
 
     def xfer(self, dkey: tuple[str, int], remote_tp: int) -> tuple[float, ...]:
         k = (dkey[0], dkey[1], remote_tp)
@@ -204,6 +246,51 @@ class Evaluator:
                       goodput_target=slo.goodput_target)
         return c
 
+    def sized(self, mode: Mode, threshold: float, pkey: tuple[str, int] | None, p: int, dkey: tuple[str, int],
+              d: int) -> Candidate:
+        """A candidate at the peak rate, feasible only if it also meets the SLOs at the cover rate (headroom)."""
+        c = self.evaluate(mode, threshold, pkey, p, dkey, d, self.wl.peak_rps)
+        if c.feasible and self.cover > self.wl.peak_rps * (1 + 1e-9):
+            at = self.evaluate(mode, threshold, pkey, p, dkey, d, self.cover)
+            if not at.feasible:
+                c.feasible = False
+                c.short_of_headroom = True
+                c.reasons.append(f"no headroom for {self.cover_what} {self.cover:.3g} req/s: "
+                                 + "; ".join(at.reasons))
+        return c
+
+    def capacity(self, c: Candidate, rel: float = 0.005) -> float:
+        """The highest arrival rate at which ``c``'s shape and replicas still meet the SLOs in the model (bisection
+        to ``rel``; feasibility falls with the rate). Not counted in ``evaluated``."""
+        n = self.evaluated
+        mode, thr, pkey, np_, dkey, d = key_of(c)
+
+        def ok(rate: float) -> bool:
+            return self.evaluate(mode, thr, pkey, np_, dkey, d, rate).feasible
+
+        lo, hi = 0.0, self.wl.peak_rps
+        floor = self.wl.peak_rps * 1e-3  # below a thousandth of the peak: 0 (it holds no traffic worth the name)
+        while ok(hi) and hi < 1e6:
+            lo, hi = hi, hi * 2
+        while hi - lo > rel * hi and hi > floor:
+            mid = (lo + hi) / 2
+            if ok(mid):
+                lo = mid
+            else:
+                hi = mid
+        self.evaluated = n
+        return lo
+
+    def fill_margin(self, c: Candidate) -> None:
+        slo = self.p.slo
+        d = c.dside
+        c.margin = Margin(
+            peak_rps=self.wl.peak_rps, cover_rps=self.cover, cover_what=self.cover_what,
+            capacity_rps=self.capacity(c), prefill_util=c.pqueue.rho if c.prefill is not None else None,
+            decode_util=(d.batch / d.batch_limit) if d.batch_limit > 0 and not d.saturated else 1.0,
+            decode_prefill_share=d.prefill_share, ttft_of_slo=c.ttft_p95_ms / slo.ttft_p95_ms,
+            tpot_of_slo=c.tpot_p95_ms / slo.tpot_p95_ms, ca2=self.wl.ca2)
+
     def fill_percentiles(self, c: Candidate) -> None:
         """Exact p95s by bisection on the mixture CDFs (done only for the candidates shown)."""
         wl = self.wl
@@ -221,6 +308,14 @@ class Evaluator:
                 if acc >= P95 * total - 1e-12:
                     c.xfer_p95_ms = x * 1e3
                     break
+
+
+def key_of(c: Candidate) -> tuple[Mode, float, tuple[str, int] | None, int, tuple[str, int], int]:
+    """``c``'s shape as :meth:`Evaluator.evaluate`'s arguments (mode, threshold, prefill key, P, decode key, D)."""
+    dkey = (c.decode.gpu, c.decode.tp)
+    pkey = (c.prefill.gpu, c.prefill.tp) if c.prefill else None
+    thr = math.inf if c.threshold is None else c.threshold
+    return c.mode, thr, pkey, (c.prefill.replicas if c.prefill else 0), dkey, c.decode.replicas
 
 
 def thresholds_for(wl: Workload) -> list[int]:
@@ -251,7 +346,7 @@ def search(p: Profile) -> PlanResult:
     if "aggregated" in p.search.modes:
         for dkey in keys:
             for d in range(1, min(budget, ev.count[dkey[0]]) // dkey[1] + 1):
-                c = ev.evaluate("aggregated", math.inf, None, 0, dkey, d, rate)
+                c = ev.sized("aggregated", math.inf, None, 0, dkey, d)
                 cands.append(c)
                 if c.feasible:
                     break
@@ -261,15 +356,18 @@ def search(p: Profile) -> PlanResult:
     if "conditional" in p.search.modes:
         thresholds += [("conditional", t) for t in thresholds_for(wl)]
     tau = p.slo.ttft_p95_ms / 1e3
+    top = max(rate, ev.cover)  # what the candidates must hold
     for mode, thr in thresholds:
         remote, _ = ev.masks(thr)
         for dkey in keys:
             for d in range(1, min(budget, ev.count[dkey[0]]) // dkey[1] + 1):
                 ds = ev.dside(dkey, d, thr, rate)
                 used_d = {dkey[0]: d * dkey[1]}
-                # no number of prefill replicas helps a decode pool that misses TPOT or is saturated
-                decode_ok = not ds.saturated and sum(
-                    w * q for w, q in zip(wl.out_weight, ds.tpot_ok, strict=True)) >= P95
+                # no number of prefill replicas helps a decode pool that misses TPOT or is saturated (at the peak
+                # or at the cover rate)
+                decode_ok = all(not x.saturated and sum(
+                    w * q for w, q in zip(wl.out_weight, x.tpot_ok, strict=True)) >= P95
+                    for x in (ds, ev.dside(dkey, d, thr, top)))
                 for pkey in keys:
                     room = min(budget - d * dkey[1], free(pkey[0], used_d))
                     pmax = room // pkey[1]
@@ -280,9 +378,9 @@ def search(p: Profile) -> PlanResult:
                     rf = remote_fixed(pm, ev.xfer(dkey, pm.tp), ds)
                     floor = sum(w for w, r, f in zip(wl.in_weight, remote, rf, strict=True) if r and f > tau)
                     for np_ in range(1, pmax + 1):
-                        if prefill_queue(pm, np_, wl, rate, remote).saturated and np_ < pmax:
+                        if prefill_queue(pm, np_, wl, top, remote).saturated and np_ < pmax:
                             continue
-                        c = ev.evaluate(mode, thr, pkey, np_, dkey, d, rate)
+                        c = ev.sized(mode, thr, pkey, np_, dkey, d)
                         cands.append(c)
                         if c.feasible or not decode_ok or floor > 1 - P95:
                             break
@@ -292,7 +390,9 @@ def search(p: Profile) -> PlanResult:
     shown = display_set(ranked)
     for c in shown:
         ev.fill_percentiles(c)
-    return PlanResult(p, model, wl, ranked, ev.evaluated, time.perf_counter() - t0, ev.skipped)
+        ev.fill_margin(c)
+    return PlanResult(p, model, wl, ranked, ev.evaluated, time.perf_counter() - t0, ev.skipped, ev.cover,
+                      ev.cover_what)
 
 
 def rank(cands: Sequence[Candidate]) -> list[Candidate]:
@@ -351,20 +451,16 @@ def resize(p: Profile, c: Candidate, rate: float) -> tuple[int, int]:
 
 
 def neighbours(p: Profile, c: Candidate) -> list[tuple[str, Candidate]]:
-    """``c`` with one replica fewer in each pool (what the margin is), at the peak rate."""
+    """``c`` with one replica fewer in each pool (what the margin is), at the peak rate and, for feasibility, at the
+    cover rate (as the search judged ``c``)."""
     wl = build_workload(p)
     ev = Evaluator(p, wl, p.model.resolve(), TRANSPORTS[p.kv_transport])
-    dkey = (c.decode.gpu, c.decode.tp)
-    pkey = (c.prefill.gpu, c.prefill.tp) if c.prefill else None
-    thr = math.inf if c.threshold is None else c.threshold
-    np_ = c.prefill.replicas if c.prefill else 0
+    mode, thr, pkey, np_, dkey, d = key_of(c)
     out = []
     if c.prefill is not None and np_ > 1:
-        out.append(("one prefill replica fewer", ev.evaluate(c.mode, thr, pkey, np_ - 1, dkey, c.decode.replicas,
-                                                             wl.peak_rps)))
-    if c.decode.replicas > 1:
-        out.append(("one decode replica fewer", ev.evaluate(c.mode, thr, pkey, np_, dkey, c.decode.replicas - 1,
-                                                            wl.peak_rps)))
+        out.append(("one prefill replica fewer", ev.sized(mode, thr, pkey, np_ - 1, dkey, d)))
+    if d > 1:
+        out.append(("one decode replica fewer", ev.sized(mode, thr, pkey, np_, dkey, d - 1)))
     for _, n in out:
         ev.fill_percentiles(n)
     return out

@@ -9,6 +9,7 @@ routing, SLO, transfer timeout) and the KV transport. Autoscaling is not modelle
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -179,11 +180,15 @@ def _sampler(d: TokenDist) -> Any:
 
 
 def profile_arrivals(p: Profile, duration_s: float, *, rate: float | None = None, seed: int = 0,
-                     max_input: int | None = None) -> list[Arrival]:
+                     max_input: int | None = None, times: Sequence[float] | None = None) -> list[Arrival]:
     """Poisson arrivals at ``rate`` (default the profile's peak) for ``duration_s``: tenants by share, their token
     distributions, and a shared prefix per tenant covering ``prefixCacheHitShare`` of each prompt (requests of a
-    tenant share that many leading tokens, so the engines' prefix caches hit about that share)."""
+    tenant share that many leading tokens, so the engines' prefix caches hit about that share).
+
+    ``times``: arrival times (seconds from the start, sorted) to use instead of Poisson ones (``--arrivals``: the
+    recorded times; bench/plan_accuracy.py: a bursty renewal process); those up to ``duration_s`` are used."""
     rng = random.Random(seed)
+    given = iter(times) if times is not None else None
     tr = p.traffic
     lam = rate if rate is not None else tr.rate.peak
     tenants = tr.tenants
@@ -201,7 +206,10 @@ def profile_arrivals(p: Profile, duration_s: float, *, rate: float | None = None
     at = 0.0
     i = 0
     while True:
-        at += rng.expovariate(lam)
+        if given is None:
+            at += rng.expovariate(lam)
+        else:
+            at = next(given, math.inf)
         if at > duration_s:
             break
         k = rng.choices(range(len(names)), weights=shares)[0] if len(names) > 1 else 0
@@ -237,6 +245,12 @@ class Measured:
     window_s: float
     wall_s: float
     per_path: dict[str, dict[str, float]] = field(default_factory=dict)
+    windows: list[dict[str, float]] = field(default_factory=list)  # per window: start_s, rps, attainment
+
+    def worst_window(self, max_rps: float = math.inf) -> float | None:
+        """The lowest attainment over the windows whose arrival rate is at most ``max_rps`` (None: no such window)."""
+        xs = [w["attainment"] for w in self.windows if w["rps"] <= max_rps * (1 + 1e-9)]
+        return min(xs) if xs else None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -250,7 +264,24 @@ def pct(xs: Sequence[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def measure(r: TwinResult, slo: SLO, warmup_s: float = 0.0) -> Measured:
+def windows(records: Sequence[Any], slo: SLO, start_s: float, end_s: float, width_s: float) -> list[dict[str, float]]:
+    """Attainment per whole window of ``width_s`` from ``start_s`` (by arrival time), with its arrival rate; windows
+    without a request are left out."""
+    out = []
+    k = 0
+    while start_s + (k + 1) * width_s <= end_s + 1e-9:
+        lo, hi = start_s + k * width_s, start_s + (k + 1) * width_s
+        xs = [x for x in records if lo <= x.arrival_s < hi]
+        if xs:
+            out.append({"start_s": round(lo, 3), "rps": round(len(xs) / width_s, 4),
+                        "attainment": round(sum(x.meets(slo) for x in xs) / len(xs), 4)})
+        k += 1
+    return out
+
+
+def measure(r: TwinResult, slo: SLO, warmup_s: float = 0.0, window_width_s: float | None = None) -> Measured:
+    """Twin records after ``warmup_s`` summarised; ``window_width_s``: also the attainment per window of that width
+    (whole windows between the warm-up and the end of the arrival window)."""
     recs = [x for x in r.records if x.arrival_s >= warmup_s]
     window = max(1e-9, r.window_s - warmup_s)
     met = sum(x.meets(slo) for x in recs)
@@ -278,7 +309,8 @@ def measure(r: TwinResult, slo: SLO, warmup_s: float = 0.0) -> Measured:
         tpot_p95_ms=pct([x.tpot_s * 1e3 for x in ok if x.tpot_s is not None], 0.95),
         errors=len(recs) - len(ok), paths=dict(sorted(paths.items())), decisions=dict(sorted(decisions.items())),
         fallbacks=dict(sorted(fallbacks.items())), gpu_seconds=r.gpu_seconds, window_s=r.window_s, wall_s=r.wall_s,
-        per_path=per_path)
+        per_path=per_path,
+        windows=windows(recs, slo, warmup_s, r.window_s, window_width_s) if window_width_s else [])
 
 
 # ------------------------------------------------------------------------------------------------ verify
@@ -296,9 +328,54 @@ class VerifySettings:
     warmup_share: float = 0.2
     seed: int = 0
     top: int = 3
+    window_s: float = 30.0  # recorded arrivals: every window this long within the cover rate must meet the target
 
     def duration(self, rate: float) -> float:
         return min(self.max_duration_s, max(self.min_duration_s, self.requests / rate))
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Recorded arrivals to verify on (``--from-log`` / ``--arrivals``): the twin's arrivals (times from 0), where
+    they come from, and how they were cut."""
+
+    arrivals: list[Arrival]
+    source: str
+    note: str = ""
+    tokens_recorded: bool = True  # False: times only, tokens drawn from the profile
+
+    @property
+    def span_s(self) -> float:
+        return self.arrivals[-1].at if self.arrivals else 0.0
+
+
+def busiest(arrivals: Sequence[Arrival], length_s: float) -> tuple[list[Arrival], float]:
+    """The stretch of ``length_s`` with the most arrivals (times shifted to start at 0), and where it started."""
+    if not arrivals or arrivals[-1].at - arrivals[0].at <= length_s:
+        t0 = arrivals[0].at if arrivals else 0.0
+        return [dataclasses.replace(a, at=a.at - t0) for a in arrivals], t0
+    best, best_i = -1, 0
+    j = 0
+    for i, a in enumerate(arrivals):
+        while j < len(arrivals) and arrivals[j].at < a.at + length_s:
+            j += 1
+        if j - i > best:
+            best, best_i = j - i, i
+    t0 = arrivals[best_i].at
+    return [dataclasses.replace(a, at=a.at - t0) for a in arrivals[best_i:best_i + best]], t0
+
+
+def recorded(arrivals: Sequence[Arrival], source: str, settings: VerifySettings | None = None, *,
+             tokens_recorded: bool = True) -> Recorded:
+    """Recorded arrivals cut to at most ``settings.max_duration_s`` (the busiest stretch of a longer series)."""
+    s = settings or VerifySettings()
+    if not arrivals:
+        raise SpecError([f"{source}: no arrivals to verify on"])
+    cut, t0 = busiest(list(arrivals), s.max_duration_s)
+    span = arrivals[-1].at - arrivals[0].at
+    note = (f"the busiest {s.max_duration_s:g} s of {span:.0f} s (from {t0 - arrivals[0].at:.0f} s)"
+            if len(cut) < len(arrivals) else f"all {span:.0f} s")
+    return Recorded(cut, source, note, tokens_recorded)
 
 
 @dataclass
@@ -309,19 +386,30 @@ class VerifyRow:
     simulated: Measured
     target: float
     slo: SLO
+    cover_rps: float = math.inf  # recorded arrivals: windows up to this rate are judged (the plan's cover rate)
+    candidate: Any = None  # the search.Candidate
+
+    @property
+    def worst_window(self) -> float | None:
+        return self.simulated.worst_window(self.cover_rps)
 
     @property
     def misses(self) -> bool:
-        return self.simulated.attainment < self.target
+        """Below the goodput target overall, or (recorded arrivals) in any window within the cover rate."""
+        w = self.worst_window
+        return self.simulated.attainment < self.target or (w is not None and w < self.target)
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "candidate": self.label, "predicted": self.predicted,
-                "simulated": self.simulated.to_dict(), "goodput_target": self.target, "misses_target": self.misses}
+                "simulated": self.simulated.to_dict(), "goodput_target": self.target,
+                "worst_window_attainment": self.worst_window, "misses_target": self.misses}
 
 
-def verify(result: Any, settings: VerifySettings | None = None, candidates: Sequence[Any] | None = None) -> \
-        list[VerifyRow]:
-    """The top candidates of a plan (``search.PlanResult``) through the twin, each as its emitted spec."""
+def verify(result: Any, settings: VerifySettings | None = None, candidates: Sequence[Any] | None = None,
+           rec: Recorded | None = None) -> list[VerifyRow]:
+    """The top candidates of a plan (``search.PlanResult``) through the twin, each as its emitted spec: on Poisson
+    arrivals drawn from the profile at its peak rate, or (``rec``) on recorded arrivals, judged overall and in
+    every ``settings.window_s`` window whose rate is within the plan's cover rate."""
     from .emit import to_model
 
     s = settings or VerifySettings()
@@ -331,21 +419,29 @@ def verify(result: Any, settings: VerifySettings | None = None, candidates: Sequ
                          "models (add a preset for this model, or plan without --verify)"])
     cands = list(candidates) if candidates is not None else [c for c in result.ranked[: s.top]]
     rate = p.traffic.rate.peak
-    duration = s.duration(rate)
-    arrivals = profile_arrivals(p, duration, rate=rate, seed=s.seed,
-                                max_input=(p.model.max_model_len or p.model.resolve().max_position) - 1)
+    max_input = (p.model.max_model_len or p.model.resolve().max_position) - 1
+    if rec is None:
+        duration = s.duration(rate)
+        arrivals = profile_arrivals(p, duration, rate=rate, seed=s.seed, max_input=max_input)
+        cover = math.inf
+    else:
+        arrivals = [a if a.input_tokens <= max_input else dataclasses.replace(a, input_tokens=max_input)
+                    for a in rec.arrivals]
+        duration = max(rec.span_s, 1e-3)
+        cover = max(p.cover_rate()[0], rate)
     out = []
     for c in cands:
         doc = to_model(result, c)
         m = cluster_spec(doc)
         r = simulate(m.cluster, arrivals, seed=s.seed, slo=m.slo, window_s=duration)
-        sim = measure(r, m.slo, warmup_s=duration * s.warmup_share)
+        sim = measure(r, m.slo, warmup_s=duration * s.warmup_share,
+                      window_width_s=s.window_s if rec is not None else None)
         if math.isnan(c.ttft_p95_ms):
             result_ev_fill(result, c)
         pred = {"attainment": round(c.goodput, 4), "goodput_rps": round(c.goodput * rate, 3),
                 "ttft_p95_ms": round(c.ttft_p95_ms, 1), "tpot_p95_ms": round(c.tpot_p95_ms, 2)}
         out.append(VerifyRow(result.ranked.index(c) + 1 if c in result.ranked else 0, c.label(), pred, sim,
-                             p.slo.goodput_target, m.slo))
+                             p.slo.goodput_target, m.slo, cover, c))
     return out
 
 
@@ -358,10 +454,12 @@ def result_ev_fill(result: Any, c: Any) -> None:
     Evaluator(p, build_workload(p), p.model.resolve(), T[p.kv_transport]).fill_percentiles(c)
 
 
-def render_verify(rows: Sequence[VerifyRow], settings: VerifySettings, rate: float) -> str:
+def render_verify(rows: Sequence[VerifyRow], settings: VerifySettings, rate: float,
+                  rec: Recorded | None = None) -> str:
     s = settings
+    wcol = f"worst {s.window_s:g}-s window"
     head = ("#", "candidate", "goodput pred", "goodput sim", "req/s pred", "req/s sim", "TTFT p95 pred",
-            "TTFT p95 sim", "TPOT p95 pred", "TPOT p95 sim", "paths (sim)", "verdict")
+            "TTFT p95 sim", "TPOT p95 pred", "TPOT p95 sim", wcol, "paths (sim)", "verdict")
     lines = []
     for r in rows:
         sim = r.simulated
@@ -369,15 +467,25 @@ def render_verify(rows: Sequence[VerifyRow], settings: VerifySettings, rate: flo
         verdict = (f"MISSES target {r.target:.0%} in the twin" if r.misses else "ok")
         if sim.errors:
             verdict += f"; {sim.errors} errors"
+        w = r.worst_window
         lines.append((str(r.rank), r.label, f"{r.predicted['attainment']:.1%}", f"{sim.attainment:.1%}",
                       f"{r.predicted['goodput_rps']:.1f}", f"{sim.goodput_rps:.1f}",
                       _f(r.predicted["ttft_p95_ms"], 0), _f(sim.ttft_p95_ms, 0),
-                      _f(r.predicted["tpot_p95_ms"], 1), _f(sim.tpot_p95_ms, 1), paths, verdict))
+                      _f(r.predicted["tpot_p95_ms"], 1), _f(sim.tpot_p95_ms, 1),
+                      "-" if w is None else f"{w:.1%}", paths, verdict))
     widths = [max([len(h)] + [len(x[k]) for x in lines]) for k, h in enumerate(head)]
-    fmt = "  ".join(f"{{:{'<' if k in (1, 10, 11) else '>'}{w}}}" for k, w in enumerate(widths))
+    fmt = "  ".join(f"{{:{'<' if k in (1, 11, 12) else '>'}{w}}}" for k, w in enumerate(widths))
+    if rec is None:
+        what = (f"Poisson arrivals at the peak {rate:g} req/s drawn from the profile for {s.duration(rate):g} s of "
+                f"virtual time (seed {s.seed})")
+    else:
+        cover = rows[0].cover_rps if rows else rate
+        what = (f"the {len(rec.arrivals)} recorded arrivals of {rec.source} ({rec.note}; tokens "
+                + ("as recorded" if rec.tokens_recorded else "drawn from the profile")
+                + f"), judged overall and in every {s.window_s:g}-s window at ≤ {cover:.3g} req/s (the plan's "
+                "cover rate)")
     out = [f"verify: the top {len(rows)} candidates in the discrete-event twin (disagg.twin), each as its emitted "
-           f"spec: Poisson arrivals at the peak {rate:g} req/s drawn from the profile for "
-           f"{s.duration(rate):g} s of virtual time (seed {s.seed}), the first {s.warmup_share:.0%} warm-up; "
+           f"spec: {what}, the first {s.warmup_share:.0%} warm-up; "
            f"goodput = share of measured requests meeting both SLOs",
            fmt.format(*head), fmt.format(*("-" * w for w in widths))]
     out += [fmt.format(*x).rstrip() for x in lines]
