@@ -112,6 +112,7 @@ class Candidate:
     xfer_p95_ms: float = math.nan
     short_of_headroom: bool = False  # meets the SLOs at the peak, not at the cover rate
     margin: Margin | None = None
+    capacity_rps: float | None = None  # Evaluator.capacity, once computed
 
     @property
     def gpus(self) -> int:
@@ -268,6 +269,8 @@ class Evaluator:
         def ok(rate: float) -> bool:
             return self.evaluate(mode, thr, pkey, np_, dkey, d, rate).feasible
 
+        if c.capacity_rps is not None:
+            return c.capacity_rps
         lo, hi = 0.0, self.wl.peak_rps
         floor = self.wl.peak_rps * 1e-3  # below a thousandth of the peak: 0 (it holds no traffic worth the name)
         while ok(hi) and hi < 1e6:
@@ -279,6 +282,7 @@ class Evaluator:
             else:
                 hi = mid
         self.evaluated = n
+        c.capacity_rps = lo
         return lo
 
     def fill_margin(self, c: Candidate) -> None:
@@ -384,7 +388,7 @@ def search(p: Profile) -> PlanResult:
                         cands.append(c)
                         if c.feasible or not decode_ok or floor > 1 - P95:
                             break
-    ranked = rank(cands)
+    ranked = rank(cands, ev)
     if ranked and not ranked[0].feasible:
         ranked = closest(ev, ranked, p)
     shown = display_set(ranked)
@@ -395,10 +399,22 @@ def search(p: Profile) -> PlanResult:
                       ev.cover_what)
 
 
-def rank(cands: Sequence[Candidate]) -> list[Candidate]:
+TIE_HEAD = 8  # the cheapest candidates (and all that cost the same as the last of them) get their capacity
+
+
+def rank(cands: Sequence[Candidate], ev: Evaluator | None = None) -> list[Candidate]:
+    """Feasible candidates by cost, then — with ``ev`` — the most capacity (headroom: among plans that cost the
+    same, the one that holds the most traffic; computed for the cheapest ``TIE_HEAD`` and their cost ties), then
+    goodput; then the infeasible ones, closest first."""
     feasible = sorted((c for c in cands if c.feasible),
                       key=lambda c: (round(c.cost_per_hour, 6), -round(c.goodput, 4), c.gpus,
                                      c.pqueue.rho + c.dside.prefill_share))
+    if ev is not None and feasible:
+        last = round(feasible[min(TIE_HEAD, len(feasible)) - 1].cost_per_hour, 6)
+        n = sum(1 for c in feasible if round(c.cost_per_hour, 6) <= last)
+        head = sorted(feasible[:n], key=lambda c: (round(c.cost_per_hour, 6), -round(ev.capacity(c), 2),
+                                                   -round(c.goodput, 4), c.gpus))
+        feasible = head + feasible[n:]
     rest = sorted((c for c in cands if not c.feasible),
                   key=lambda c: (bool(c.dside.saturated or c.pqueue.saturated), round(c.shortfall, 3),
                                  c.cost_per_hour, -c.goodput))
