@@ -452,9 +452,42 @@ def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
                     + (f"{b['config']} ({b['gpus']}) | " if b else "none within the budget | ")
                     + f"{len(m['sweep'])} | {_pct(m['cost_gap'])} | {_pct(m['goodput_gap_at_pick_gpus'])} | "
                     f"{'yes' if m['pick_ok'] else '**no**'} |")
-    return {"accuracy": "\n".join(acc), "pick": "\n".join(pick)}
+    return {"accuracy": "\n".join(acc), "pick": "\n".join(pick), "bursty": _bursty_table(res)}
+
+
+def _process(a: dict[str, Any]) -> str:
+    if a["kind"] == "gamma":
+        return f"gamma renewal, cv {a['cv']:g}, {a['mean_rps']:g} req/s"
+    return (f"MMPP: {a['base_rps']:g} req/s, bursts of {a['burst_rps']:g} req/s ({a['burst_s']:g} s mean, every "
+            f"{a['base_s']:g} s)")
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _bursty_table(res: dict[str, Any]) -> str:
+    w = res.get("window_s", WINDOW_S)
+    out = [f"| mix | arrivals | measured: mean · 60-s peak (peakRps) · 10-s · 1-s peak req/s, cv | sized for req/s | "
+           f"pick (GPUs) | twin goodput · worst {w:g}-s window ≤ peakRps | holds | smooth planner's pick (GPUs) | "
+           f"its goodput · worst window | cheapest that holds (GPUs) | pick's GPUs over it |",
+           "|---|---|---|---:|---|---|---|---|---|---|---:|"]
+    for m in res["mixes"]:
+        if "arrival_process" not in m:
+            continue
+        b, pk, sm, best = m["burstiness"], m["pick"], m["smooth_pick"], m["best"]
+        out.append(
+            f"| {m['mix']} | {_process(m['arrival_process'])} | {m['mean_rps']:.3g} · {m['peak_rps']:.3g} · "
+            f"{b.get('peakRps10s', math.nan):.3g} · {b.get('peakRps1s', math.nan):.3g}, cv "
+            f"{b.get('interarrivalCv', 1.0):g} | {m['cover_rps']:.3g} | {pk['config']} ({pk['gpus']}) | "
+            f"{pk['twin']:.1%} · {_share(pk['twin_worst_window'])} | {'yes' if pk['twin_feasible'] else '**no**'} | "
+            f"{sm['config']} ({sm['gpus']}) | {sm['twin']:.1%} · {_share(sm['twin_worst_window'])}"
+            f"{'' if sm['twin_feasible'] else ' (**misses**)'} | "
+            + (f"{best['config']} ({best['gpus']})" if best else "none within the budget")
+            + f" | {'-' if m['gpu_gap'] is None else format(m['gpu_gap'], '+d')} |")
+    return "\n".join(out)
 
 
 def table(doc: dict[str, Any]) -> str:
     t = render_tables(doc)
-    return t["accuracy"] + "\n\n" + t["pick"]
+    return t["accuracy"] + "\n\n" + t["pick"] + "\n\n" + t["bursty"]
