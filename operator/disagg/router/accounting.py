@@ -141,6 +141,7 @@ def end_span(ctx: Ctx) -> None:
             "disagg.input_tokens": ctx.input_tokens, "disagg.estimated": sorted(ctx.estimated),
         }
         for k, v in (("disagg.fallback", ctx.fallback), ("disagg.prefill_worker", ctx.prefill_worker),
+                     ("disagg.admission", ctx.admission), ("disagg.admission_reason", ctx.admission_reason),
                      ("disagg.decode_worker", ctx.decode_worker), ("disagg.output_tokens", ctx.output_tokens)):
             if v is not None:
                 a[k] = v
@@ -208,6 +209,7 @@ class Accounting:
             tenant=ctx.tenant, stream=ctx.stream, input_tokens=ctx.input_tokens, output_tokens=ctx.output_tokens,
             decision=ctx.decision, reason=ctx.reason, path=path, fallback=ctx.fallback, probe=ctx.probe,
             placement=ctx.placement, rejected_placement=ctx.rejected_placement,
+            admission=ctx.admission, admission_reason=ctx.admission_reason,
             prefill_worker=ctx.prefill_worker, decode_worker=ctx.decode_worker, outcome=ctx.outcome, status=ctx.status,
             timings_ms={k: round(v * 1000, 3) for k, v in ctx.timings.items()},
             estimated=sorted(ctx.estimated) if ctx.estimated else [],

@@ -33,14 +33,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..api.contract import RouterConfig
-from ..api.spec import TENANT_PRIORITY, priority_scheduling
+from ..api.spec import (
+    DEFAULT_MAX_QUEUE_TIME_MS,
+    DEFAULT_MAX_QUEUED,
+    TENANT_PRIORITY,
+    admission_active,
+    priority_scheduling,
+)
 from ..perf.costs import EngineCost
 from . import features
+from . import placement as pl
+from .admission import AdmissionQueue, QueueTimeoutError
 from .breaker import Breakers, Ticket
 from .load import TenantStats, Worker, WorkerSet
 from .metrics import RouterMetrics
@@ -64,6 +73,14 @@ R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
 OnCommit = Callable[[], None]
+
+# Admission (admit): a request is past the knee when its predicted TTFT exceeds the SLO (or, for a prompt that
+# cannot make the SLO even on an idle engine, that idle TTFT) by more than this share of it. Negative: the
+# prediction is a median, and past the knee it runs short of what the engines then do (stale scrapes, local
+# prefills beside a full batch of streams: docs/router.md "Admission and overload"), so admission holds a request
+# predicted beyond half its SLO (`disagg bench overload` measured -0.5 against 0 and -0.3).
+ADMISSION_MARGIN = -0.5
+IDLE_FACTOR = 2.0  # … and beyond twice what it would take on an idle engine (a long prompt is not an overload)
 
 
 class Legs(Protocol[R_co]):
@@ -127,6 +144,10 @@ class RequestCore(Generic[R]):
         self._probing = False
         self._costs_of: RouterConfig | None = None
         self._costs: dict[str, EngineCost] = {}
+        self.admission_margin = ADMISSION_MARGIN
+        self.last_prediction = (0.0, 0.0)  # admission's last (predicted TTFT, target) (for tests and benches)
+        self.serving = 0  # requests of this core between admission and their end (serve)
+        self.admission = AdmissionQueue(clock, lambda t, n: metrics.admission_queue.labels(t).set(n))
 
     # ------------------------------------------------------------------------------------ bookkeeping
     @contextlib.contextmanager
@@ -197,6 +218,15 @@ class RequestCore(Generic[R]):
                hashes: tuple[int, ...]) -> tuple[Decision, Ticket | None]:
         """Features → snapshot → decision for ``ctx`` (its input tokens counted), recorded on ``ctx`` (decision,
         reason, tenant, probe, the log's prefix family) and in ``disagg_routing_decisions_total``."""
+        d, ticket, _ = self._decide(ctx, cfg, tenant, max_tokens, hashes)
+        return self._count(d), ticket
+
+    def _count(self, d: Decision) -> Decision:
+        self.metrics.decisions.labels(d.decision, d.reason).inc()
+        return d
+
+    def _decide(self, ctx: Ctx, cfg: RouterConfig, tenant: str | None, max_tokens: int | None,
+                hashes: tuple[int, ...]) -> tuple[Decision, Ticket | None, LoadSnapshot]:
         feats = RequestFeatures(request_id=ctx.request_id, endpoint=ctx.endpoint, input_tokens=ctx.input_tokens,
                                 max_tokens=max_tokens, tenant=tenant,
                                 canary_fraction=features.request_hash_fraction(ctx.request_id))
@@ -215,10 +245,130 @@ class RequestCore(Generic[R]):
             ctx.prediction = d.detail["prediction"]
             ctx.placement, ctx.rejected_placement = d.detail["placement"], d.detail["rejected"]
         ctx.probe = d.reason == "mode_probe"
-        self.metrics.decisions.labels(d.decision, d.reason).inc()
         if d.est_prefill_wait_ms is not None:
             ctx.timings["est_prefill_wait"] = d.est_prefill_wait_ms / 1000.0
-        return d, ticket
+        return d, ticket, snap
+
+    # ------------------------------------------------------------------------------------ admission
+    async def admit(self, ctx: Ctx, cfg: RouterConfig, tenant: str | None, max_tokens: int | None,
+                    hashes: tuple[int, ...]) -> tuple[Decision, Ticket | None]:
+        """:meth:`decide`, then admission under overload (issue 29; docs/router.md "Admission and overload"): when
+        a tenant's ``overload`` is not Admit, the router predicts each request's TTFT on the placement chosen (the
+        SLO placement's prediction, or the same model priced for the Thresholds ladder's choice). A request whose
+        prediction misses ``spec.slo.ttftP95Ms`` by :data:`ADMISSION_MARGIN` is, by its tenant's policy, served
+        anyway (Admit), refused with 429 (Shed: a ``reject`` decision, reason ``overload_shed``), or held in the
+        admission queue (Queue: admission.py) until a completion releases it and a fresh decision finds it within
+        the SLO, or its ``maxQueueTimeMs`` passes (reason ``admission_queue_timeout``); a full queue refuses at
+        once (``admission_queue_full``). A request predicted within the SLO is never held, and nothing is held or
+        refused while this core has no request in flight. The wait counts in the request's TTFT (its ``t0`` is its
+        arrival)."""
+        d, ticket, snap = self._decide(ctx, cfg, tenant, max_tokens, hashes)
+        if d.decision == "reject" or not admission_active(cfg.routing):
+            ctx.admitted_at = self.clock()
+            return self._count(d), ticket
+        t = find_tenant(cfg, tenant)
+        policy = t.overload if t is not None else "Admit"
+        prio = t.priority if t is not None else "Interactive"
+        over, excess = self._over_slo(cfg, d, snap, ctx, max_tokens)
+        if not over:
+            return self._admitted(ctx, d, ticket, prio, "within_slo")
+        if policy == "Admit":
+            return self._admitted(ctx, d, ticket, prio, "over_slo")
+        if self.serving == 0:
+            return self._admitted(ctx, d, ticket, prio, "nothing_in_flight")
+        if ticket is not None:
+            ticket.release()
+        if policy == "Shed":
+            return self._shed(ctx, d, prio, "over_slo", "overload_shed", excess), None
+        assert t is not None
+        max_wait = (t.max_queue_time_ms or DEFAULT_MAX_QUEUE_TIME_MS) / 1000.0
+        w = self.admission.enter(d.tenant, TENANT_PRIORITY[prio], max_wait, t.max_queued or DEFAULT_MAX_QUEUED)
+        if w is None:
+            return self._shed(ctx, d, prio, "queue_full", "admission_queue_full", max_wait), None
+        outcome = "cancelled"
+        try:
+            while True:
+                try:
+                    await self.admission.wait(w)
+                except QueueTimeoutError:
+                    outcome = "shed"
+                    return self._shed(ctx, d, prio, "queue_timeout", "admission_queue_timeout", 1.0), None
+                d, ticket, snap = self._decide(ctx, cfg, tenant, max_tokens, hashes)
+                if d.decision == "reject":
+                    outcome = "rejected"
+                    return self._count(d), ticket
+                over, _ = self._over_slo(cfg, d, snap, ctx, max_tokens)
+                if not over or self.serving == 0:
+                    outcome = "admitted"
+                    return self._admitted(ctx, d, ticket, prio, "nothing_in_flight" if over else "released")
+                if ticket is not None:
+                    ticket.release()
+                self.admission.again(w)
+        finally:
+            wait = self.clock() - w.enqueued_at
+            ctx.timings["admission_wait"] = wait
+            self.metrics.admission_wait.labels(d.tenant).observe(wait)
+            if outcome == "cancelled":
+                ctx.admission, ctx.admission_reason = "cancelled", "client_gone"
+                self.metrics.admission.labels(d.tenant, prio, "cancelled", "client_gone").inc()
+
+    def _admitted(self, ctx: Ctx, d: Decision, ticket: Ticket | None, prio: str,
+                  reason: str) -> tuple[Decision, Ticket | None]:
+        ctx.admission, ctx.admission_reason, ctx.admitted_at = "admitted", reason, self.clock()
+        self.metrics.admission.labels(d.tenant, prio, "admitted", reason).inc()
+        return self._count(d), ticket
+
+    def _shed(self, ctx: Ctx, d: Decision, prio: str, reason: str, decision_reason: str,
+              retry_after_s: float) -> Decision:
+        """A 429 for admission: a ``reject`` decision with the seconds after which a retry may find room."""
+        ctx.admission, ctx.admission_reason = "shed", reason
+        ctx.decision, ctx.reason = "reject", decision_reason
+        ctx.placement = ctx.rejected_placement = ctx.prediction = None
+        self.metrics.admission.labels(d.tenant, prio, "shed", reason).inc()
+        return self._count(Decision("reject", decision_reason, tenant=d.tenant, bucket=d.bucket, status=429,
+                                    detail={"retry_after": max(1, math.ceil(retry_after_s))}))
+
+    def _over_slo(self, cfg: RouterConfig, d: Decision, snap: LoadSnapshot, ctx: Ctx,
+                  max_tokens: int | None) -> tuple[bool, float]:
+        """Whether ``d``'s predicted TTFT misses the SLO by the admission margin, and by how many seconds it
+        exceeds that limit. The SLO placement's own prediction when it made one, else the same model (placement.py)
+        on the ladder's choice, at least the ladder's prefill-queue estimate for a remote one; plus the wait for
+        room on a decode worker that is out of it (:func:`room_wait`). A prompt long enough that even an idle
+        engine takes a good part of the SLO is held only past :data:`IDLE_FACTOR` times that idle TTFT."""
+        slo = cfg.slo.ttft_p95_ms / 1000.0
+        pred = d.detail.get("prediction")
+        tokens = ctx.input_tokens
+        by_url = {w.url: w for w in (*snap.decode, *snap.aggregated, *snap.prefill)}
+        out = float(max_tokens if max_tokens is not None else
+                    snap.tenant_avg_output_tokens or self.tuning.default_output_tokens)
+        if isinstance(pred, Prediction):
+            ttft, tpot = pred.ttft_s, pred.tpot_s
+            dw, first = by_url.get(pred.worker), by_url.get(pred.prefill_worker or pred.worker)
+        else:
+            slo_tpot = cfg.slo.tpot_p95_ms / 1000.0
+            dw = by_url.get(d.decode or "")
+            pw = next((w for w in snap.prefill if w.url == d.prefill), None) if d.prefill else None
+            if dw is None:
+                return False, 0.0
+            if d.decision == "remote" and pw is not None:
+                p = pl.predict_remote(pw, pl.cost_of(pw), dw, pl.cost_of(dw), tokens, slo_tpot, out, slo_ttft_s=slo)
+                first = pw
+            else:
+                p = pl.predict_whole(dw, pl.cost_of(dw), tokens, "local", slo_tpot, out, slo_ttft_s=slo)
+                first = dw
+            ttft, tpot = p.ttft_s, p.tpot_s
+        if dw is not None:
+            ttft += room_wait(dw, out, tpot)
+        limit = slo * (1.0 + self.admission_margin)
+        if first is not None:
+            cost = pl.cost_of(first)
+            idle = cost.request_overhead_s + cost.prefill(tokens).seconds
+            limit = max(limit, IDLE_FACTOR * idle)
+            if d.decision == "remote" and d.est_prefill_wait_ms is not None:
+                # the ladder's backlog clock (load.py) sees the prefill queue from what it sent: the larger wins
+                ttft = max(ttft, d.est_prefill_wait_ms / 1000.0 + idle)
+        self.last_prediction = (ttft, limit)
+        return ttft > limit, max(0.0, ttft - limit)
 
     def fallback_worker(self, exclude: set[str], prefer: str | None = None) -> str | None:
         """A worker for local/aggregated serving: the aggregated pool first, else the least loaded decode worker."""
@@ -293,7 +443,8 @@ class RequestCore(Generic[R]):
             if kv is not None:  # the KV hand-off's time, what a hedge waits against
                 w.observe_remote_ttfb(self.clock() - started, ctx.input_tokens)
             if pred is not None and ctx.fallback is None and pred.ttft_s > 0:
-                ratio = (self.clock() - ctx.t0) / pred.ttft_s
+                # from the decision the prediction was made for (after any wait in the admission queue)
+                ratio = (self.clock() - (ctx.t0 if ctx.admitted_at is None else ctx.admitted_at)) / pred.ttft_s
                 self.metrics.prediction_ratio.labels("ttft", w.role).observe(ratio)
                 if kv is None:  # the whole request here: the TTFT is this worker's prefill
                     w.correct("prefill", ratio)
@@ -318,12 +469,18 @@ class RequestCore(Generic[R]):
     # ------------------------------------------------------------------------------------ the paths
     async def serve(self, ctx: Ctx, cfg: RouterConfig, d: Decision, hashes: tuple[int, ...], ticket: Ticket | None,
                     legs: Legs[R]) -> R:
-        """Serve a decision; a remote one comes with the breaker ticket it was admitted with."""
-        if d.decision == "remote" and ticket is not None:
-            ctx.path = "remote"
-            return await self._remote(ctx, cfg, d, hashes, ticket, legs)
-        ctx.path = "local"
-        return await self._local(ctx, legs, d.decode, hashes, exclude=set())
+        """Serve a decision; a remote one comes with the breaker ticket it was admitted with. Its end releases
+        the next request of the admission queue to be checked again (admit)."""
+        self.serving += 1
+        try:
+            if d.decision == "remote" and ticket is not None:
+                ctx.path = "remote"
+                return await self._remote(ctx, cfg, d, hashes, ticket, legs)
+            ctx.path = "local"
+            return await self._local(ctx, legs, d.decode, hashes, exclude=set())
+        finally:
+            self.serving -= 1
+            self.admission.release(newest_first_after(cfg))
 
     async def _remote(self, ctx: Ctx, cfg: RouterConfig, d: Decision, hashes: tuple[int, ...], ticket: Ticket,
                       legs: Legs[R]) -> R:
@@ -482,6 +639,28 @@ class RequestCore(Generic[R]):
     def _give_up(ctx: Ctx, legs: Legs[R], e: UpstreamError) -> R:
         ctx.outcome, ctx.status = "upstream_error", give_up_status(e)
         return legs.give_up(ctx, e)
+
+
+ROOM_FULL_KV = 0.9  # a worker this full of KV blocks admits new streams only as others finish
+
+
+def newest_first_after(cfg: RouterConfig) -> float:
+    """A tenant's admission queue is released newest first once its oldest request has waited this long: half the
+    TTFT SLO (admission.py, adaptive LIFO)."""
+    return cfg.slo.ttft_p95_ms / 2000.0
+
+
+def room_wait(w: WorkerLoad, out_tokens: float, tpot_s: float) -> float:
+    """Admission's wait for room on the worker that decodes: with ``w.queued`` requests waiting for room (KV
+    blocks or sequence slots) at its last scrape, a new one waits until that many of its ``w.running`` streams
+    have finished, and streams finish at about ``running / (out_tokens × TPOT)`` per second (Little's law). The
+    placement's TTFT (placement.py) prices a queue of compute, not of room; past the knee the room is what runs
+    out first on a decode worker."""
+    if w.running < 1:
+        return 0.0
+    # the scrape is up to an interval old: on a full worker the router's own requests beyond those running wait too
+    queued = max(w.queued, w.inflight - w.running) if w.kv_usage >= ROOM_FULL_KV else w.queued
+    return max(0.0, queued) * out_tokens * tpot_s / w.running
 
 
 async def _cancel(task: asyncio.Task[Any] | None) -> None:

@@ -110,6 +110,20 @@ class RouterMetrics:
             "disagg_tracing_errors", "Tracing problems, by reason (export_failed: a span batch the OTLP endpoint did "
             "not take; invalid_sample_ratio, invalid_endpoint: bad configuration). Requests are never affected.",
             ["reason"], registry=r)
+        # admission under overload (router/admission.py, core.py RequestCore.admit); only when a tenant's overload
+        # policy is not Admit
+        self.admission = Counter(
+            "disagg_admission", "Admission decisions under overload, per tenant and its priority class, by outcome "
+            "(admitted, shed, cancelled) and reason (admitted: within_slo, over_slo (overload: Admit), released "
+            "(after a queue wait), nothing_in_flight; shed: over_slo (overload: Shed), queue_full, queue_timeout; "
+            "cancelled: client_gone).", ["tenant", "priority", "outcome", "reason"], registry=r)
+        self.admission_queue = Gauge(
+            "disagg_admission_queue_length", "Requests waiting in the router's admission queue, per tenant.",
+            ["tenant"], registry=r, multiprocess_mode="livesum")
+        self.admission_wait = Histogram(
+            "disagg_admission_wait_seconds", "Time a request waited in the router's admission queue (released, "
+            "timed out or cancelled); it counts in the request's TTFT.", ["tenant"], registry=r,
+            buckets=LATENCY_BUCKETS)
         for reason in ("export_failed", "invalid_sample_ratio", "invalid_endpoint"):
             self.tracing_errors.labels(reason)
         for outcome in ("ok", "failed"):

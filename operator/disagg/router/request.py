@@ -19,8 +19,9 @@ HOP_HEADERS = {"authorization"}  # forwarded from the client to the workers
 
 
 def openai_error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": param, "code": status}}
+                 headers: dict[str, str] | None = None, code: str | int | None = None) -> web.Response:
+    """OpenAI's error shape; ``code`` defaults to the status."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": status if code is None else code}}
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json", headers=headers)
 
 
@@ -60,6 +61,11 @@ class Ctx:
     placement: dict[str, Any] | None = None
     rejected_placement: dict[str, Any] | None = None
     prediction: Any = None
+    # admission under overload (core.py RequestCore.admit): outcome and reason (None: admission is off), and when
+    # the request left the admission queue (core clock; the prediction ratios start there)
+    admission: str | None = None
+    admission_reason: str | None = None
+    admitted_at: float | None = None
 
     def mark_upstream(self) -> None:
         if self.first_upstream_at is None:

@@ -62,6 +62,19 @@ class RouterOptions:
     trace_sample_ratio: str | float | None = None  # validated at start (bad → default, a log line and a count)
 
 
+# The router's own refusals (decision reject): the OpenAI error body's message; admission's carry their reason as
+# the body's ``code`` too (docs/router.md "Admission and overload").
+REJECT_MESSAGES = {
+    "prefill_queue_overload": "prefill queue is overloaded, retry later",
+    "no_decode_worker": "no ready worker for this model",
+    "overload_shed": "the deployment is past its capacity for this tenant (predicted time to first token over the "
+                     "SLO); retry after the Retry-After seconds",
+    "admission_queue_full": "too many of this tenant's requests are waiting for capacity; retry later",
+    "admission_queue_timeout": "the request waited for capacity longer than the tenant's maxQueueTimeMs; retry "
+                               "later",
+}
+
+
 class Router:
     def __init__(self, watcher: ConfigWatcher, workers: WorkerSet, options: RouterOptions | None = None,
                  metrics: RouterMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -219,14 +232,15 @@ class Router:
         ctx.input_tokens = features.count_input_tokens(req.view, self.opts.chars_per_token, self.opts.tokenize)
         hashes = features.prefix_block_hashes(req.view, self.opts.chars_per_token)
         tenant = features.match_tenant(request.headers, cfg.routing.tenants)
-        d, ticket = self.core.decide(ctx, cfg, tenant.name if tenant else None, req.max_tokens, hashes)
+        # the decision, and admission under overload (a wait in the router's queue counts in the TTFT: t0)
+        d, ticket = await self.core.admit(ctx, cfg, tenant.name if tenant else None, req.max_tokens, hashes)
 
         if d.decision == "reject":
             ctx.outcome, ctx.status, ctx.path = "rejected", d.status, "none"
-            msg = {"prefill_queue_overload": "prefill queue is overloaded, retry later",
-                   "no_decode_worker": "no ready worker for this model"}.get(d.reason, d.reason)
+            msg = REJECT_MESSAGES.get(d.reason, d.reason)
+            code = d.reason if d.reason.startswith(("overload_", "admission_")) else None
             return openai_error(d.status, msg, "server_overloaded" if d.status == 429 else "service_unavailable",
-                                headers={"Retry-After": "1"})
+                                headers={"Retry-After": str(d.detail.get("retry_after", 1))}, code=code)
         # under priority scheduling every leg carries the tenant's priority, not one the client chose
         body = req.body if ctx.priority is None else {**req.body, "priority": ctx.priority}
         return await self.core.serve(ctx, cfg, d, hashes, ticket, HttpLegs(self.upstream, request, body))

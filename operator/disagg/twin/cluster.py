@@ -490,7 +490,7 @@ class TwinCluster:
         ctx = Ctx(request_id=p.request_id, endpoint=a.endpoint, stream=a.stream, t0=o.sent)
         ctx.input_tokens = p.router_input_tokens
         tenant = features.tenant_named(a.tenant, cfg.routing.tenants)
-        d, ticket = self.core.decide(ctx, cfg, tenant.name if tenant else None, p.max_tokens, p.hashes)
+        d, ticket = await self.core.admit(ctx, cfg, tenant.name if tenant else None, p.max_tokens, p.hashes)
         o.decision = d
         key = f"{d.decision}:{d.reason}"
         self.decisions[key] = self.decisions.get(key, 0) + 1
