@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from typing import Any
@@ -84,7 +85,11 @@ class Client:
     async def config(self, **cfg: Any) -> None:
         """Write the router config (BASE_CONFIG + cfg) and wait until the router has loaded it."""
         before = (await self.get_json(self.url + "/health"))["config_generation"]
-        self.s["config"].write_text(yaml.safe_dump({**BASE_CONFIG, **cfg}))
+        # atomically, as the kubelet swaps a mounted ConfigMap: the router's file poll may read a file mid-write,
+        # and a truncated router.yaml can still be a valid config (the keys after the cut take their defaults)
+        tmp = self.s["config"].with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump({**BASE_CONFIG, **cfg}))
+        os.replace(tmp, self.s["config"])
 
         async def reloaded() -> bool:
             return (await self.get_json(self.url + "/health"))["config_generation"] != before
