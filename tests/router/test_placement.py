@@ -92,9 +92,12 @@ def test_without_a_ready_prefill_worker_the_slo_policy_stays_local() -> None:
     assert d.reason == "prefill_pool_starting"
 
 
-def test_the_thresholds_policy_is_the_default_and_ignores_predictions() -> None:
+def test_the_slo_policy_is_the_default_and_thresholds_ignores_predictions() -> None:
     c = RouterConfig.model_validate({"model": "m", "mode": "Disaggregated"})
-    assert c.routing.policy == "Thresholds"
+    assert c.routing.policy == "SLO"
+    d = decide(c, feats(200), LoadSnapshot(prefill=(prefill(),), decode=(decode(),)))
+    assert d.reason == "short_prompt" and "prediction" in d.detail
+    c = RouterConfig.model_validate({"model": "m", "mode": "Disaggregated", "routing": {"policy": "Thresholds"}})
     d = decide(c, feats(200), LoadSnapshot(prefill=(prefill(),), decode=(decode(),)))
     assert d.reason == "short_prompt" and "prediction" not in d.detail
 

@@ -37,7 +37,10 @@ TENANTS = [
 
 
 def cfg(**over: Any) -> RouterConfig:
-    return RouterConfig.model_validate(over)
+    """A router config on the rule ladder (``policy: Thresholds``): this file tests the ladder's rules one by one;
+    the SLO placement that overrules them by default is tested in test_placement.py."""
+    routing = {"policy": "Thresholds", **over.pop("routing", {})}
+    return RouterConfig.model_validate({**over, "routing": routing})
 
 
 def feats(tokens: int = LONG, max_tokens: int | None = 512, tenant: str | None = None, rid: str = "r",
