@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        "default thresholds and tuned ones), scores every run at TTFT/TPOT 1000/50, 1000/25 and "
                        "2000/100 ms and reports the best of each, the knees and the targets (disagg.bench.goodput). "
                        "--real: the real-process run (sims + router on loopback) on a small case, as a cross-check.")
-    g.add_argument("--mixes", nargs="+", default=["short-chat", "long-rag", "mixed"])
+    g.add_argument("--mixes", nargs="+", default=["short-chat", "long-rag", "mixed", "code-completion", "shifting"])
     g.add_argument("--gpus", type=int, nargs="+", default=[4],
                    help="simulated GPUs per deployment (one worker per GPU); the twin sweep runs each count given "
                    "(rates scale with it), --real the first")
@@ -38,9 +38,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="prefill workers of (b) and (c) to sweep (default: every P up to 4 GPUs, else 1/8..5/8)")
     g.add_argument("--budgets", default="2048,8192", metavar="N,N,...",
                    help="(a)'s chunked-prefill budgets (--max-num-batched-tokens) to sweep")
-    g.add_argument("--variants", nargs="+", default=["a", "b", "c-default", "c-tuned", "c-slo"],  # DEFAULT_VARIANTS
-                   choices=["a", "b", "c-default", "c-tuned", "c-slo"],
-                   help="deployments of the twin sweep (c-slo: the SLO placement preview, not part of (c))")
+    g.add_argument("--variants", nargs="+", default=["a", "b", "c-default", "c-thresholds"],  # DEFAULT_VARIANTS
+                   choices=["a", "b", "c-default", "c-thresholds", "c-tuned"],
+                   help="deployments of the twin sweep (c-default: what ships, deployed for each SLO; "
+                        "c-thresholds / c-tuned: the rule ladder with the CRD's / tuned thresholds)")
     g.add_argument("--jobs", type=int, default=1, help="twin runs in parallel processes (results do not change)")
     g.add_argument("--out", type=Path, default=None,
                    help="results file (default docs/results/goodput.json: the docs' tables come from it, `make docs`; "

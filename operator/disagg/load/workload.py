@@ -34,6 +34,10 @@ class Mix:
     name: str
     description: str
     classes: tuple[RequestClass, ...]
+    # a mix that shifts during the run: from ``shift_at`` (a share of the arrival window) requests are drawn from
+    # ``then`` instead of ``classes`` (the traffic a deployment sized for one mix meets after lunch)
+    then: tuple[RequestClass, ...] = ()
+    shift_at: float = 0.5
 
 
 MIXES: dict[str, Mix] = {
@@ -48,6 +52,19 @@ MIXES: dict[str, Mix] = {
         RequestClass("rag", 0.3, (4000, 10000), (128, 256), tenant="rag", shared_prefix_tokens=3000),
         RequestClass("chat", 0.45, (64, 512), (32, 192), tenant="chat"),
         RequestClass("stream", 0.25, (128, 1024), (512, 1024), tenant="stream"),
+    )),
+    # IDE code completion: a file's context as the prompt, a few tokens of answer, not chat (issue 27's
+    # "short outputs with mid-length prompts": ≈1.5k in / ≈15 out)
+    "code-completion": Mix("code-completion", "code completion: ≈1.5k-token prompts, ≈15-token answers", (
+        RequestClass("completion", 1.0, (1000, 2000), (8, 24), tenant="code", chat=False),
+    )),
+    "shifting": Mix("shifting", "a mix that shifts: RAG-heavy for the first half, then chat-heavy", (
+        RequestClass("rag", 0.7, (4000, 10000), (128, 256), tenant="rag", shared_prefix_tokens=3000),
+        RequestClass("chat", 0.3, (64, 512), (32, 192), tenant="chat"),
+    ), then=(
+        RequestClass("rag", 0.1, (4000, 10000), (128, 256), tenant="rag", shared_prefix_tokens=3000),
+        RequestClass("chat", 0.7, (64, 512), (32, 192), tenant="chat"),
+        RequestClass("stream", 0.2, (128, 1024), (512, 1024), tenant="stream"),
     )),
 }
 
@@ -83,15 +100,19 @@ def generate(mix: Mix, rate_per_s: float, duration_s: float, model: str, seed: i
     """Poisson arrivals at ``rate_per_s`` for ``duration_s`` seconds."""
     rng = random.Random(seed)
     prefixes = {c.name: [_words(random.Random(f"{mix.name}-{c.name}-{i}"), c.shared_prefix_tokens)
-                         for i in range(c.prefixes)] for c in mix.classes if c.shared_prefix_tokens}
+                         for i in range(c.prefixes)] for c in mix.classes + mix.then if c.shared_prefix_tokens}
     weights = [c.weight for c in mix.classes]
+    then_weights = [c.weight for c in mix.then]
     out: list[Request] = []
     t, i = 0.0, 0
     while True:
         t += rng.expovariate(rate_per_s)
         if t >= duration_s:
             return out
-        c = rng.choices(mix.classes, weights)[0]
+        if mix.then and t >= mix.shift_at * duration_s:
+            c = rng.choices(mix.then, then_weights)[0]
+        else:
+            c = rng.choices(mix.classes, weights)[0]
         n_in = rng.randint(*c.input_tokens)
         n_out = rng.randint(*c.output_tokens)
         prefix = rng.choice(prefixes[c.name]) if c.name in prefixes else ""
