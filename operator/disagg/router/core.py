@@ -362,7 +362,7 @@ class RequestCore(Generic[R]):
         limit = slo * (1.0 + self.admission_margin)
         if first is not None:
             cost = pl.cost_of(first)
-            idle = cost.request_overhead_s + cost.prefill(tokens).seconds
+            idle = (cost.request_overhead_s + cost.prefill(tokens).seconds) * first.f_prefill
             limit = max(limit, IDLE_FACTOR * idle)
             if d.decision == "remote" and d.est_prefill_wait_ms is not None:
                 # the ladder's backlog clock (load.py) sees the prefill queue from what it sent: the larger wins
