@@ -55,7 +55,8 @@ def test_committed_results_render_and_every_mix_is_reported() -> None:
         err = (m["pick"]["predicted"] - m["pick"]["twin"]) / m["pick"]["twin"]
         assert abs(err - m["accuracy"]["error"]) < 1e-3
         assert m["accuracy"]["ok"] == (abs(m["accuracy"]["error"]) <= res["accuracy_tolerance"])
-        assert m["pick"]["config"] in {r["config"] for r in m["sweep"]}
+        if m["mix"] not in ARRIVALS:  # a bursty mix's sweep may stop below the pick's GPUs (it walks down)
+            assert m["pick"]["config"] in {r["config"] for r in m["sweep"]}
         if m["mix"] in ARRIVALS:
             assert m["mix"] in tables["bursty"]
             # a bursty mix's verdicts follow from its windows: the worst is the lowest within the declared peak
