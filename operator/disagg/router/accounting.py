@@ -152,7 +152,7 @@ def end_span(ctx: Ctx) -> None:
             for k, v in (chosen or {}).items():
                 a[prefix if k == "placement" else f"{prefix}.{k}"] = v
         span.set_attributes(a)
-        if ctx.outcome not in ("ok", "client_error", "rejected"):
+        if ctx.outcome not in ("ok", "client_error", "rejected", "shed"):
             from opentelemetry.trace import Status, StatusCode
 
             span.set_status(Status(StatusCode.ERROR, ctx.outcome or "unknown"))

@@ -77,7 +77,8 @@ class RouterMetrics:
             "router corrects each worker's predictions by its recent ratios (docs/router.md).", ["phase", "pool"],
             registry=r, buckets=RATIO_BUCKETS)
         self.requests = Counter("disagg_requests", "Requests by outcome (ok, client_error, upstream_error, "
-                                "rejected, cancelled).", ["outcome", "path"], registry=r)
+                                "rejected, shed (refused by admission under overload), cancelled).",
+                                ["outcome", "path"], registry=r)
         self.slo_requests = Counter("disagg_slo_requests", "Successful requests evaluated against the SLOs.",
                                     ["tenant"], registry=r)
         self.slo_met = Counter("disagg_slo_met_requests", "Requests that met both the TTFT and TPOT SLOs (goodput).",

@@ -236,9 +236,11 @@ class Router:
         d, ticket = await self.core.admit(ctx, cfg, tenant.name if tenant else None, req.max_tokens, hashes)
 
         if d.decision == "reject":
-            ctx.outcome, ctx.status, ctx.path = "rejected", d.status, "none"
+            # admission's refusals are the tenant's overload policy at work (outcome shed), not service errors
+            shed = ctx.admission == "shed"
+            ctx.outcome, ctx.status, ctx.path = "shed" if shed else "rejected", d.status, "none"
             msg = REJECT_MESSAGES.get(d.reason, d.reason)
-            code = d.reason if d.reason.startswith(("overload_", "admission_")) else None
+            code = d.reason if shed else None
             return openai_error(d.status, msg, "server_overloaded" if d.status == 429 else "service_unavailable",
                                 headers={"Retry-After": str(d.detail.get("retry_after", 1))}, code=code)
         # under priority scheduling every leg carries the tenant's priority, not one the client chose
