@@ -146,6 +146,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     help="results file (docs/results/plan.json: the docs' tables come from it; `make docs`)")
     pa.set_defaults(func=_cmd_plan_accuracy)
 
+    ov = sub.add_parser("overload", help="admission under overload in the twin: an Interactive tenant beside a "
+                        "Batch one stepped past the knee, with the batch tenant on Admit, Shed and Queue "
+                        "(disagg.bench.overload)",
+                        description="In the discrete-event twin (virtual time, deterministic for a seed): 1 prefill "
+                        "+ 1 decode worker; chat (Interactive) at a steady rate, batch (Batch) stepped from a third of "
+                        "its capacity to past the knee; per step and batch overload policy, each tenant's attainment "
+                        "and goodput at TTFT/TPOT 1000/100 ms (disagg.bench.overload).")
+    ov.add_argument("--duration", type=float, default=60.0, help="simulated seconds of arrivals per step")
+    ov.add_argument("--seed", type=int, default=0)
+    ov.add_argument("--out", type=Path, default=Path("docs/results/overload.json"),
+                    help="results file (docs/results/overload.json: the docs' tables come from it; `make docs`)")
+    ov.set_defaults(func=_cmd_overload)
+
 
 def _kv(items: list[str], what: str) -> dict[str, str]:
     out = {}
@@ -298,6 +311,31 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
     return main((["--strict"] if args.strict else []) + (["--out", str(args.out)] if args.out else [])
                 + (["--no-write"] if args.no_write else []))
+
+
+def _cmd_overload(args: argparse.Namespace) -> int:
+    import time
+
+    from ..plan.verify import quiet_logs
+    from ..results import invoked_command, machine_facts, results_doc, write_results
+    from . import overload
+
+    def say(row: dict[str, Any]) -> None:
+        c, b = row["chat"], row["batch"]
+        print(f"overload: batch {row['batch_rate']:g} req/s, {row['policy']}: chat attainment {c['attainment']}, "
+              f"batch attainment {b['attainment']} ({b['goodput_rps']} req/s within the SLO, {b['refused_429']} "
+              "refused)", flush=True)
+
+    def run() -> dict[str, Any]:
+        t0 = time.perf_counter()
+        with quiet_logs():
+            results = overload.run(args.duration, args.seed, progress=say)
+        doc = results_doc("overload", invoked_command(overload.COMMAND), results,
+                          machine_facts(wall_s=round(time.perf_counter() - t0, 1)))
+        write_results(args.out, doc)
+        return doc
+
+    return _run_and_report(run, lambda doc: "\n\n".join(overload.render_tables(doc).values()), args.out)
 
 
 def _cmd_plan_accuracy(args: argparse.Namespace) -> int:

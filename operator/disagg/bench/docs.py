@@ -64,6 +64,7 @@ REGISTRY: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("soak", "disagg.bench.soak", "make bench-soak"),
     Benchmark("plan", "disagg.bench.plan_accuracy", "make bench-plan"),
     Benchmark("twin", "disagg.twin.bench", "make bench-twin"),
+    Benchmark("overload", "disagg.bench.overload", "make bench-overload"),
     Benchmark("real-engine", "disagg.bench.real_engine", "make bench-real-engine"),
     # measured on an H200 (torch, not vLLM); it feeds the twin's calibration, whose module renders it
     Benchmark("h200-microbench", "disagg.sim.bench", "make gpu-microbench (on an H200)"),
