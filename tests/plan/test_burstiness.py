@@ -19,7 +19,15 @@ from disagg.plan.model import erlang_c, mgc, split_ca2
 from disagg.plan.profile import ProfileError, parse_profile
 from disagg.plan.reqlog import LogError, read_lines, read_times, traffic_from_log
 from disagg.plan.search import search
-from disagg.plan.verify import Measured, VerifyRow, VerifySettings, profile_arrivals, recorded, verify
+from disagg.plan.verify import (
+    Measured,
+    VerifyRow,
+    VerifySettings,
+    cheapest_holding,
+    profile_arrivals,
+    recorded,
+    verify,
+)
 from disagg.twin import SLO
 
 TINY: dict[str, Any] = {
@@ -303,6 +311,23 @@ def test_a_window_within_the_cover_rate_that_misses_fails_the_candidate() -> Non
     # Poisson verification (no windows): the overall attainment decides
     assert not VerifyRow(1, "x", {}, _measured([]), 0.9, slo).misses
     assert VerifyRow(1, "x", {}, _measured([], attainment=0.8), 0.9, slo).misses
+
+
+def test_the_pick_on_recorded_arrivals_is_the_cheapest_verified_candidate_that_holds() -> None:
+    result = search(parse_profile(tiny()))
+    a, b, c = result.ranked[:3]
+    slo = SLO(ttft_ms=600, tpot_ms=30)
+    bad = [{"start_s": 0.0, "rps": 8.0, "attainment": 0.7}]
+    good = [{"start_s": 0.0, "rps": 8.0, "attainment": 0.97}]
+
+    def row(rank: int, cand: Any, windows: list[dict[str, float]]) -> VerifyRow:
+        return VerifyRow(rank, cand.label(), {}, _measured(windows), 0.9, slo, cover_rps=10.0, candidate=cand)
+
+    got = cheapest_holding([row(1, a, bad), row(2, b, good), row(3, c, good)])
+    assert got is not None and got.candidate is b
+    assert cheapest_holding([row(1, a, bad), row(2, b, bad)]) is None
+    infeasible = next(x for x in result.ranked if not x.feasible)
+    assert cheapest_holding([row(1, infeasible, good)]) is None
 
 
 VERIFY = VerifySettings(top=2, window_s=10.0)

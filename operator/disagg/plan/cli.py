@@ -203,7 +203,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     rc = 0 if result.winner is not None else 1
     pick = result.winner
     if args.verify:
-        from .verify import SpecError, VerifySettings, quiet_logs, render_verify, verify
+        from .verify import SpecError, VerifySettings, cheapest_holding, quiet_logs, render_verify, verify
 
         s = VerifySettings(requests=args.verify_requests, seed=args.seed, top=args.verify_top)
         print()
@@ -224,8 +224,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                       + ("" if r.worst_window is None else f" (worst window {r.worst_window:.1%})") for r in missed))
         if rec is not None and pick is not None:
             # on recorded arrivals the pick is the cheapest verified candidate that holds them
-            held = next((r for r in vrows if not r.misses and r.candidate is not None and r.candidate.feasible),
-                        None)
+            held = cheapest_holding(vrows)
             if held is None:
                 print(f"no plan: none of the {len(vrows)} verified candidates holds the recorded arrivals in the "
                       "twin; verify more (--verify-top), declare the bursts (traffic.burstiness) or raise "

@@ -445,6 +445,12 @@ def verify(result: Any, settings: VerifySettings | None = None, candidates: Sequ
     return out
 
 
+def cheapest_holding(rows: Sequence[VerifyRow]) -> VerifyRow | None:
+    """The first (cheapest: rows are in the plan's rank order) verified row that holds its arrivals and whose
+    candidate the model calls feasible; None when none does."""
+    return next((r for r in rows if not r.misses and r.candidate is not None and r.candidate.feasible), None)
+
+
 def result_ev_fill(result: Any, c: Any) -> None:
     from ..perf.presets import TRANSPORTS as T
     from .model import build_workload
