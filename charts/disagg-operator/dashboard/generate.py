@@ -100,6 +100,13 @@ P.append(ts("Routing decisions", [(f'sum by (decision, reason) (rate(disagg_rout
 P.append(ts("Fallbacks by cause", [(f'sum by (cause) (rate(disagg_fallbacks_total{{{SEL}}}[{RI}]))', "{{cause}}")], "reqps", 8, y, stack=True))
 P.append(ts("Requests by outcome and path", [(f'sum by (outcome, path) (rate(disagg_requests_total{{{SEL}}}[{RI}]))', "{{outcome}} {{path}}")], "reqps", 16, y, stack=True))
 y += 8
+P.append(row("Admission under overload (tenants' overload: Queue | Shed)", y)); y += 1
+P.append(ts("Admission by tenant and outcome", [(f'sum by (tenant, outcome, reason) (rate(disagg_admission_total{{{SEL}}}[{RI}]))', "{{tenant}} {{outcome}}: {{reason}}")], "reqps", 0, y, stack=True,
+            desc="Only when a tenant's overload is not Admit. shed: refused with 429 (over_slo, queue_full, queue_timeout); admitted: within_slo, over_slo (Admit), released (after a wait). An Interactive tenant shed fires DisaggInteractiveTenantShed."))
+P.append(ts("Admission queue length by tenant", [(f'sum by (tenant) (disagg_admission_queue_length{{{SEL}}})', "{{tenant}}")], "short", 8, y))
+P.append(ts("Admission wait p95 by tenant", [(q(0.95, "disagg_admission_wait_seconds", by="tenant"), "{{tenant}}")], "s", 16, y,
+            desc="Time in the router's admission queue (counted in the TTFT)."))
+y += 8
 P.append(row("Pools", y)); y += 1
 P.append(ts("Replicas per pool", [(f'max by (pool) (disagg_workers{{{SEL}}})', "ready ({{pool}}, router view)"),
                                   (f'count by (role) (count by (role, pod) (vllm:num_requests_running{{{SEL}}}))', "pods scraped ({{role}})")], "short", 0, y,
