@@ -27,18 +27,27 @@ TENANTS: list[dict[str, Any]] = [
 
 
 @pytest.fixture(scope="module")
-def stack(processes, tmp_path_factory):
-    p = start_sim(processes, "prefill")
-    d = start_sim(processes, "decode")
+def sims(processes):
+    return processes, start_sim(processes, "prefill"), start_sim(processes, "decode")
+
+
+def router_with(sims, tmp_path_factory, tenants: list[dict[str, Any]]) -> Any:
+    processes, p, d = sims
     conf = tmp_path_factory.mktemp("admission") / "router.yaml"
     conf.write_text(yaml.safe_dump({"model": MODEL, "mode": "Disaggregated", "transferTimeoutMs": 30000,
-                                    "routing": {"tenants": TENANTS}, "slo": {"ttftP95Ms": 500}}))
+                                    "routing": {"tenants": tenants}, "slo": {"ttftP95Ms": 500}}))
     return start_router(processes, [p.url], [d.url], conf)
 
 
-async def post(s: aiohttp.ClientSession, url: str, tenant: str, max_tokens: int) -> tuple[int, bytes, dict, str]:
+@pytest.fixture(scope="module")
+def stack(sims, tmp_path_factory):
+    return router_with(sims, tmp_path_factory, TENANTS)
+
+
+async def post(s: aiohttp.ClientSession, url: str, tenant: str, max_tokens: int,
+               stream: bool = False) -> tuple[int, bytes, dict, str]:
     rid = uuid.uuid4().hex
-    body = {"model": MODEL, "prompt": long_prompt(), "max_tokens": max_tokens}
+    body = {"model": MODEL, "prompt": long_prompt(), "max_tokens": max_tokens, "stream": stream}
     async with s.post(url + "/v1/completions", json=body, headers={"X-Request-Id": rid, "x-tenant-id": tenant}) as r:
         return r.status, await r.read(), dict(r.headers), rid
 
@@ -83,3 +92,37 @@ async def test_a_shed_tenant_gets_429_with_retry_after_while_the_interactive_one
                                     outcome="admitted", reason=r) for r in ("within_slo", "over_slo",
                                                                             "nothing_in_flight"))
         assert admitted == len(chat)
+
+
+async def test_a_queued_request_waits_in_the_router_and_its_wait_is_in_its_ttft(sims, tmp_path_factory) -> None:
+    """The batch tenant on Queue (bounded wait): under the same flood its requests wait in the router's admission
+    queue and are released as requests complete, or refused with 429 at maxQueueTimeMs; a released request's
+    admission wait is inside its request_queue and TTFT timings (the clock starts at its arrival)."""
+    queue = [TENANTS[0], {**TENANTS[1], "overload": "Queue", "maxQueueTimeMs": 3000}]
+    proc = router_with(sims, tmp_path_factory, queue)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+        router = Router(proc, s)
+
+        async def released() -> list[dict[str, Any]]:
+            got = await asyncio.gather(*(post(s, router.url, "batch", 64, stream=True) for _ in range(30)))
+            for status, body, headers, _ in got:
+                if status == 429:  # only ever the queue's own refusals
+                    err = json.loads(body)["error"]
+                    assert err["code"] in ("admission_queue_timeout", "admission_queue_full"), err
+                    assert int(headers["Retry-After"]) >= 1
+                else:
+                    assert status == 200, body
+            lines = [await router.request_log(rid) for *_, rid in got]
+            return [x for x in lines if x["admission_reason"] == "released"]
+
+        lines = await until(released, 60, "a batch request released from the admission queue", interval=0.0)
+        for line in lines:
+            t = line["timings_ms"]
+            assert line["admission"] == "admitted" and line["status"] == 200
+            assert t["admission_wait"] > 0
+            assert t["request_queue"] >= t["admission_wait"] and t["ttft"] >= t["admission_wait"]
+        text = await router.metrics()
+        assert metric_value(text, "disagg_admission_total", tenant="batch", outcome="admitted",
+                            reason="released") >= len(lines)
+        assert metric_value(text, "disagg_admission_wait_seconds_count", tenant="batch") >= len(lines)
+        assert metric_value(text, "disagg_admission_queue_length", tenant="batch") == 0  # all left the queue
