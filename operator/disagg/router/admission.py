@@ -38,10 +38,6 @@ from dataclasses import dataclass, field
 # A tenant's share of the releases while several wait, by its vLLM priority (api/spec.py TENANT_PRIORITY).
 PRIORITY_WEIGHT: dict[int, float] = {0: 8.0, 1: 2.0, 2: 1.0}
 
-# Admission outcomes and their reasons (disagg_admission_total{outcome, reason}, the request log's admission fields)
-ADMITTED_REASONS = ("within_slo", "over_slo", "released", "nothing_in_flight")
-SHED_REASONS = ("over_slo", "queue_full", "queue_timeout")
-
 
 class QueueTimeoutError(Exception):
     """A waiting request's ``maxQueueTimeMs`` passed."""

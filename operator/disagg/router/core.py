@@ -145,7 +145,6 @@ class RequestCore(Generic[R]):
         self._costs_of: RouterConfig | None = None
         self._costs: dict[str, EngineCost] = {}
         self.admission_margin = ADMISSION_MARGIN
-        self.last_prediction = (0.0, 0.0)  # admission's last (predicted TTFT, target) (for tests and benches)
         self.serving = 0  # requests of this core between admission and their end (serve)
         self.admission = AdmissionQueue(clock, lambda t, n: metrics.admission_queue.labels(t).set(n))
 
@@ -367,7 +366,6 @@ class RequestCore(Generic[R]):
             if d.decision == "remote" and d.est_prefill_wait_ms is not None:
                 # the ladder's backlog clock (load.py) sees the prefill queue from what it sent: the larger wins
                 ttft = max(ttft, d.est_prefill_wait_ms / 1000.0 + idle)
-        self.last_prediction = (ttft, limit)
         return ttft > limit, max(0.0, ttft - limit)
 
     def fallback_worker(self, exclude: set[str], prefer: str | None = None) -> str | None:
