@@ -51,6 +51,10 @@ class EngineCost:
         # seconds per prompt token of a full-budget prefill step on an idle engine: the backlog clock's prior
         self.prefill_s_per_token = self.step(self.budget, 1, 1, self.budget * self.budget / 2.0,
                                              float(self.budget)) / self.budget
+        # decode-only steps by (batch, mean context), and (−batch, mean context) → the mixed step of a full chunk
+        # beside them: one placement prices the same worker's steps several times (its TPOT before and after, the
+        # stall of each prefill step against it); exact, cleared when large
+        self._decode_memo: dict[tuple[int, float], float] = {}
 
     @classmethod
     def from_profile(cls, profile: EngineProfile | None, served_model: str = "") -> EngineCost:
@@ -67,7 +71,14 @@ class EngineCost:
         """A decode-only step of ``batch`` streams with ``mean_ctx`` tokens of context each."""
         if batch <= 0:
             return 0.0
-        return self.step(batch, batch, batch, batch * (mean_ctx + 1.0), batch * (mean_ctx + 1.0))
+        key = (batch, mean_ctx)
+        t = self._decode_memo.get(key)
+        if t is None:
+            if len(self._decode_memo) >= 4096:
+                self._decode_memo.clear()
+            t = self._decode_memo[key] = self.step(batch, batch, batch, batch * (mean_ctx + 1.0),
+                                                   batch * (mean_ctx + 1.0))
+        return t
 
     def prefill(self, tokens: int, cached: int = 0, decodes: int = 0, mean_ctx: float = 0.0,
                 ahead: float = 0.0) -> PrefillCost:
@@ -100,7 +111,10 @@ class EngineCost:
         if prefill_rate <= 0:
             return t_d
         room = max(1, self.budget - streams)
-        t_m = self.prefill(room, 0, streams, mean_ctx).step_s
+        key = (-streams, mean_ctx)  # the mixed step of a full chunk beside them, memoised beside the decode steps
+        t_m = self._decode_memo.get(key)
+        if t_m is None:
+            t_m = self._decode_memo[key] = self.prefill(room, 0, streams, mean_ctx).step_s
         u = min(1.0, prefill_rate * t_m / room)
         return 1.0 / (u / t_m + (1.0 - u) / t_d)
 

@@ -143,8 +143,13 @@ def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: Eng
 def choose(options: list[Prediction], slo: SLOSpec) -> Prediction:
     """Fewest expected misses (this request and those it harms), then the most headroom; ties keep the listed
     order (local, remote, prefill worker). A prefill worker takes a whole request only with slack."""
-    feasible = [o for o in options if o.placement != "prefill_worker" or o.expected_misses(slo) < SLACK]
-    return min(feasible or options, key=lambda o: (round(o.expected_misses(slo), 3), o.headroom(slo)))
+    return choose_scored([(o, o.expected_misses(slo)) for o in options], slo)[0]
+
+
+def choose_scored(scored: list[tuple[Prediction, float]], slo: SLOSpec) -> tuple[Prediction, float]:
+    """:func:`choose` over options with their expected misses already priced (each priced once per decision)."""
+    feasible = [x for x in scored if x[0].placement != "prefill_worker" or x[1] < SLACK]
+    return min(feasible or scored, key=lambda x: (round(x[1], 3), x[0].headroom(slo)))
 
 
 def cost_of(w: WorkerLoad) -> EngineCost:

@@ -397,12 +397,13 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
             options.append(pl.predict_whole(pw, pl.cost_of(pw), f.input_tokens, "prefill_worker", slo_tpot, out,
                                             rate_floor=pool_rate, slo_ttft_s=slo_ttft))
     kind = "remote" if base.decision == "remote" else "prefill_worker" if base_worker is not None else "local"
-    chosen = next((o for o in options if o.placement == kind), options[0])
-    best = pl.choose(options, cfg.slo)
-    if best is not chosen and chosen.expected_misses(cfg.slo) - best.expected_misses(cfg.slo) < tuning.slo_override:
+    scored = [(o, o.expected_misses(cfg.slo)) for o in options]
+    chosen, chosen_misses = next((x for x in scored if x[0].placement == kind), scored[0])
+    best, best_misses = pl.choose_scored(scored, cfg.slo)
+    if best is not chosen and chosen_misses - best_misses < tuning.slo_override:
         best = chosen
-    others = [o for o in options if o is not best]
-    runner_up = pl.choose(others, cfg.slo) if others else None
+    others = [x for x in scored if x[0] is not best]
+    runner_up = pl.choose_scored(others, cfg.slo)[0] if others else None
     detail: dict[str, Any] = {**base.detail, **best.as_detail(),
                               "rejected": runner_up.as_detail() if runner_up else None, "prediction": best}
     if best is chosen:
