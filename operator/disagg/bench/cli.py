@@ -159,6 +159,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     help="results file (docs/results/overload.json: the docs' tables come from it; `make docs`)")
     ov.set_defaults(func=_cmd_overload)
 
+    de = sub.add_parser("decision", help="CPU per routing decision per policy (Thresholds, SLO) at 64 workers "
+                        "(disagg.bench.decision)")
+    de.add_argument("--snapshots", type=int, default=200, help="seeded load snapshots, idle to busy (>= 2)")
+    de.add_argument("--rounds", type=int, default=3, help="passes over every snapshot and prompt (>= 1)")
+    de.add_argument("--seed", type=int, default=0)
+    de.add_argument("--out", type=Path, default=Path("docs/results/decision.json"),
+                    help="results file (docs/results/decision.json: the docs' tables come from it; `make docs`)")
+    de.set_defaults(func=_cmd_decision)
+
 
 def _kv(items: list[str], what: str) -> dict[str, str]:
     out = {}
@@ -311,6 +320,19 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
     return main((["--strict"] if args.strict else []) + (["--out", str(args.out)] if args.out else [])
                 + (["--no-write"] if args.no_write else []))
+
+
+def _cmd_decision(args: argparse.Namespace) -> int:
+    from . import decision
+
+    if args.snapshots < 2:
+        print(f"disagg bench decision: --snapshots: must be >= 2, got {args.snapshots}")
+        return 2
+    if args.rounds < 1:
+        print(f"disagg bench decision: --rounds: must be >= 1, got {args.rounds}")
+        return 2
+    return _run_and_report(lambda: decision.run(args.snapshots, args.rounds, args.seed, out=args.out),
+                           lambda doc: decision.render_tables(doc)["cost"], args.out)
 
 
 def _cmd_overload(args: argparse.Namespace) -> int:

@@ -66,6 +66,7 @@ REGISTRY: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("twin", "disagg.twin.bench", "make bench-twin"),
     Benchmark("overload", "disagg.bench.overload", "make bench-overload"),
     Benchmark("real-engine", "disagg.bench.real_engine", "make bench-real-engine"),
+    Benchmark("decision", "disagg.bench.decision", "make bench-decision"),
     # measured on an H200 (torch, not vLLM); it feeds the twin's calibration, whose module renders it
     Benchmark("h200-microbench", "disagg.sim.bench", "make gpu-microbench (on an H200)"),
 )}
