@@ -9,9 +9,10 @@ breakers and the mode-probe limiter — and runs one request through it against 
 * the discrete-event twin (twin/cluster.py): engine legs that call the simulated engines in process (the KV
   hand-off through the in-process NIXL link).
 
-So a benchmark in the twin measures what ships: the same snapshot, the same decision and probe, the same breaker
-tickets, the same fallback causes and the same one local retry. A transport only moves bytes (or tokens) and says
-how a leg failed, with the cause names of docs/router.md ("Fallbacks"):
+So a benchmark in the twin measures what ships: the same snapshot, the same decision and probe, the same admission
+under overload (``admit``: admission.py's queue on the transport's clock), the same breaker tickets, the same
+fallback causes and the same one local retry. A transport only moves bytes (or tokens) and says how a leg failed,
+with the cause names of docs/router.md ("Fallbacks"):
 
 * ``prefill(ctx, worker, deadline)`` → the prefill response's ``kv_transfer_params`` (opaque), or raises
   ``UpstreamError`` with a ``prefill_*`` cause (``prefill_timeout`` when the deadline passed: the core tells a

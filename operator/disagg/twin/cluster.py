@@ -5,11 +5,11 @@ from the same flags ``disagg sim`` takes; its clock reads the virtual loop (cloc
 prefill and a decode engine goes through :class:`LocalKVLink` (the decode engine's ``kv_client``): the NIXL side
 channel's read → modelled transfer time → notification, as method calls instead of TCP.
 
-Requests go through the router's own request core (router/core.py ``RequestCore``: the load snapshot, the
-decision and mode probe, the circuit breakers, remote → fallback → the one local retry, the in-flight counts, the
-prefill backlog clock and the prefix index) over engine legs (legs.py ``EngineLegs``) instead of HTTP legs: one
-copy of the orchestration, so a benchmark here measures what ships. Scrapes run every ``scrape_interval_s`` of
-virtual time, so the snapshot is as stale as the real router's.
+Requests go through the router's own request core (router/core.py ``RequestCore``: the load snapshot, the decision
+and mode probe, admission under overload (its queue waits on virtual time), the circuit breakers, remote → fallback
+→ the one local retry, the in-flight counts, the prefill backlog clock and the prefix index) over engine legs
+(legs.py ``EngineLegs``) instead of HTTP legs: one copy of the orchestration, so a benchmark here measures what
+ships. Scrapes run every ``scrape_interval_s`` of virtual time, so the snapshot is as stale as the real router's.
 """
 
 from __future__ import annotations
