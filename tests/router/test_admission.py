@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from disagg.router.admission import PRIORITY_WEIGHT, AdmissionQueue, FairQueue, QueueTimeoutError
+from disagg.router.core import room_wait
+from disagg.router.policy import WorkerLoad
 from disagg.twin.clock import run_virtual
 
 INTERACTIVE, BATCH, BACKGROUND = 0, 1, 2
@@ -178,3 +180,14 @@ def test_the_loop_side_releases_times_out_and_forgets_a_cancelled_request() -> N
         assert lengths["t"] == 0 and not aq.release()
 
     run_virtual(main())
+
+
+def test_room_wait_is_littles_law_on_a_full_worker() -> None:
+    """Admission's wait for room on the decode worker: the requests waiting there × output × TPOT ÷ streams running;
+    on a full worker the router's own requests beyond those running count as waiting (the scrape is stale)."""
+    assert room_wait(WorkerLoad("d", running=100, queued=0), 256, 0.04) == 0.0
+    assert room_wait(WorkerLoad("d", running=100, queued=10), 256, 0.04) == pytest.approx(10 * 256 * 0.04 / 100)
+    full = WorkerLoad("d", running=100, queued=2, inflight=130, kv_usage=0.95)
+    assert room_wait(full, 256, 0.04) == pytest.approx(30 * 256 * 0.04 / 100)
+    assert room_wait(full._replace(kv_usage=0.5), 256, 0.04) == pytest.approx(2 * 256 * 0.04 / 100)
+    assert room_wait(WorkerLoad("d", running=0, queued=5), 256, 0.04) == 0.0  # nothing running: no rate to wait on
