@@ -27,13 +27,13 @@ def poisson(rate: float, tenant: str, input_tokens: int, output_tokens: int, see
 
 
 @cache
-def run(batch_overload: str) -> TwinResult:
+def run(batch_overload: str, policy: str = "SLO") -> TwinResult:
     arrivals = sorted(poisson(4.0, "chat", 1000, 128, 1) + poisson(32.0, "batch", 3000, 256, 2), key=lambda a: a.at)
     arrivals = [Arrival(**{**a.__dict__, "request_id": f"r{i:04d}"}) for i, a in enumerate(arrivals)]
     tenants: list[dict[str, Any]] = [
         {"name": "chat", "match": {"values": ["chat"]}, "priority": "Interactive"},
         {"name": "batch", "match": {"values": ["batch"]}, "priority": "Batch", "overload": batch_overload}]
-    router = {"model": "m", "mode": "Disaggregated", "routing": {"policy": "SLO", "tenants": tenants},
+    router = {"model": "m", "mode": "Disaggregated", "routing": {"policy": policy, "tenants": tenants},
               "slo": {"ttftP95Ms": SLO_.ttft_ms, "tpotP95Ms": SLO_.tpot_ms}}
     return simulate(ClusterSpec(prefill=PoolSpec(1), decode=PoolSpec(1), router=router), arrivals, slo=SLO_,
                     window_s=DURATION_S)
@@ -79,3 +79,12 @@ def test_queued_requests_wait_in_the_router_and_that_wait_is_in_their_ttft() -> 
     assert max(x.ttft_s or 0.0 for x in served) > SLO_.ttft_ms / 1000.0
     # and none waited past the tenant's maxQueueTimeMs (default 10 s) before it was served or refused
     assert all((x.ttft_s or 0.0) < 10.0 + 5.0 for x in served)
+
+
+def test_under_the_thresholds_policy_admission_prices_the_ladders_choice() -> None:
+    """No SLO placement, so no prediction from the policy: admission prices the ladder's choice with the same model
+    (core.py ``_over_slo``) and protects chat the same way."""
+    admit, shed = run("Admit", "Thresholds"), run("Shed", "Thresholds")
+    assert attainment(shed, "chat") >= 0.95
+    assert goodput(shed, "batch") > 3 * goodput(admit, "batch")
+    assert {reason for _, reason in refusals(shed, "batch")} == {"overload_shed"}
