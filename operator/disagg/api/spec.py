@@ -486,8 +486,9 @@ class TenantPolicy(ApiModel):
     )
     overload: Literal["Admit", "Queue", "Shed"] = Field(
         default="Admit",
-        description="What the router does with this tenant's request when the TTFT it predicts for it misses "
-        "spec.slo.ttftP95Ms by the admission margin (the deployment is past its knee): Admit serves it anyway (the "
+        description="What the router does with this tenant's request when the TTFT it predicts for it is past half "
+        "of spec.slo.ttftP95Ms (the admission margin; and past twice what an idle engine would take: the deployment "
+        "is past its knee, not the prompt long): Admit serves it anyway (the "
         "default: no request is ever held or refused for load); Queue holds it in the router, in a bounded "
         "per-tenant queue released weighted fair across tenants by priority as requests complete, and refuses it "
         "with 429 after maxQueueTimeMs (the wait counts in its TTFT); Shed refuses it at once with 429, Retry-After "
