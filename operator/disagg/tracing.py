@@ -2,17 +2,24 @@
 trace-context helpers.
 
 Off by default. With no OTLP endpoint nothing here is imported on the request path and no span object is ever made
-(callers hold ``None``); with one, an SDK ``TracerProvider`` batches spans to an OTLP/HTTP (protobuf) endpoint on a
-background thread. A bad set-up never fails a request: an unreachable endpoint shows as failed exports, an invalid
-sampling ratio falls back to the default, each with a log line and ``disagg_tracing_errors_total{reason}``.
+(callers hold ``None``); with one, an SDK ``TracerProvider`` batches spans to an OTLP endpoint on a background
+thread, over gRPC or HTTP/protobuf (:func:`otlp_protocol`: the protocol given, else
+``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, else inferred from the endpoint as :func:`infer_protocol` says). A bad
+set-up never fails a request: an unreachable endpoint shows as failed exports, an invalid sampling ratio falls back
+to the default, each with a log line and ``disagg_tracing_errors_total{reason}``.
 
 vLLM 0.33.0 facts used here (vllm/ in the 0.33.0 wheel):
 - ``--otlp-traces-endpoint URL`` (engine/arg_utils.py:1686-1687; config/observability.py:38) starts the exporter;
   ``--collect-detailed-traces {model,worker,all}`` (arg_utils.py:1689-1691, config/observability.py:16,41) only adds
   start-up and model-forward spans and requires the endpoint (config/observability.py:218-220).
-- the exporter protocol comes from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``: ``grpc`` by default, ``http/protobuf``
-  selects the OTLP/HTTP exporter with the endpoint used as the full URL (tracing/otel.py:94-101). The operator sets
-  ``http/protobuf`` so that vLLM, the router and the twin all speak one protocol to one URL.
+- the exporter protocol comes from ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` and nothing else (no other OTEL_* variable
+  chooses it): ``grpc`` by default — ``OTLPGrpcExporter(endpoint=endpoint, insecure=True)``, which keeps only the
+  URL's host:port and still uses TLS for an ``https://`` URL (the exporter's own scheme check) — and
+  ``http/protobuf`` selects the OTLP/HTTP exporter with the endpoint used as the full URL; any other value is an
+  error at start-up (tracing/otel.py:94-101). vLLM also exports the flag's value as
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` for its child processes (tracing/otel.py:74, read back at :113). The
+  operator renders the protocol of spec.observability.tracing into that variable for the workers and the router,
+  so that vLLM, the router and the twin speak one protocol to one collector.
 - the API server copies ``traceparent``/``tracestate`` from the request headers (tracing/utils.py:12;
   entrypoints/serve/engine/serving.py:42-47) and the engine parents its span on them with the W3C propagator
   (tracing/otel.py:125-129; v1/engine/output_processor.py:952); without an endpoint they are dropped
@@ -33,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from . import logs
 
@@ -58,9 +66,15 @@ ATTR_INFERENCE = "gen_ai.latency.time_in_model_inference"
 ATTR_REQUEST_ID = "gen_ai.request.id"
 ATTR_MAX_TOKENS = "gen_ai.request.max_tokens"
 ATTR_N = "gen_ai.request.n"
-# the env var vLLM reads for the exporter protocol (tracing/otel.py:95) and the value the operator renders
+# the env var vLLM reads for the exporter protocol (tracing/otel.py:95) and the two values it accepts (:96-101)
 PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-PROTOCOL = "http/protobuf"
+GRPC = "grpc"
+HTTP_PROTOBUF = "http/protobuf"
+PROTOCOLS = (GRPC, HTTP_PROTOBUF)
+PROTOCOL = HTTP_PROTOBUF  # what the simulator speaks when nothing says otherwise
+# the OTLP defaults (opentelemetry-specification, protocol/exporter.md): gRPC on 4317, HTTP on 4318 at /v1/traces
+OTLP_HTTP_PORT = 4318
+OTLP_HTTP_TRACES_PATH = "/v1/traces"
 
 # The router's own spans
 ROUTER_SPAN = "router_request"
@@ -71,6 +85,33 @@ DECODE_LEG_SPAN = "decode_leg"
 SIM_KV_PULL_SPAN = "disagg.sim.kv_pull"
 
 ErrorHook = Callable[[str], None]  # reason → count it (the caller's Prometheus counter)
+
+
+def _has_path(endpoint: str) -> bool:
+    return urlsplit(endpoint).path not in ("", "/")
+
+
+def infer_protocol(endpoint: str) -> str:
+    """The OTLP protocol an endpoint says: a URL with a path (``…/v1/traces``) or on port 4318 is OTLP/HTTP
+    (``http/protobuf``); anything else — ``http://otel-collector:4317``, the common default — is gRPC."""
+    try:
+        port = urlsplit(endpoint).port
+    except ValueError:
+        port = None
+    return HTTP_PROTOBUF if _has_path(endpoint) or port == OTLP_HTTP_PORT else GRPC
+
+
+def otlp_protocol(endpoint: str, protocol: str | None = None) -> str:
+    """The protocol to export with: ``protocol``, else ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, else inferred."""
+    return protocol or os.environ.get(PROTOCOL_ENV) or infer_protocol(endpoint)
+
+
+def exporter_endpoint(endpoint: str, protocol: str) -> str:
+    """The URL an exporter is given: OTLP/HTTP posts to the URL as it is, so one without a path gets the default
+    ``/v1/traces``; gRPC keeps the endpoint (its exporter reads host:port and the scheme: https is TLS)."""
+    if protocol == HTTP_PROTOBUF and not _has_path(endpoint):
+        return endpoint.rstrip("/") + OTLP_HTTP_TRACES_PATH
+    return endpoint
 
 
 def parse_sample_ratio(raw: str | float | None, on_error: ErrorHook | None = None, field: str = "--trace-sample-ratio"
@@ -154,6 +195,7 @@ class Tracing:
     tracer: Tracer
     endpoint: str
     sample_ratio: float
+    protocol: str = HTTP_PROTOBUF
 
     def start(self, name: str, parent: Any = None, kind: str = "INTERNAL", start_ns: int | None = None,
               attributes: Mapping[str, Any] | None = None) -> Span:
@@ -173,14 +215,17 @@ class Tracing:
 
 
 def setup(endpoint: str | None, service_name: str | None, sample_ratio: float | None = DEFAULT_SAMPLE_RATIO,
-          on_error: ErrorHook | None = None, resource: Mapping[str, str] | None = None) -> Tracing | None:
-    """A ``Tracing`` exporting to ``endpoint`` (OTLP/HTTP, the full URL, e.g. ``http://jaeger:4318/v1/traces``), or
-    None when no endpoint is given. Sampling: ``ParentBased(TraceIdRatioBased(sample_ratio))`` — a caller's
-    ``traceparent`` decides, a new trace is kept with probability ``sample_ratio``. ``sample_ratio=None``: the SDK's
-    default, as vLLM has it (``OTEL_TRACES_SAMPLER``/``_ARG``, else ParentBased(ALWAYS_ON))."""
+          on_error: ErrorHook | None = None, resource: Mapping[str, str] | None = None,
+          protocol: str | None = None) -> Tracing | None:
+    """A ``Tracing`` exporting to ``endpoint``, or None when no endpoint is given. The protocol: ``protocol``, else
+    ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, else inferred (:func:`infer_protocol`): OTLP/HTTP to the full URL
+    (``http://jaeger:4318/v1/traces``; no path: ``/v1/traces``) or OTLP/gRPC to host:port
+    (``http://otel-collector:4317``; ``https://`` for TLS). Sampling: ``ParentBased(TraceIdRatioBased(
+    sample_ratio))`` — a caller's ``traceparent`` decides, a new trace is kept with probability ``sample_ratio``.
+    ``sample_ratio=None``: the SDK's default, as vLLM has it (``OTEL_TRACES_SAMPLER``/``_ARG``, else
+    ParentBased(ALWAYS_ON))."""
     if not endpoint:
         return None
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -188,21 +233,41 @@ def setup(endpoint: str | None, service_name: str | None, sample_ratio: float | 
 
     if not endpoint.startswith(("http://", "https://")):
         log.error("tracing_config_invalid", field="otlp traces endpoint", value=endpoint,
-                  note="an OTLP/HTTP endpoint is a URL (http://host:4318/v1/traces); exports will fail")
+                  note="an OTLP endpoint is a URL (http://host:4317 for gRPC, http://host:4318/v1/traces for "
+                  "HTTP); exports will fail")
         if on_error is not None:
             on_error("invalid_endpoint")
+    proto = otlp_protocol(endpoint, protocol)
+    if proto not in PROTOCOLS:
+        using = infer_protocol(endpoint)
+        log.error("tracing_config_invalid", field=PROTOCOL_ENV, value=proto, using=using,
+                  note=f"the OTLP protocol is {' or '.join(PROTOCOLS)} (what vLLM accepts); inferred from the endpoint")
+        if on_error is not None:
+            on_error("invalid_endpoint")
+        proto = using
+    url = exporter_endpoint(endpoint, proto)
     sampler = None if sample_ratio is None else ParentBased(
         TraceIdRatioBased(sample_ratio) if sample_ratio < 1.0 else ALWAYS_ON)
     # service.name: ours, or (None, as vLLM leaves it) OTEL_SERVICE_NAME, else "unknown_service"
     attrs = {**({"service.name": service_name} if service_name else {}), **(resource or {})}
     provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
     # a short export timeout: an unreachable collector holds the batch thread, never a request
-    exporter = _CountingExporter(OTLPSpanExporter(endpoint=endpoint, timeout=float(os.environ.get(
-        "DISAGG_OTLP_TIMEOUT_S", "3"))), endpoint, on_error)
+    timeout = float(os.environ.get("DISAGG_OTLP_TIMEOUT_S", "3"))
+    if proto == GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        inner: Any = GrpcExporter(endpoint=url, timeout=timeout)  # http:// → plaintext, https:// → TLS
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        inner = HttpExporter(endpoint=url, timeout=timeout)
+    exporter = _CountingExporter(inner, url, on_error)
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))  # type: ignore[arg-type]
     # The SDK logs every failed export at WARNING/ERROR with a traceback; ours says it once with the endpoint.
     for name in ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.exporter.otlp.proto.http",
-                 "opentelemetry.exporter.http.transport", "opentelemetry.exporter.otlp.common"):
+                 "opentelemetry.exporter.http.transport", "opentelemetry.exporter.otlp.common",
+                 "opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.exporter.otlp.proto.grpc"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    log.info("tracing_enabled", endpoint=endpoint, sample_ratio=sample_ratio, service=service_name)
-    return Tracing(provider, provider.get_tracer("disagg"), endpoint, 1.0 if sample_ratio is None else sample_ratio)
+    log.info("tracing_enabled", endpoint=url, protocol=proto, sample_ratio=sample_ratio, service=service_name)
+    return Tracing(provider, provider.get_tracer("disagg"), url, 1.0 if sample_ratio is None else sample_ratio,
+                   proto)

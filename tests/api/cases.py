@@ -113,6 +113,17 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.model.cache"),
     ("model-cache-relative-host-path", spec(model={"name": "m", "cache": {"hostPath": "cache"}}),
      "spec.model.cache.hostPath"),
+    # issue 31: tracing endpoints
+    ("tracing-endpoint-without-scheme", spec(observability={"tracing": {"endpoint": "otel-collector:4317"}}),
+     "spec.observability.tracing.endpoint"),
+    ("tracing-protocol-unknown", spec(observability={"tracing": {"endpoint": "http://c:4317", "protocol": "thrift"}}),
+     "spec.observability.tracing.protocol"),
+    ("tracing-grpc-with-path", spec(observability={"tracing": {"endpoint": "http://c:4317/v1/traces",
+                                                               "protocol": "grpc"}}),
+     "spec.observability.tracing.endpoint"),
+    ("tracing-http-without-path", spec(observability={"tracing": {"endpoint": "http://c:4318",
+                                                                  "protocol": "http/protobuf"}}),
+     "spec.observability.tracing.endpoint"),
 ]
 
 # Whole documents the apiserver refuses (metadata, top level), with the field its error must name.
@@ -157,6 +168,14 @@ ACCEPTED: list[tuple[str, dict[str, Any]]] = [
         {"name": "log", "image": "busybox", "args": ["-v"]}]}}})),
     ("model-cache-pvc", spec(model={"name": "m", "cache": {"pvc": {"claimName": "hf-cache"}}})),
     ("free-form-resources", spec(prefill={"resources": {"limits": {"cpu": "4"}, "anything": {"x": 1}}})),
+    # issue 31: an OTLP/gRPC collector as users have it (no path), gRPC over TLS, OTLP/HTTP with its path, and a
+    # gRPC collector on the HTTP port when the protocol says so
+    ("tracing-grpc-collector", spec(observability={"tracing": {"endpoint": "http://otel-collector:4317"}})),
+    ("tracing-grpc-tls", spec(observability={"tracing": {"endpoint": "https://otel.example.com:443/",
+                                                         "protocol": "grpc"}})),
+    ("tracing-http-collector", spec(observability={"tracing": {"endpoint": "http://jaeger:4318/v1/traces",
+                                                               "protocol": "http/protobuf"}})),
+    ("tracing-grpc-on-4318", spec(observability={"tracing": {"endpoint": "http://c:4318", "protocol": "grpc"}})),
 ]
 
 # Every cross-field rule of disagg.api.rules.RULES, by name: a spec (valid for the schema) that breaks it, and the
@@ -213,11 +232,17 @@ RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "ratio-min-le-max": (spec(autoscaling={"prefillDecodeRatio": {"min": 2, "max": 0.5}}),
                          "spec.autoscaling.prefillDecodeRatio"),
     "autoscaling-needs-prometheus": (spec(autoscaling={"enabled": True}), "spec.autoscaling"),
+    # issue 31: OTLP endpoints as collectors have them (gRPC host:port, or an OTLP/HTTP URL with its path)
+    "tracing-grpc-no-path": (spec(observability={"tracing": {"endpoint": "http://otel-collector:4317/v1/traces",
+                                                             "protocol": "grpc"}}), "spec.observability.tracing"),
+    "tracing-http-needs-path": (spec(observability={"tracing": {"endpoint": "http://jaeger:4318"}}),
+                                "spec.observability.tracing"),
 }
 
 # One spec breaking every rule at once, and the (rule, node path) pairs both the apiserver and spec_errors report.
 # Rules that no spec can break together with another rule of the table (they test the same fields the other way).
-MUTUALLY_EXCLUSIVE = {"rdma-transport-needs-rdma": "rdma-needs-rdma-transport"}
+MUTUALLY_EXCLUSIVE = {"rdma-transport-needs-rdma": "rdma-needs-rdma-transport",
+                      "tracing-http-needs-path": "tracing-grpc-no-path"}
 ALL_RULES_BROKEN: dict[str, Any] = spec(
     model={"name": "m", "source": {"hub": {}, "pvc": {"claimName": "w"}}, "cache": {}},
     engine={"extraArgs": ["-dp", "2"]},
@@ -235,6 +260,7 @@ ALL_RULES_BROKEN: dict[str, Any] = spec(
     },
     autoscaling={"enabled": True, "prefillDecodeRatio": {"min": 5, "max": 1}},
     modePolicy={"windowSeconds": 10, "probe": {"ratePerMinute": 1, "successesToReturn": 1}},
+    observability={"tracing": {"endpoint": "https://otel-collector:4317/traces", "protocol": "grpc"}},
 )
 ALL_RULES_BROKEN_AT: list[tuple[str, str]] = [
     ("model-cache-one-kind", "spec.model.cache"),
@@ -258,6 +284,7 @@ ALL_RULES_BROKEN_AT: list[tuple[str, str]] = [
     ("autoscaling-needs-prometheus", "spec.autoscaling"),
     ("ratio-min-le-max", "spec.autoscaling.prefillDecodeRatio"),
     ("mode-probes-reachable", "spec.modePolicy"),
+    ("tracing-grpc-no-path", "spec.observability.tracing"),
 ]
 
 # issue 19: the multi-node rules (their cases live with their admission tests)

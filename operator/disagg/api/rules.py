@@ -38,6 +38,7 @@ from .spec import (
     RollingUpdateSpec,
     RoutingSpec,
     TenantPolicy,
+    TracingSpec,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -158,6 +159,16 @@ _LAYOUT_CEL = "(self.parallelism.tensor * self.parallelism.pipeline * self.paral
 def _layout(p: PoolSpec) -> int:
     """GPUs of one replica: tensor × pipeline × data."""
     return p.parallelism.tensor * p.parallelism.pipeline * p.parallelism.data
+
+
+# an OTLP endpoint with no path (http(s)://host[:port], a final / at most), and one on OTLP/HTTP's port 4318
+OTLP_NO_PATH = "^https?://[^/]+/?$"
+OTLP_HTTP_PORT_NO_PATH = "^https?://[^/]+:4318/?$"
+
+
+def _otlp_http_has_path(t: TracingSpec) -> bool:
+    http = t.protocol == "http/protobuf" if t.protocol is not None else _matches(OTLP_HTTP_PORT_NO_PATH, t.endpoint)
+    return not http or not _matches(OTLP_NO_PATH, t.endpoint)
 
 
 # ------------------------------------------------------------------------------------------------- table
@@ -407,6 +418,28 @@ RULES: tuple[Rule, ...] = (
         field_path=".probe.successesToReturn",
         holds=lambda p: p.probe.rate_per_minute == 0
         or p.probe.successes_to_return * 60 <= p.probe.rate_per_minute * p.window_seconds,
+    ),
+    # ------------------------------------------------------------------ tracing (docs/observability.md "Traces")
+    rule(
+        "tracing-grpc-no-path",
+        on=TracingSpec,
+        cel=f"!has(self.protocol) || self.protocol != 'grpc' || self.endpoint.matches('{OTLP_NO_PATH}')",
+        message="protocol grpc takes http(s)://host:port with no path (an OTLP/gRPC exporter uses host:port only, "
+                "e.g. http://otel-collector:4317); for a traces URL with a path (.../v1/traces) set protocol "
+                "http/protobuf",
+        field_path=".endpoint",
+        holds=lambda t: t.protocol != "grpc" or _matches(OTLP_NO_PATH, t.endpoint),
+    ),
+    rule(
+        "tracing-http-needs-path",
+        on=TracingSpec,
+        cel=f"(has(self.protocol) ? self.protocol != 'http/protobuf' : !self.endpoint.matches('"
+            f"{OTLP_HTTP_PORT_NO_PATH}')) || !self.endpoint.matches('{OTLP_NO_PATH}')",
+        message="an OTLP/HTTP endpoint (protocol http/protobuf, or port 4318 with no protocol) is the full traces URL "
+                "with its path, e.g. http://otel-collector:4318/v1/traces: vLLM and the router post to it as given; "
+                "for a gRPC collector on that port set protocol grpc",
+        field_path=".endpoint",
+        holds=_otlp_http_has_path,
     ),
 )
 

@@ -755,10 +755,17 @@ class TracingSpec(ApiModel):
     endpoint: str = Field(
         min_length=1,
         max_length=2048,
-        pattern=r"^https?://[^/\s]+/\S+$",
-        description="OTLP/HTTP (protobuf) traces URL, with its path, e.g. http://jaeger-collector.observability:4318/"
-        "v1/traces or http://tempo.observability:4318/v1/traces. Rendered into the workers' --otlp-traces-endpoint "
-        "(with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf) and the router's --otlp-traces-endpoint.",
+        pattern=r"^https?://[^/\s]+(/\S*)?$",
+        description="The OpenTelemetry collector: an OTLP/gRPC endpoint, http://host:port with no path (e.g. "
+        "http://otel-collector.observability:4317), or an OTLP/HTTP traces URL with its path (e.g. "
+        "http://jaeger-collector.observability:4318/v1/traces). https:// for TLS. The workers (vLLM's "
+        "--otlp-traces-endpoint) and the router export to it, with the protocol below.",
+    )
+    protocol: Literal["grpc", "http/protobuf"] | None = Field(
+        default=None,
+        description="OTLP protocol, rendered as OTEL_EXPORTER_OTLP_TRACES_PROTOCOL for the workers (the one "
+        "variable vLLM reads for it) and the router. Omitted: inferred from the endpoint: a URL with a path is "
+        "http/protobuf, one without is grpc (an endpoint on port 4318, OTLP/HTTP's, needs its path or protocol grpc).",
     )
     sampling_ratio: float = Field(
         default=0.01,

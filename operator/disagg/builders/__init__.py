@@ -55,7 +55,7 @@ def build_children(dm: DisaggregatedModel, settings: BuildSettings | None = None
     ``settings.lws_installed``).
     """
     settings = settings or BuildSettings()
-    dm = with_default_tracing(dm, settings.tracing_endpoint, settings.tracing_sampling_ratio)
+    dm = with_default_tracing(dm, settings.tracing_endpoint, settings.tracing_sampling_ratio, settings.tracing_protocol)
     roles = worker_roles(dm)
     objs: list[dict[str, Any]] = []
     objs += router_rbac(dm)

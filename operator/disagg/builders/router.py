@@ -12,7 +12,7 @@ from ..api.spec import RouterSpec
 from .meta import model_name, namespace_of, object_meta, role_labels, selector_labels
 from .security import container_security_context, pod_security_context
 from .settings import BuildSettings, cpu_cores
-from .tracing import router_tracing_args
+from .tracing import router_tracing_args, router_tracing_env
 from .workers import engine_profile, served_name, worker_roles
 
 ROUTER_CONFIG_DIR = "/etc/disagg"
@@ -104,6 +104,7 @@ def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[s
         "env": [
             {"name": ENV_POD_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": ENV_MODEL_NAME, "value": model},
+            *router_tracing_env(dm.spec),
         ],
         "volumeMounts": [{"name": ROUTER_CONFIG_VOLUME, "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
         "readinessProbe": readiness,

@@ -15,6 +15,7 @@ ENV_ROUTER_CPU_REQUEST = "DISAGG_ROUTER_CPU_REQUEST"
 # The cluster-wide tracing default (the chart's tracing.* values) for models without spec.observability.tracing
 ENV_TRACING_ENDPOINT = "DISAGG_TRACING_ENDPOINT"
 ENV_TRACING_SAMPLING_RATIO = "DISAGG_TRACING_SAMPLING_RATIO"
+ENV_TRACING_PROTOCOL = "DISAGG_TRACING_PROTOCOL"
 DEFAULT_TRACING_SAMPLING_RATIO = 0.01
 
 DEFAULT_ROUTER_CPU_REQUEST = "250m"
@@ -55,20 +56,27 @@ class BuildSettings:
     # The tracing default for models whose spec leaves observability.tracing out (None: off); a model's own wins.
     tracing_endpoint: str | None = None
     tracing_sampling_ratio: float = DEFAULT_TRACING_SAMPLING_RATIO
+    tracing_protocol: str | None = None  # grpc | http/protobuf; None: inferred from the endpoint
 
     def __post_init__(self) -> None:
         cpu_cores(self.router_cpu_request)  # a bad quantity fails at start-up, not at every reconcile
         if self.tracing_endpoint:  # the same rules as spec.observability.tracing, checked once at start-up
             from pydantic import ValidationError
 
+            from ..api.rules import rules_for
             from ..api.spec import TracingSpec
 
+            env = {"endpoint": ENV_TRACING_ENDPOINT, "protocol": ENV_TRACING_PROTOCOL}
             try:
-                TracingSpec(endpoint=self.tracing_endpoint, sampling_ratio=self.tracing_sampling_ratio)
+                t = TracingSpec.model_validate({"endpoint": self.tracing_endpoint, "protocol": self.tracing_protocol,
+                                                "samplingRatio": self.tracing_sampling_ratio})
             except ValidationError as e:
-                bad = "; ".join(f"{ENV_TRACING_ENDPOINT if err['loc'][0] == 'endpoint' else ENV_TRACING_SAMPLING_RATIO}"
-                                f": {err['msg']}" for err in e.errors())
+                bad = "; ".join(f"{env.get(str(err['loc'][0]), ENV_TRACING_SAMPLING_RATIO)}: {err['msg']}"
+                                for err in e.errors())
                 raise ValueError(f"tracing default (chart values tracing.*): {bad}") from None
+            broken = [f"{ENV_TRACING_ENDPOINT}: {r.message}" for r in rules_for(TracingSpec) if not r.check(t)]
+            if broken:
+                raise ValueError(f"tracing default (chart values tracing.*): {'; '.join(broken)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BuildSettings:
@@ -80,6 +88,7 @@ class BuildSettings:
             router_cpu_request=env.get(ENV_ROUTER_CPU_REQUEST) or DEFAULT_ROUTER_CPU_REQUEST,
             tracing_endpoint=env.get(ENV_TRACING_ENDPOINT) or None,
             tracing_sampling_ratio=_ratio(env.get(ENV_TRACING_SAMPLING_RATIO)),
+            tracing_protocol=env.get(ENV_TRACING_PROTOCOL) or None,
         )
 
 

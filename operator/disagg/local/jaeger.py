@@ -1,5 +1,6 @@
 """A real Jaeger (v2: the OpenTelemetry-collector-based binary, built from the Go module proxy by
-hack/build-jaeger.sh) on loopback: in-memory trace store, an OTLP/HTTP receiver and the query API/UI on free ports.
+hack/build-jaeger.sh) on loopback: in-memory trace store, OTLP/HTTP and OTLP/gRPC receivers and the query API/UI on
+free ports.
 
 Used by the tracing tests and the demo. Stopped (process group killed, temp dir removed) by :meth:`LocalJaeger.stop`.
 The query API is Jaeger's HTTP JSON API (``/api/traces/<id>``, ``/api/traces?service=…``), the one its UI uses.
@@ -44,10 +45,14 @@ def jaeger_binary() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def config(otlp_http: str, query_http: str, query_grpc: str, health: str, max_traces: int = 100_000
-           ) -> dict[str, Any]:
-    """A loopback-only all-in-one: OTLP/HTTP in, memory store, query API out (Jaeger's own all-in-one.yaml,
-    cmd/jaeger/internal/all-in-one.yaml in v1.76.0, less every other receiver and port)."""
+def config(otlp_http: str, query_http: str, query_grpc: str, health: str, max_traces: int = 100_000,
+           otlp_grpc: str | None = None) -> dict[str, Any]:
+    """A loopback-only all-in-one: OTLP/HTTP (and, given ``otlp_grpc``, OTLP/gRPC) in, memory store, query API out
+    (Jaeger's own all-in-one.yaml, cmd/jaeger/internal/all-in-one.yaml in v1.76.0, less every other receiver and
+    port)."""
+    protocols: dict[str, Any] = {"http": {"endpoint": otlp_http}}
+    if otlp_grpc:
+        protocols["grpc"] = {"endpoint": otlp_grpc}
     return {
         "service": {
             "extensions": ["jaeger_storage", "jaeger_query", "healthcheckv2"],
@@ -62,7 +67,7 @@ def config(otlp_http: str, query_http: str, query_grpc: str, health: str, max_tr
             "jaeger_storage": {"backends": {"memstore": {"memory": {"max_traces": max_traces}}}},
             "healthcheckv2": {"use_v2": True, "http": {"endpoint": health}},
         },
-        "receivers": {"otlp": {"protocols": {"http": {"endpoint": otlp_http}}}},
+        "receivers": {"otlp": {"protocols": protocols}},
         "processors": {"batch": {"timeout": "100ms"}},
         "exporters": {"jaeger_storage_exporter": {"trace_storage": "memstore"}},
     }
@@ -70,9 +75,11 @@ def config(otlp_http: str, query_http: str, query_grpc: str, health: str, max_tr
 
 @dataclass
 class LocalJaeger:
-    """``otlp_endpoint``: the OTLP/HTTP traces URL to give the router and the workers; ``url``: the query API/UI."""
+    """``otlp_endpoint``: the OTLP/HTTP traces URL to give the router and the workers; ``otlp_grpc_endpoint``: the
+    OTLP/gRPC one (``http://host:port``, no path); ``url``: the query API/UI."""
 
     otlp_endpoint: str = ""
+    otlp_grpc_endpoint: str = ""
     url: str = ""
     _proc: subprocess.Popen[bytes] | None = None
     _tmp: Path | None = None
@@ -89,10 +96,12 @@ class LocalJaeger:
         binary = jaeger_binary()
         self._tmp = Path(tempfile.mkdtemp(prefix="disagg-jaeger-"))
         atexit.register(self.stop)
-        otlp, query, grpc, health = self._ports = free_ports(4)
-        cfg = config(f"{HOST}:{otlp}", f"{HOST}:{query}", f"{HOST}:{grpc}", f"{HOST}:{health}")
+        otlp, query, grpc, health, otlp_grpc = self._ports = free_ports(5)
+        cfg = config(f"{HOST}:{otlp}", f"{HOST}:{query}", f"{HOST}:{grpc}", f"{HOST}:{health}",
+                     otlp_grpc=f"{HOST}:{otlp_grpc}")
         (self._tmp / "jaeger.yaml").write_text(yaml.safe_dump(cfg))
         self.otlp_endpoint = f"http://{HOST}:{otlp}/v1/traces"
+        self.otlp_grpc_endpoint = f"http://{HOST}:{otlp_grpc}"
         self.url = f"http://{HOST}:{query}"
         with open(self._tmp / "jaeger.log", "ab") as log:
             self._proc = subprocess.Popen([binary, "--config", f"file:{self._tmp / 'jaeger.yaml'}"],

@@ -198,14 +198,17 @@ def _tracing(cfg: SimConfig) -> tracing.Tracing | None:
     endpoint = cfg.otlp_traces_endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     if not endpoint:
         return None
-    protocol = os.environ.get(tracing.PROTOCOL_ENV, "grpc")  # vLLM's default is gRPC (tracing/otel.py:95)
-    if protocol != tracing.PROTOCOL:
-        log.warning("otlp_protocol_unsupported", protocol=protocol, using=tracing.PROTOCOL,
-                    note=f"the simulator exports OTLP over HTTP only; set {tracing.PROTOCOL_ENV}={tracing.PROTOCOL} "
-                    "as the operator does for vLLM")
+    # vLLM's default is gRPC (tracing/otel.py:95); the simulator honours the variable when it is set, as vLLM does,
+    # and otherwise keeps to OTLP/HTTP (what a bare `disagg sim --otlp-traces-endpoint …/v1/traces` means)
+    protocol = os.environ.get(tracing.PROTOCOL_ENV)
+    if protocol is None:
+        log.warning("otlp_protocol_unset", using=tracing.PROTOCOL,
+                    note=f"vLLM would use grpc; set {tracing.PROTOCOL_ENV} (grpc or http/protobuf) as the operator "
+                    "does for vLLM")
     # vLLM: init_tracer("vllm.llm_engine", endpoint) (v1/engine/async_llm.py:149-151; resource: tracing/otel.py:76-81)
     return tracing.setup(endpoint, None, None, resource={"vllm.instrumenting_module_name": "vllm.llm_engine",
-                                                            "vllm.process_id": str(os.getpid())})
+                                                            "vllm.process_id": str(os.getpid())},
+                         protocol=protocol or tracing.PROTOCOL)
 
 
 class Api:
