@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from tests.paths import REPO
 
@@ -17,6 +18,7 @@ from disagg.router.core import REMOTE_PATH_CAUSES
 from disagg.router.metrics import RouterMetrics
 from disagg.router.policy import LADDER_REASONS
 from disagg.router.probe import PROBE_REASON
+from disagg.vllm_versions import DEFAULT_VERSION, OLDEST_CHECKED, fmt
 
 REFERENCE = REPO / "docs" / "reference.md"
 
@@ -24,6 +26,20 @@ REFERENCE = REPO / "docs" / "reference.md"
 def test_reference_is_what_the_code_generates() -> None:
     assert REFERENCE.read_text() == ref.render(REPO), (
         "docs/reference.md differs from the code: run `.venv/bin/python -m disagg.bench.reference` (make docs)")
+
+
+def test_install_md_compatibility_matrix_is_generated_from_the_pins() -> None:
+    text = (REPO / "docs" / "install.md").read_text()
+    assert ref.with_matrix(text, ref.compatibility(REPO)) == text, (
+        "docs/install.md's compatibility matrix differs from the pins: run "
+        "`.venv/bin/python -m disagg.bench.reference`")
+    block = text.split(ref.MATRIX_BEGIN, 1)[1].split(ref.MATRIX_END, 1)[0]
+    assert f"{fmt(OLDEST_CHECKED)} to {fmt(DEFAULT_VERSION)}" in block
+    assert "≥ 1.5.0 with vLLM ≥ 0.33.0" in block and "NIXL 1.5.2" in block
+    for fact in ref.vllm_facts():  # every version-dependent fact of the one version table has a row
+        assert f"| `{fact.what}` |" in block, fact.what
+    with pytest.raises(ValueError, match="markers"):
+        ref.with_matrix("no markers here", "x")
 
 
 def test_check_mode_fails_on_a_stale_file_and_passes_on_a_fresh_one(tmp_path: Path, capsys: Any) -> None:
