@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from tests.chart.render import CHART, CI_VALUES, find, helm, load_values, one, render, rendered_for, strip
+from tests.chart.render import CHART, CI_VALUES, documents, find, helm, load_values, one, render, rendered_for, strip
 from tests.paths import REPO
 
 from disagg.api.crd import render_crd_yaml
@@ -23,6 +23,7 @@ from disagg.builders.settings import (
     ENV_ROUTER_IMAGE_PULL_POLICY,
     ENV_ROUTER_REPLICAS,
     ENV_TRACING_ENDPOINT,
+    ENV_TRACING_PROTOCOL,
     ENV_TRACING_SAMPLING_RATIO,
     BuildSettings,
 )
@@ -205,6 +206,31 @@ def test_tracing_default_reaches_the_operator_and_its_builds() -> None:
     assert "--otlp-traces-endpoint" not in str(build_children(dm, BuildSettings()))
     with pytest.raises(ValueError, match=ENV_TRACING_SAMPLING_RATIO):
         BuildSettings.from_env({ENV_TRACING_ENDPOINT: env[ENV_TRACING_ENDPOINT], ENV_TRACING_SAMPLING_RATIO: "2"})
+
+
+def test_tracing_default_for_a_grpc_collector() -> None:
+    """tracing.endpoint as an OpenTelemetry Collector has it (gRPC, host:port) with tracing.protocol: the operator's
+    DISAGG_TRACING_PROTOCOL, which every model without its own tracing renders for its workers and router; the
+    schema refuses a protocol vLLM does not know."""
+    from disagg import tracing
+    from disagg.api.models import DisaggregatedModel
+    from disagg.builders import build_children
+
+    docs = documents(render({"tracing": {"endpoint": "http://otel-collector.observability:4317",
+                                         "protocol": "grpc"}}))
+    env = {e["name"]: e.get("value") for e in _container(docs)["env"]}
+    assert env[ENV_TRACING_PROTOCOL] == "grpc"
+    inferred = {e["name"] for e in _container(documents(render({"tracing": {
+        "endpoint": "http://otel-collector.observability:4317"}})))["env"]}
+    assert ENV_TRACING_ENDPOINT in inferred and ENV_TRACING_PROTOCOL not in inferred  # inferred by the operator
+    settings = BuildSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    dm = DisaggregatedModel.model_validate(yaml.safe_load((REPO / "docs/examples/llama-8b-nvlink.yaml").read_text()))
+    deployments = [o for o in build_children(dm, settings) if o["kind"] == "Deployment"]
+    for dep in deployments:
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        assert {"name": tracing.PROTOCOL_ENV, "value": "grpc"} in c["env"], dep["metadata"]["name"]
+    with pytest.raises(Exception, match="protocol"):
+        render({"tracing": {"endpoint": "http://otel-collector:4317", "protocol": "zipkin"}})
 
 
 def test_image_digest_pins_both_images() -> None:
