@@ -23,9 +23,10 @@ def make_spec(**autoscaling) -> DisaggregatedModelSpec:
 
 
 def sig(t: float, p: int = 2, d: int = 2, *, qwait=None, ttft=None, tpot=None, running=None, kv=None, waiting=None,
-        stale=None) -> Signals:
+        deflected=None, stale=None) -> Signals:
     return Signals(time=t, stale_reason=stale,
-                   prefill=PoolSignals(p, p, queue_wait_p95_ms=qwait, ttft_p95_ms=ttft, waiting_per_replica=waiting),
+                   prefill=PoolSignals(p, p, queue_wait_p95_ms=qwait, ttft_p95_ms=ttft, waiting_per_replica=waiting,
+                                       deflected_share=deflected),
                    decode=PoolSignals(d, d, tpot_p95_ms=tpot, running_per_replica=running, kv_cache_usage=kv))
 
 
@@ -40,6 +41,13 @@ def sig(t: float, p: int = 2, d: int = 2, *, qwait=None, ttft=None, tpot=None, r
         (dict(qwait=240, ttft=800, tpot=60, running=100), 2, 3, "TPOT"),  # 60/(0.8·50) = 1.5 → ceil(2·1.5)
         # both saturated
         (dict(qwait=900, tpot=80), 4, 4, "both"),
+        # long prompts absorbed by the SLO placement: the prefill queue looks fine, a third of the pool's demand
+        # went whole to decode workers → prefill up by 1 / (1 − 1/3) = 1.5
+        (dict(qwait=100, ttft=500, tpot=40, running=80, deflected=1 / 3), 3, 2, "deflected"),
+        # a few deflections (5 %) are within the tolerance
+        (dict(qwait=100, ttft=500, tpot=40, running=80, deflected=0.05), 2, 2, "few deflected"),
+        # every request deflected: bounded pressure (4) then the step limit (maxStep 2)
+        (dict(deflected=1.0), 4, 2, "all deflected"),
     ],
 )
 def test_load_steps(signals, want_p, want_d, why) -> None:

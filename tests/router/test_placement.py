@@ -39,6 +39,7 @@ def test_the_ladders_choice_stands_when_no_placement_is_clearly_better() -> None
     # the prediction of the placement taken, and the runner-up, for the log line and the span
     assert d.detail["placement"] == "local" and d.detail["rejected"] is not None
     assert d.detail["predicted_ttft_ms"] < 100 and isinstance(d.detail["prediction"], pl.Prediction)
+    assert "deflected" not in d.detail
 
 
 def test_a_remote_prefill_into_a_queue_past_the_ttft_target_is_kept_local_when_local_meets() -> None:
@@ -48,6 +49,8 @@ def test_a_remote_prefill_into_a_queue_past_the_ttft_target_is_kept_local_when_l
     d = decide(cfg(), feats(4000), LoadSnapshot(prefill=(p,), decode=(decode(running=4, kv=0.01),)))
     assert (d.decision, d.reason) == ("local", "slo_local")
     assert d.detail["rejected"]["placement"] in ("remote", "prefill_worker")
+    # prefill demand the pool did not take: counted for the autoscaler (disagg_prefill_deflections_total)
+    assert d.detail["deflected"] is True
 
 
 def test_a_long_prompt_goes_remote_when_its_prefill_would_push_busy_streams_over_the_tpot_slo() -> None:

@@ -128,7 +128,8 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
             # pool's (a long-output load step queues them on decode and must not grow prefill)
             prefill=PoolSignals(prefill.replicas, prefill.ready, queue_wait_p95_ms=_ms(g("prefill_queue_wait_p95")),
                                 ttft_p95_ms=_ms(g("remote_ttft_p95")),
-                                waiting_per_replica=g("prefill_waiting_per_replica")),
+                                waiting_per_replica=g("prefill_waiting_per_replica"),
+                                deflected_share=g("prefill_deflected_share")),
             decode=PoolSignals(decode.replicas, decode.ready, tpot_p95_ms=_ms(g("tpot_p95")),
                                running_per_replica=g("decode_running_per_replica"),
                                kv_cache_usage=g("decode_kv_cache_usage")),

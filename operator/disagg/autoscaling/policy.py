@@ -6,7 +6,10 @@ The rule, per pool, is HPA's proportional rule applied to SLO-normalised pressur
     proposal  = ceil(current × pressure)        (pressure > 1 + tolerance: up; < 1 - tolerance: down)
 
 Prefill pressure: prefill-queue wait p95 ÷ its budget (remotePrefill.maxPrefillQueueWaitMs), TTFT p95 ÷ SLO,
-waiting requests per replica ÷ target. Decode pressure: TPOT p95 ÷ SLO, running sequences per replica ÷
+waiting requests per replica ÷ target, and the demand it did not take: under the SLO placement a request whose
+remote path is predicted to miss is served whole elsewhere (deflected), which keeps the prefill queue — and so the
+first three signals — below target while the pool is short; with a share ``x`` of its demand deflected the pool
+needs ``1 / (1 − x)`` of its capacity. Decode pressure: TPOT p95 ÷ SLO, running sequences per replica ÷
 (maxNumSeqs × target utilisation), KV-cache usage ÷ target. Targets sit below the SLO (``headroom``) so the pool
 scales before the SLO is breached. Dynamo's SLA planner predicts load and corrects by observed ÷ expected latency;
 this is the same correction without a load predictor, which keeps it honest on a twin and in a cluster alike
@@ -33,6 +36,7 @@ WAITING_PER_REPLICA_TARGET = 2.0  # queued requests per prefill replica consider
 RUNNING_UTILISATION_TARGET = 0.8  # running sequences ÷ maxNumSeqs
 KV_USAGE_TARGET = 0.85  # vllm:kv_cache_usage_perc
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs
+MAX_DEFLECTED_PRESSURE = 4.0  # every request deflected: the pool takes none of its demand (the step limit applies)
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class PoolSignals:
     queue_wait_p95_ms: float | None = None  # prefill
     ttft_p95_ms: float | None = None  # prefill
     waiting_per_replica: float | None = None  # prefill
+    deflected_share: float | None = None  # prefill: share of its demand served elsewhere (SLO placement), 0..1
     tpot_p95_ms: float | None = None  # decode
     running_per_replica: float | None = None  # decode
     kv_cache_usage: float | None = None  # decode, 0..1
@@ -99,6 +104,8 @@ def prefill_pressure(spec: DisaggregatedModelSpec, s: PoolSignals) -> tuple[floa
                                          HEADROOM * max(spec.routing.remote_prefill.max_prefill_queue_wait_ms, 1)),
         "TTFT p95": _ratio(s.ttft_p95_ms, HEADROOM * spec.slo.ttft_p95_ms),
         "waiting per replica": _ratio(s.waiting_per_replica, WAITING_PER_REPLICA_TARGET),
+        "demand deflected": (None if s.deflected_share is None
+                             else 1.0 / max(1.0 - s.deflected_share, 1.0 / MAX_DEFLECTED_PRESSURE)),
     }
     return _dominant(terms)
 

@@ -40,6 +40,14 @@ QUERIES: dict[str, tuple[str, str]] = {
         'avg(vllm:num_requests_waiting{{{sel},role="prefill"}})',
         "requests waiting per prefill worker",
     ),
+    "prefill_deflected_share": (
+        "sum(rate(disagg_prefill_deflections_total{{{sel}}}[{w}])) / "
+        "(sum(rate(disagg_prefill_deflections_total{{{sel}}}[{w}])) + "
+        'sum(rate(disagg_routing_decisions_total{{{sel},decision="remote"}}[{w}])))',
+        "share of the prefill pool's demand it did not take: requests the rule ladder sent remote that the SLO "
+        "placement served elsewhere because the remote path was predicted to miss the TTFT SLO, mostly in its "
+        "prefill leg (router), 0..1",
+    ),
     "tpot_p95": (
         "histogram_quantile(0.95, sum by (le) (rate(disagg_per_token_decode_seconds_bucket{{{sel}}}[{w}])))",
         "p95 time per output token as clients see it (router), seconds",

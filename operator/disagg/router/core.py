@@ -225,6 +225,8 @@ class RequestCore(Generic[R]):
 
     def _count(self, d: Decision) -> Decision:
         self.metrics.decisions.labels(d.decision, d.reason).inc()
+        if d.detail.get("deflected"):
+            self.metrics.deflections.inc()
         return d
 
     def _decide(self, ctx: Ctx, cfg: RouterConfig, tenant: str | None, max_tokens: int | None,

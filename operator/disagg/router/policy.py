@@ -406,6 +406,14 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     runner_up = pl.choose_scored(others, cfg.slo)[0] if others else None
     detail: dict[str, Any] = {**base.detail, **best.as_detail(),
                               "rejected": runner_up.as_detail() if runner_up else None, "prediction": best}
+    remote = next((o for o in options if o.placement == "remote"), None)
+    if (base.decision == "remote" and best.placement != "remote" and remote is not None
+            and remote.ttft_s > slo_ttft and remote.prefill_s >= 0.5 * remote.ttft_s):
+        # prefill work the ladder meant for the prefill pool, placed elsewhere because the remote path misses its
+        # TTFT and its prefill leg (queue + compute on the prefill worker) is most of it: demand the prefill pool
+        # could not take in time (the autoscaler's prefill signal: disagg_prefill_deflections_total). Not counted
+        # when the remote path lost on the decode side (a full decode worker, a slow transfer, harm to streams).
+        detail["deflected"] = True
     if best is chosen:
         return dataclasses.replace(base, detail=detail)
     if best.placement == "remote" and pair is not None:
