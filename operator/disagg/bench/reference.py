@@ -509,7 +509,7 @@ def decisions() -> dict[str, set[str]]:
             kinds = lit.strings(mod, lit.arg(call, 0, "decision"))
             reasons = lit.strings(mod, lit.arg(call, 1, "reason"))
         elif name == "replace" and any(kw.arg == "reason" for kw in call.keywords):
-            kinds = lit.strings(mod, lit.arg(call, 10**6, "decision")) or {"(unchanged)"}
+            kinds = lit.strings(mod, lit.arg(call, 10**6, "decision")) or {"as decided"}
             reasons = lit.strings(mod, lit.arg(call, 10**6, "reason"))
         else:
             continue
