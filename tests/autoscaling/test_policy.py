@@ -48,6 +48,12 @@ def sig(t: float, p: int = 2, d: int = 2, *, qwait=None, ttft=None, tpot=None, r
         (dict(qwait=100, ttft=500, tpot=40, running=80, deflected=0.05), 2, 2, "few deflected"),
         # every request deflected: bounded pressure (4) then the step limit (maxStep 2)
         (dict(deflected=1.0), 4, 2, "all deflected"),
+        # the deflected prefills raise the decode workers' TPOT: that is the prefill pool's shortage, not decode's
+        (dict(qwait=100, ttft=500, tpot=60, running=40, deflected=1 / 3), 3, 2, "deflected, TPOT up"),
+        # … but a decode batch that is full still grows decode
+        (dict(tpot=60, running=100, deflected=1 / 3), 3, 3, "deflected, batch full"),
+        # a few deflections leave TPOT a decode signal
+        (dict(tpot=60, running=40, deflected=0.05), 2, 3, "few deflected, TPOT up"),
     ],
 )
 def test_load_steps(signals, want_p, want_d, why) -> None:

@@ -9,8 +9,10 @@ Prefill pressure: prefill-queue wait p95 ÷ its budget (remotePrefill.maxPrefill
 waiting requests per replica ÷ target, and the demand it did not take: under the SLO placement a request whose
 remote path is predicted to miss is served whole elsewhere (deflected), which keeps the prefill queue — and so the
 first three signals — below target while the pool is short; with a share ``x`` of its demand deflected the pool
-needs ``1 / (1 − x)`` of its capacity. Decode pressure: TPOT p95 ÷ SLO, running sequences per replica ÷
-(maxNumSeqs × target utilisation), KV-cache usage ÷ target. Targets sit below the SLO (``headroom``) so the pool
+needs ``1 / (1 − x)`` of its capacity; while that term asks the prefill pool to grow, the decode pool's TPOT (which
+then carries the deflected prefill chunks) is not a decode signal — the shortage is the prefill pool's. Decode
+pressure: TPOT p95 ÷ SLO, running sequences per replica ÷ (maxNumSeqs × target utilisation), KV-cache usage ÷
+target. Targets sit below the SLO (``headroom``) so the pool
 scales before the SLO is breached. Dynamo's SLA planner predicts load and corrects by observed ÷ expected latency;
 this is the same correction without a load predictor, which keeps it honest on a twin and in a cluster alike
 (docs/autoscaling.md argues the choice).
@@ -110,14 +112,26 @@ def prefill_pressure(spec: DisaggregatedModelSpec, s: PoolSignals) -> tuple[floa
     return _dominant(terms)
 
 
-def decode_pressure(spec: DisaggregatedModelSpec, s: PoolSignals) -> tuple[float | None, str]:
+def decode_pressure(spec: DisaggregatedModelSpec, s: PoolSignals,
+                    prefill_deflecting: bool = False) -> tuple[float | None, str]:
+    """``prefill_deflecting``: the prefill pool is short and its demand runs on the decode workers (deflected);
+    their TPOT then carries prefill chunks that are the prefill pool's to take, so TPOT is not the decode pool's
+    signal this interval (it grows the prefill pool instead; batch and KV still count)."""
     max_seqs = spec.decode.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     terms = {
-        "TPOT p95": _ratio(s.tpot_p95_ms, HEADROOM * spec.slo.tpot_p95_ms),
+        "TPOT p95": (None if prefill_deflecting else _ratio(s.tpot_p95_ms, HEADROOM * spec.slo.tpot_p95_ms)),
         "running sequences per replica": _ratio(s.running_per_replica, RUNNING_UTILISATION_TARGET * max_seqs),
         "KV-cache usage": _ratio(s.kv_cache_usage, KV_USAGE_TARGET),
     }
-    return _dominant(terms)
+    p, why = _dominant(terms)
+    if prefill_deflecting and s.tpot_p95_ms is not None:
+        why += "; TPOT left to the prefill pool (its demand is deflected to decode)"
+    return p, why
+
+
+def prefill_deflecting(s: PoolSignals) -> bool:
+    """The prefill pool's deflected demand alone asks it to grow (beyond the tolerance)."""
+    return s.deflected_share is not None and 1.0 / max(1.0 - s.deflected_share, 1e-9) > 1.0 + TOLERANCE
 
 
 def _dominant(terms: dict[str, float | None]) -> tuple[float | None, str]:
@@ -171,8 +185,9 @@ def decide(spec: DisaggregatedModelSpec, signals: Signals, history: History) -> 
     desired: dict[PoolName, int] = {}
     pressure: dict[PoolName, float | None] = {}
     reasons: dict[PoolName, str] = {}
+    deflecting = prefill_deflecting(signals.prefill)
     for name, (pool, s) in pools.items():
-        p, why = (prefill_pressure if name == "prefill" else decode_pressure)(spec, s)
+        p, why = prefill_pressure(spec, s) if name == "prefill" else decode_pressure(spec, s, deflecting)
         pressure[name] = p
         current = s.replicas
         proposal = _stabilise(history, name, signals.time, current, _propose(current, p), a)

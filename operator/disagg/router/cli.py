@@ -74,8 +74,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    "worker that has had no remote prefill for this many seconds and is less loaded than the decode "
                    "worker; 0: off")
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
-                   help="send OpenTelemetry traces (OTLP over HTTP/protobuf) to this URL, e.g. "
-                   "http://jaeger:4318/v1/traces; the router's span per request and its legs' spans, with W3C "
+                   help="send OpenTelemetry traces to this collector: OTLP/HTTP to a traces URL "
+                   "(http://jaeger:4318/v1/traces) or OTLP/gRPC to host:port (http://otel-collector:4317), as "
+                   "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says or inferred (a path: HTTP, none: gRPC); the router's "
+                   "span per request and its legs' spans, with W3C "
                    "traceparent sent to the workers (default: off, no spans at all)")
     p.add_argument("--trace-sample-ratio", default=None, metavar="RATIO",
                    help="share of new traces kept, 0 to 1 (default 0.01); a client's sampled traceparent is "
