@@ -126,3 +126,33 @@ async def test_a_queued_request_waits_in_the_router_and_its_wait_is_in_its_ttft(
                             reason="released") >= len(lines)
         assert metric_value(text, "disagg_admission_wait_seconds_count", tenant="batch") >= len(lines)
         assert metric_value(text, "disagg_admission_queue_length", tenant="batch") == 0  # all left the queue
+
+
+async def test_the_openai_client_reads_a_shed_answer_as_a_rate_limit(stack) -> None:
+    """The 429 is in OpenAI's error shape as OpenAI's own client parses it: ``RateLimitError`` with the code, the
+    type and the message, and the ``Retry-After`` header (the client would back off on it; retries off here)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=stack.url + "/v1", api_key="unused", max_retries=0,
+                                default_headers={"x-tenant-id": "batch"})
+    caught: list[openai.RateLimitError] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+
+        async def through_the_client() -> None:
+            try:
+                await client.completions.create(model=MODEL, prompt=long_prompt(), max_tokens=64)
+            except openai.RateLimitError as e:
+                caught.append(e)
+
+        async def wave() -> bool:
+            """Batch requests flooding the router, some through the openai client; True once one of those was
+            shed."""
+            await asyncio.gather(*(through_the_client() if i % 4 == 0 else post(s, stack.url, "batch", 64)
+                                   for i in range(32)))
+            return bool(caught)
+
+        await until(wave, 60, "a request through the openai client shed under the flood", interval=0.0)
+    await client.close()
+    e = caught[0]
+    assert e.status_code == 429 and e.code == "overload_shed" and e.type == "server_overloaded"
+    assert e.message and int(e.response.headers["retry-after"]) >= 1
