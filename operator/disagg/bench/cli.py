@@ -157,6 +157,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     ov.add_argument("--seed", type=int, default=0)
     ov.add_argument("--out", type=Path, default=Path("docs/results/overload.json"),
                     help="results file (docs/results/overload.json: the docs' tables come from it; `make docs`)")
+    ov.add_argument("--mixes", nargs="*", default=None, metavar="MIX",
+                    help="the goodput sweep's mixes run past the knee with every tenant on Admit and on Shed "
+                    "(default: short-chat long-rag mixed code-completion shifting; none given: skip them)")
     ov.set_defaults(func=_cmd_overload)
 
     de = sub.add_parser("decision", help="CPU per routing decision per policy (Thresholds, SLO) at 64 workers "
@@ -348,10 +351,21 @@ def _cmd_overload(args: argparse.Namespace) -> int:
               f"batch attainment {b['attainment']} ({b['goodput_rps']} req/s within the SLO, {b['refused_429']} "
               "refused)", flush=True)
 
+    mixes = overload.MIX_NAMES if args.mixes is None else tuple(args.mixes)
+    unknown = [m for m in mixes if m not in overload.MIX_NAMES]
+    if unknown:
+        print(f"disagg bench overload: --mixes: unknown {unknown}; known: {list(overload.MIX_NAMES)}")
+        return 2
+
+    def say_mix(row: dict[str, Any]) -> None:
+        print(f"overload: {row['mix']} @ {row['rate']:g}/s, every tenant {row['policy']}: goodput "
+              f"{row['goodput_rps']:.1f} req/s, attainment {row['attainment']}, {row['refused_429']} refused",
+              flush=True)
+
     def run() -> dict[str, Any]:
         t0 = time.perf_counter()
         with quiet_logs():
-            results = overload.run(args.duration, args.seed, progress=say)
+            results = overload.run(args.duration, args.seed, progress=say, mixes=mixes, mix_progress=say_mix)
         doc = results_doc("overload", invoked_command(overload.COMMAND), results,
                           machine_facts(wall_s=round(time.perf_counter() - t0, 1)))
         write_results(args.out, doc)

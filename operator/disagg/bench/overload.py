@@ -7,6 +7,13 @@ difference: ``Admit`` (no admission: today's behaviour), ``Shed`` and ``Queue`` 
 ``RequestCore.admit``). Per step and policy the report gives each tenant's attainment (requests within the TTFT and
 TPOT SLO ÷ requests offered) and goodput (such requests per second), chat's TTFT p95, and what batch was refused.
 
+**The goodput sweep's mixes past the knee** (:func:`run_mixes`): each mix of ``disagg bench goodput`` on its
+4-GPU deployment (1 prefill + 3 decode workers, the shipped defaults deployed for 1000/50 ms: the SLO placement,
+the decode budget the operator renders) at the sweep's rates and at twice its top rate, with every tenant of the mix
+on ``Admit`` (today) and on ``Shed`` (chat Interactive, the others Batch). Per run: goodput (requests within
+1000/50 ms per second) and its share of the mix's peak goodput over the rates of the same policy — the issue's
+"goodput stays ≥ 90 % of its peak past the knee instead of collapsing".
+
 The results document follows the benchmark convention (disagg.bench.docs): ``docs/results/overload.json`` with
 :func:`render_tables`.
 """
@@ -79,7 +86,8 @@ def run_step(step: Step, duration_s: float = DURATION_S, seed: int = 0) -> dict[
 
 
 def run(duration_s: float = DURATION_S, seed: int = 0, rates: tuple[float, ...] = BATCH_RATES,
-        policies: tuple[str, ...] = POLICIES, progress: Any = None) -> dict[str, Any]:
+        policies: tuple[str, ...] = POLICIES, progress: Any = None,
+        mixes: tuple[str, ...] = (), mix_progress: Any = None) -> dict[str, Any]:
     rows = []
     for rate in rates:
         for policy in policies:
@@ -87,10 +95,86 @@ def run(duration_s: float = DURATION_S, seed: int = 0, rates: tuple[float, ...] 
             if progress is not None:
                 progress(row)
             rows.append(row)
-    return {"duration_s": duration_s, "seed": seed, "chat_rate": CHAT_RATE,
-            "slo": {"ttft_ms": SLO_TTFT_MS, "tpot_ms": SLO_TPOT_MS},
-            "cluster": "1 prefill + 1 decode, H100-SXM, Llama-3.1-8B (twin)", "steps": rows,
-            "summary": summarise(rows)}
+    out = {"duration_s": duration_s, "seed": seed, "chat_rate": CHAT_RATE,
+           "slo": {"ttft_ms": SLO_TTFT_MS, "tpot_ms": SLO_TPOT_MS},
+           "cluster": "1 prefill + 1 decode, H100-SXM, Llama-3.1-8B (twin)", "steps": rows,
+           "summary": summarise(rows)}
+    if mixes:
+        out["mixes"] = run_mixes(mixes, seed=seed, progress=mix_progress)
+    return out
+
+
+# ----------------------------------------------------------------------------- the goodput sweep's mixes
+MIX_NAMES = ("short-chat", "long-rag", "mixed", "code-completion", "shifting")
+MIX_GPUS, MIX_PREFILL = 4, 1
+MIX_POLICIES = ("Admit", "Shed")
+PAST_KNEE = 2.0  # the last rate: this many times the sweep's top rate
+PEAK_SHARE = 0.9  # issue 29: goodput past the knee ≥ this share of its peak
+
+
+def mix_tenants(mix: str, policy: str) -> list[dict[str, Any]]:
+    """Every tenant of ``mix`` with ``overload: policy``: chat Interactive, the others Batch."""
+    from ..load.workload import MIXES
+
+    names = sorted({c.tenant for c in MIXES[mix].classes + MIXES[mix].then})
+    return [{"name": n, "match": {"values": [n]}, "priority": "Interactive" if n == "chat" else "Batch",
+             "overload": policy} for n in names]
+
+
+def run_mix(mix: str, rate: float, policy: str, seed: int = 0) -> dict[str, Any]:
+    """One run of ``mix`` at ``rate`` req/s on the 4-GPU conditional deployment, every tenant on ``policy``."""
+    from ..twin import SLO, ClusterSpec, arrivals_from_mix, simulate
+    from . import goodput as gp
+
+    settings = gp.TwinSettings(gpus=MIX_GPUS)
+    plan = gp.SWEEP_PLANS[mix]
+    duration = plan.duration_s or settings.duration_s
+    cfg = gp.Config("c-default", MIX_PREFILL, MIX_GPUS - MIX_PREFILL)
+    base = cfg.cluster(settings)
+    router = {**cfg.router(), "routing": {"tenants": mix_tenants(mix, policy)}}
+    spec = ClusterSpec(prefill=base.prefill, decode=base.decode, router=router, drain_s=base.drain_s)
+    slo = gp.SLOS[0]
+    r = simulate(spec, arrivals_from_mix(mix, rate, duration, seed=seed, model=gp.SIM_MODEL), seed=seed,
+                 slo=SLO(slo.ttft_ms, slo.tpot_ms), window_s=duration)
+    at = r.at_slo(SLO(slo.ttft_ms, slo.tpot_ms))
+    return {"mix": mix, "rate": rate, "policy": policy, "requests": len(r.records),
+            "goodput_rps": at["goodput_rps"], "attainment": at["attainment"],
+            "refused_429": sum(x.status == 429 for x in r.records)}
+
+
+def run_mixes(mixes: tuple[str, ...] = MIX_NAMES, seed: int = 0, progress: Any = None) -> dict[str, Any]:
+    from . import goodput as gp
+
+    rows = []
+    for mix in mixes:
+        ladder = tuple(x * MIX_GPUS for x in gp.SWEEP_PLANS[mix].rates_per_gpu)
+        for rate in (*ladder, PAST_KNEE * ladder[-1]):
+            for policy in MIX_POLICIES:
+                row = run_mix(mix, rate, policy, seed)
+                if progress is not None:
+                    progress(row)
+                rows.append(row)
+    return summarise_mixes(rows)
+
+
+def summarise_mixes(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each run's goodput as a share of its mix's peak (the most goodput of any run of the mix, either policy: the
+    deployment's capacity), and the mixes whose top rate keeps :data:`PEAK_SHARE` of it, per policy."""
+    from . import goodput as gp
+
+    mixes = list(dict.fromkeys(r["mix"] for r in rows))
+    for mix in mixes:
+        mine = [r for r in rows if r["mix"] == mix]
+        peak = max((r["goodput_rps"] for r in mine), default=0.0)
+        for r in mine:
+            r["of_peak"] = round(r["goodput_rps"] / peak, 3) if peak else None
+    top = {m: max(r["rate"] for r in rows if r["mix"] == m) for m in mixes}
+    held = {p: [m for m in mixes if (next(r for r in rows if r["mix"] == m and r["policy"] == p
+                                         and r["rate"] == top[m])["of_peak"] or 0.0) >= PEAK_SHARE]
+            for p in MIX_POLICIES}
+    return {"gpus": MIX_GPUS, "prefill": MIX_PREFILL, "slo": gp.SLOS[0].key, "past_knee": PAST_KNEE,
+            "rows": rows, "held_at_top": held, "target": f"goodput at {PAST_KNEE:g} × the top rate ≥ "
+            f"{PEAK_SHARE:.0%} of the peak"}
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -128,4 +212,16 @@ def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
     for s in res["summary"]:
         summary.append(f"| {s['policy']} | {_pct(s['chat_min_attainment'])} | {s['batch_goodput_at_top_rps']} | "
                        f"{_pct(s['batch_goodput_at_top_vs_peak'])} |")
-    return {"steps": "\n".join(lines), "summary": "\n".join(summary)}
+    tables = {"steps": "\n".join(lines), "summary": "\n".join(summary)}
+    if "mixes" in res:
+        m = res["mixes"]
+        ml = ["| mix | rate /s | overload (every tenant) | goodput req/s | attainment | ÷ its peak | refused (429) |",
+              "|---|---:|---|---:|---:|---:|---:|"]
+        for r in m["rows"]:
+            ml.append(f"| {r['mix']} | {r['rate']:g} | {r['policy']} | {r['goodput_rps']:.1f} | "
+                      f"{_pct(r['attainment'])} | {_pct(r['of_peak'])} | {r['refused_429']} |")
+        verdict = "; ".join(f"{p}: {len(v)} of {len({r['mix'] for r in m['rows']})} mixes"
+                            for p, v in m["held_at_top"].items())
+        tables["mixes"] = ("\n".join(ml) + f"\n\nTarget — {m['target']} ({m['gpus']} GPUs, "
+                           f"{m['prefill']}P+{m['gpus'] - m['prefill']}D, SLO {m['slo']} ms): {verdict}.")
+    return tables
