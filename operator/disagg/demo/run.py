@@ -16,10 +16,10 @@ from typing import Any
 
 from ..local.controlplane import REPO_ROOT
 from ..local.harness import ModelHarness
-from ..local.jaeger import spans_by_name, waterfall
+from ..local.jaeger import parent_id, spans_by_name, waterfall
 from ..local.stack import LocalStack
 from ..poll import WaitTimeoutError, wait_for
-from ..tracing import ROUTER_SPAN
+from ..tracing import DECODE_LEG_SPAN, LLM_REQUEST_SPAN, PREFILL_LEG_SPAN, ROUTER_SPAN
 from .acts import run_loop, say
 from .report import TraceSection, slowest_traced, slowest_traced_request, write_report
 
@@ -96,15 +96,25 @@ def trace_section(stack: LocalStack, model: ModelHarness, timeout: float = 30) -
     section.slowest = slowest_traced_request(model.phases, router_log, jaeger.trace_url)
     section.trace_url = jaeger.trace_url(trace_id)
 
-    def with_router_span() -> dict[str, Any] | None:
+    def whole() -> dict[str, Any] | None:
+        """The trace once it holds the router's span and, under each of its legs, the engine's span: each process
+        exports on its own schedule, and the engine that served the last leg ends its span with the router's."""
         t = jaeger.trace(trace_id)
-        return t if t is not None and ROUTER_SPAN in spans_by_name(t) else None
+        if t is None:
+            return None
+        spans = spans_by_name(t)
+        if ROUTER_SPAN not in spans:
+            return None
+        legs = {s["spanID"] for name in (PREFILL_LEG_SPAN, DECODE_LEG_SPAN) for s in spans.get(name, [])}
+        served = {parent_id(s) for s in spans.get(LLM_REQUEST_SPAN, [])}
+        return t if legs <= served else None
 
     try:
-        section.trace = wait_for(with_router_span, timeout, f"trace {trace_id} in Jaeger", interval=0.5)
-    except WaitTimeoutError:
+        section.trace = wait_for(whole, timeout, f"trace {trace_id} in Jaeger", interval=0.5)
+    except WaitTimeoutError:  # a leg whose engine never answered (a fault): the trace as it is
         section.trace = jaeger.trace(trace_id)
-        section.missing = f"Jaeger has no {ROUTER_SPAN} span of trace {trace_id} after {timeout:g}s"
+        if section.trace is None or ROUTER_SPAN not in spans_by_name(section.trace):
+            section.missing = f"Jaeger has no {ROUTER_SPAN} span of trace {trace_id} after {timeout:g}s"
     if section.trace is not None:
         section.waterfall = waterfall(section.trace)
     return section
