@@ -106,8 +106,7 @@ def prefill_pressure(spec: DisaggregatedModelSpec, s: PoolSignals) -> tuple[floa
                                          HEADROOM * max(spec.routing.remote_prefill.max_prefill_queue_wait_ms, 1)),
         "TTFT p95": _ratio(s.ttft_p95_ms, HEADROOM * spec.slo.ttft_p95_ms),
         "waiting per replica": _ratio(s.waiting_per_replica, WAITING_PER_REPLICA_TARGET),
-        "demand deflected": (None if s.deflected_share is None
-                             else 1.0 / max(1.0 - s.deflected_share, 1.0 / MAX_DEFLECTED_PRESSURE)),
+        "demand deflected": deflected_pressure(s),
     }
     return _dominant(terms)
 
@@ -129,9 +128,18 @@ def decode_pressure(spec: DisaggregatedModelSpec, s: PoolSignals,
     return p, why
 
 
+def deflected_pressure(s: PoolSignals) -> float | None:
+    """The prefill pool's pressure from the demand it did not take: ``1 / (1 − share)``, at most
+    :data:`MAX_DEFLECTED_PRESSURE`; None without data."""
+    if s.deflected_share is None:
+        return None
+    return 1.0 / max(1.0 - s.deflected_share, 1.0 / MAX_DEFLECTED_PRESSURE)
+
+
 def prefill_deflecting(s: PoolSignals) -> bool:
     """The prefill pool's deflected demand alone asks it to grow (beyond the tolerance)."""
-    return s.deflected_share is not None and 1.0 / max(1.0 - s.deflected_share, 1e-9) > 1.0 + TOLERANCE
+    p = deflected_pressure(s)
+    return p is not None and p > 1.0 + TOLERANCE
 
 
 def _dominant(terms: dict[str, float | None]) -> tuple[float | None, str]:

@@ -51,10 +51,11 @@ class EngineCost:
         # seconds per prompt token of a full-budget prefill step on an idle engine: the backlog clock's prior
         self.prefill_s_per_token = self.step(self.budget, 1, 1, self.budget * self.budget / 2.0,
                                              float(self.budget)) / self.budget
-        # decode-only steps by (batch, mean context), and (−batch, mean context) → the mixed step of a full chunk
-        # beside them: one placement prices the same worker's steps several times (its TPOT before and after, the
-        # stall of each prefill step against it); exact, cleared when large
+        # by (batch, mean context): the decode-only step, and the mixed step of a full chunk beside that batch. One
+        # placement prices the same worker's steps several times (its TPOT before and after, the stall of each
+        # prefill step against it); exact, each cleared when large
         self._decode_memo: dict[tuple[int, float], float] = {}
+        self._mixed_memo: dict[tuple[int, float], float] = {}
 
     @classmethod
     def from_profile(cls, profile: EngineProfile | None, served_model: str = "") -> EngineCost:
@@ -111,10 +112,12 @@ class EngineCost:
         if prefill_rate <= 0:
             return t_d
         room = max(1, self.budget - streams)
-        key = (-streams, mean_ctx)  # the mixed step of a full chunk beside them, memoised beside the decode steps
-        t_m = self._decode_memo.get(key)
+        key = (streams, mean_ctx)  # the mixed step of a full chunk beside them
+        t_m = self._mixed_memo.get(key)
         if t_m is None:
-            t_m = self._decode_memo[key] = self.prefill(room, 0, streams, mean_ctx).step_s
+            if len(self._mixed_memo) >= 4096:
+                self._mixed_memo.clear()
+            t_m = self._mixed_memo[key] = self.prefill(room, 0, streams, mean_ctx).step_s
         u = min(1.0, prefill_rate * t_m / room)
         return 1.0 / (u / t_m + (1.0 - u) / t_d)
 
