@@ -14,6 +14,15 @@ from dataclasses import dataclass, field
 
 GB = 1e9
 GiB = 1024**3
+# Device memory as the CUDA runtime reports it (torch.cuda.mem_get_info()[1], what vLLM's request_memory multiplies by
+# --gpu-memory-utilization: vllm/v1/worker/utils.py request_memory, 0.33.0), from vLLM's own startup line
+# "total_gpu_memory (X GiB) x gpu_memory_utilization". An "80 GB" board reports ~79.2 GiB (85.1e9 bytes), not 80e9:
+# the datasheet's GB are GiB less the driver's reservation. Sources in docs/simulator.md §3.
+H100_TOTAL = 79.22 * GiB  # vLLM PR #10511 (2024-12-13), H100 80GB: "total_gpu_memory 79.22GiB"
+A100_80_TOTAL = 79.15 * GiB  # A100-SXM4-80GB startup logs: 79.15 GiB (same 81920 MiB board class as the H100)
+A100_40_TOTAL = 39.49 * GiB  # A100-SXM4-40GB startup logs: 39.39–39.56 GiB
+L40S_TOTAL = 44.39 * GiB  # L40S startup logs: 44.31–44.39 GiB
+H200_TOTAL = 139.81 * GiB  # H200 startup log: "total_gpu_memory (139.81GiB)"
 TFLOPS = 1e12
 
 
@@ -23,11 +32,15 @@ class GPUPreset:
     bf16_flops: float  # dense BF16/FP16 tensor-core peak, FLOP/s
     fp8_flops: float  # dense FP8 peak, FLOP/s (== bf16 where the GPU has no FP8 tensor cores)
     hbm_bw: float  # bytes/s
-    memory_bytes: float  # device memory, bytes
+    memory_bytes: float  # device memory as CUDA reports it (cudaMemGetInfo total, what vLLM multiplies), bytes
     link_bw: float  # GPU-to-GPU bandwidth per direction (NVLink / xGMI / PCIe), bytes/s
     link_latency_s: float  # per collective call: launch + synchronisation of a small all-reduce (assumption)
     aliases: tuple[str, ...] = ()
     link_hop_s: float = 1.5e-6  # per ring step (one GPU-to-GPU hop) on NVLink/xGMI; PCIe presets set more
+    # Achieved / peak HBM bandwidth of the decode GEMVs streaming weights, and of attention streaming KV, where
+    # measured on this GPU (0 = the engine's Efficiency.memory). docs/simulator.md §3.
+    weight_stream_eff: float = 0.0
+    kv_stream_eff: float = 0.0
 
 
 CPU_ENGINE = "vLLM-CPU-2core"
@@ -37,17 +50,22 @@ CPU_ENGINE_FLOPS = 43e9  # FITTED: disagg bench real-engine (fit.per_prompt_toke
 GPUS: dict[str, GPUPreset] = {
     g.name: g
     for g in (
-        GPUPreset("H100-SXM", 989.4 * TFLOPS, 1978.9 * TFLOPS, 3.35e12, 80 * GB, 450 * GB, 8e-6,
+        GPUPreset("H100-SXM", 989.4 * TFLOPS, 1978.9 * TFLOPS, 3.35e12, H100_TOTAL, 450 * GB, 8e-6,
                   ("h100", "h100-sxm5", "h100-80gb-hbm3", "nvidia-h100-80gb-hbm3")),
-        GPUPreset("H100-PCIe", 756.0 * TFLOPS, 1513.0 * TFLOPS, 2.0e12, 80 * GB, 300 * GB, 10e-6,
+        GPUPreset("H100-PCIe", 756.0 * TFLOPS, 1513.0 * TFLOPS, 2.0e12, H100_TOTAL, 300 * GB, 10e-6,
                   ("h100-pcie", "nvidia-h100-pcie")),
-        GPUPreset("H200", 989.4 * TFLOPS, 1978.9 * TFLOPS, 4.8e12, 141 * GB, 450 * GB, 8e-6,
-                  ("h200-sxm", "nvidia-h200", "h200-141gb")),
-        GPUPreset("A100-80GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 2.039e12, 80 * GB, 300 * GB, 10e-6,
+        GPUPreset("H200", 989.4 * TFLOPS, 1978.9 * TFLOPS, 4.8e12, H200_TOTAL, 450 * GB, 8e-6,
+                  ("h200-sxm", "nvidia-h200", "h200-141gb"),
+                  # MEASURED on this project's H200 (docs/results/h200-microbench.json, torch 2.11 cuBLAS, the GEMM
+                  # vLLM's unquantized linear layers call): the decode gate/up GEMV streams 2,715 GB/s at batch 1 and
+                  # 2,540 at 64 (0.55 of 4.8 TB/s); the CUDA-graph decode step grows by 0.94–0.95 × 4.8 TB/s per
+                  # extra KV byte read (batches 8/32/64, context 1024 → 4096)
+                  weight_stream_eff=0.55, kv_stream_eff=0.94),
+        GPUPreset("A100-80GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 2.039e12, A100_80_TOTAL, 300 * GB, 10e-6,
                   ("a100", "a100-sxm4-80gb", "nvidia-a100-sxm4-80gb")),
-        GPUPreset("A100-40GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 1.555e12, 40 * GB, 300 * GB, 10e-6,
+        GPUPreset("A100-40GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 1.555e12, A100_40_TOTAL, 300 * GB, 10e-6,
                   ("a100-sxm4-40gb", "nvidia-a100-sxm4-40gb")),
-        GPUPreset("L40S", 362.05 * TFLOPS, 733.0 * TFLOPS, 0.864e12, 48 * GB, 32 * GB, 20e-6,
+        GPUPreset("L40S", 362.05 * TFLOPS, 733.0 * TFLOPS, 0.864e12, L40S_TOTAL, 32 * GB, 20e-6,
                   ("nvidia-l40s",), link_hop_s=5e-6),
         GPUPreset("B200", 2250.0 * TFLOPS, 4500.0 * TFLOPS, 8.0e12, 180 * GB, 900 * GB, 8e-6,
                   ("nvidia-b200", "b200-180gb")),

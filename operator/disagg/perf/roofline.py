@@ -47,7 +47,11 @@ class Efficiency:
     per_layer_overhead_s: float = 10e-6  # GPU per layer per step: kernel tails/gaps inside the graph
     per_seq_overhead_s: float = 10e-6  # CPU per scheduled sequence per step (inputs, sampling, detokenise)
     request_overhead_s: float = 3e-3  # per request, on the TTFT path: HTTP, tokenise, first chunk out
-    runtime_reserve_bytes: float = 1.5 * GiB  # CUDA context, NCCL buffers, CUDA graphs
+    # non-KV memory outside weights and the profile run's activation peak (vllm/v1/worker/gpu_worker.py
+    # determine_available_memory, 0.33.0: requested − non_kv_cache_memory − cudagraph_memory_estimate, the CUDA-graph
+    # estimate applied by default since 0.21.0, VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS): non-torch memory (CUDA
+    # context, cuBLAS/NCCL workspaces: 0.1–0.65 GiB in V1 startup logs at TP 1) + the graphs' pool (an assumption)
+    runtime_reserve_bytes: float = 1.5 * GiB
 
 
 # Engines whose fixed costs are not a GPU's: the real-engine tier's CPU engine, every cost FITTED on a real vLLM
@@ -130,7 +134,9 @@ class PerfModel:
         self._attn_per_pair = 4.0 * m.heads * m.head_dim * m.layers
         self._compute_rate = self.tp * self.peak_flops * e.compute
         self._kv_tok = self.kv_bytes_per_token_per_gpu * self.pp
-        self._memory_rate = gpu.hbm_bw * e.memory
+        # weights (decode GEMVs) and KV (attention) stream at the GPU's measured rates where it has them (§3)
+        self._memory_rate = gpu.hbm_bw * (gpu.weight_stream_eff or e.memory)
+        self._kv_rate = gpu.hbm_bw * (gpu.kv_stream_eff or e.memory)
         self._fixed_overhead_s = e.step_overhead_s + e.per_layer_overhead_s * m.layers
         self._dense_weights = None if m.is_moe else (self._weights_read_per_gpu(1, 0), self._weights_read_per_gpu(1, 1))
 
@@ -169,13 +175,17 @@ class PerfModel:
         return 2 * layers * self.kv_heads_per_gpu * self.model.head_dim * self.kv_bytes
 
     def activation_bytes(self, max_num_batched_tokens: int, max_num_seqs: int) -> float:
-        """Peak activation memory vLLM's profiling run finds, roughly: hidden + MLP intermediates of the
-        largest batch, plus fp32 logits of the sampled sequences."""
+        """Peak activation memory vLLM's profiling run finds, roughly. vLLM 0.33.0 ``GPUModelRunner.profile_run``
+        (vllm/v1/worker/gpu_model_runner.py) runs a dummy forward of ``max_num_tokens`` and *then*
+        ``_dummy_sampler_run`` on the last hidden states of min(max_num_seqs, tokens) requests; the forward's
+        intermediates are freed in between, so the peak is the larger of the two (``memory_profiling``'s
+        ``transient_peak_headroom``, vllm/utils/mem_utils.py), not their sum: hidden + MLP intermediates of the
+        largest batch, or the full-vocabulary fp32 logits (gathered over TP ranks) with the sampler's bf16 copy."""
         m = self.model
         inter = (m.moe_intermediate * m.experts_per_token if m.is_moe else m.intermediate) / self.tp
-        per_token = (4 * m.hidden + 3 * inter) * 2.0
-        logits = min(max_num_seqs, max_num_batched_tokens) * m.vocab / self.tp * 4.0
-        return max_num_batched_tokens * per_token + logits
+        forward = max_num_batched_tokens * (4 * m.hidden + 3 * inter) * 2.0
+        sampler = min(max_num_seqs, max_num_batched_tokens) * m.vocab * (4.0 + 2.0)
+        return max(forward, sampler)
 
     def kv_cache_bytes_per_gpu(self, gpu_memory_utilization: float, max_num_batched_tokens: int = 8192,
                                max_num_seqs: int = 256) -> float:
@@ -277,7 +287,7 @@ class PerfModel:
         weights = (self._dense_weights[1 if sampled else 0] if self._dense_weights is not None else
                    self._weights_read_per_gpu(tokens, sampled))
         bytes_per_gpu = weights + kv_read + kv_write
-        memory_s = bytes_per_gpu / self._memory_rate
+        memory_s = weights / self._memory_rate + (kv_read + kv_write) / self._kv_rate
 
         comm_s = 0.0
         link = self.gpu.link_bw * self.eff.link
