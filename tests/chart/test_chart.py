@@ -21,6 +21,7 @@ from disagg.builders.security import NON_ROOT_UID
 from disagg.builders.settings import (
     ENV_ROUTER_IMAGE,
     ENV_ROUTER_IMAGE_PULL_POLICY,
+    ENV_ROUTER_IMAGE_PULL_SECRETS,
     ENV_ROUTER_REPLICAS,
     ENV_TRACING_ENDPOINT,
     ENV_TRACING_PROTOCOL,
@@ -180,8 +181,40 @@ def test_standalone_and_router_image() -> None:
     assert not any(a.startswith("--metrics-port") for a in c["args"]) and not find(docs, "Service")
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env[ENV_ROUTER_IMAGE] == "registry.example.com/ml/disagg-router:0.1.0"
-    assert env[ENV_ROUTER_REPLICAS] == "2"
+    assert env[ENV_ROUTER_REPLICAS] == "3"
     assert "--log-level=debug" in c["args"]
+    # the router's own size and pull secrets reach the operator's build settings, and from there the router pods
+    settings = BuildSettings.from_env({k: v for k, v in env.items() if v is not None})
+    assert (settings.router_replicas, settings.router_cpu_request, settings.router_memory_request,
+            settings.router_memory_limit) == (3, "2", "512Mi", "2Gi")
+    assert settings.router_image_pull_secrets == ("router-registry",)
+
+
+def test_router_defaults_are_highly_available() -> None:
+    """Two router replicas by default (issue 31); the router pulls with the operator's secrets unless it has its
+    own; the container's resources are chart values that the operator's settings accept."""
+    _, docs = rendered_for(None)
+    env = {e["name"]: e.get("value") for e in _container(docs)["env"]}
+    settings = BuildSettings.from_env({k: v for k, v in env.items() if v is not None})
+    assert settings.router_replicas == 2
+    assert (settings.router_cpu_request, settings.router_memory_request, settings.router_memory_limit) == (
+        "250m", "256Mi", "1Gi")
+    assert settings.router_image_pull_secrets == () and ENV_ROUTER_IMAGE_PULL_SECRETS not in env
+    rendered = render({"imagePullSecrets": [{"name": "a"}, {"name": "b"}]})
+    env = {e["name"]: e.get("value") for e in _container(documents(rendered))["env"]}
+    assert env[ENV_ROUTER_IMAGE_PULL_SECRETS] == "a,b"
+
+
+@pytest.mark.parametrize(("values", "field"), [
+    ({"router": {"replicas": 0}}, "replicas"),
+    ({"router": {"resources": {"requests": {"cpu": "lots", "memory": "1Gi"}}}}, "cpu"),
+    ({"router": {"resources": {"limits": {"memory": "1 GB"}}}}, "memory"),
+    ({"router": {"imagePullSecrets": ["just-a-name"]}}, "imagePullSecrets"),
+])
+def test_router_values_are_checked_by_the_schema(values: dict[str, Any], field: str) -> None:
+    with pytest.raises(Exception) as err:
+        render(values)
+    assert field in str(err.value)
 
 
 def test_tracing_default_reaches_the_operator_and_its_builds() -> None:

@@ -21,7 +21,8 @@ def test_render_prints_every_child(capsys):
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Service", "Service",
-                            "PodDisruptionBudget", "PodDisruptionBudget", "Deployment", "Deployment", "Deployment"])
+                            "PodDisruptionBudget", "PodDisruptionBudget", "PodDisruptionBudget",  # P, D, router
+                            "Deployment", "Deployment", "Deployment"])
     assert all(d["metadata"]["namespace"] == "default" and "ownerReferences" not in d["metadata"] for d in docs)
     router = next(d for d in docs if d["metadata"]["name"] == "llama-70b-router" and d["kind"] == "Deployment")
     assert router["spec"]["template"]["spec"]["containers"][0]["image"] == "r:2"
@@ -63,7 +64,7 @@ def test_operator_command_runs_and_serves_liveness(control_plane, namespace, clu
         body = wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read(), 20,
                         "liveness endpoint")
         assert b"models" in body
-        wait_for(lambda: "disagg_operator_applies_total 12.0" in urllib.request.urlopen(
+        wait_for(lambda: "disagg_operator_applies_total 13.0" in urllib.request.urlopen(
             f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode(), 10, "operator metrics")
     finally:
         stop_group(proc, grace=20, group=False)  # SIGTERM, SIGKILL after the grace period

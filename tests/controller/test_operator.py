@@ -27,7 +27,7 @@ EXPECTED_KINDS = ["ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "Rol
 
 def _expected_children(model: str, roles: tuple[str, ...] = ("prefill", "decode")) -> set[str]:
     out = {f"{k}/{model}-router" for k in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service",
-                                           "Deployment")}
+                                           "Deployment", "PodDisruptionBudget")}
     for role in roles:
         out |= {f"Deployment/{model}-{role}", f"Service/{model}-{role}", f"PodDisruptionBudget/{model}-{role}"}
     return out
@@ -232,7 +232,7 @@ def test_restart_makes_no_writes_and_no_duplicates(start_operator, cluster):
     with start_operator():
         cluster.create_model(load_example("llama-8b-nvlink"))
         _converged(cluster, "llama-8b")
-        wait_for(lambda: len(cluster.children("llama-8b")) == 12, 20, "children")
+        wait_for(lambda: len(cluster.children("llama-8b")) == 13, 20, "children")
 
         before = _quiescent(cluster, "llama-8b")  # the Deployment controller has finished its status updates
     dm_rv = before.pop("model")

@@ -251,7 +251,7 @@ def test_the_reconciler_reads_time_from_its_clock(control_plane, cluster):
     rec = Reconciler(Kube(api_client(str(control_plane.kubeconfig))), TEST_BUILD, clock=clock)
     cluster.create_model(load_example("llama-70b-rdma"))
     first = rec.reconcile(cluster.ns, MODEL, {}, trigger="create")
-    assert len(first.applied) == 12
+    assert len(first.applied) == 13
     m = cluster.model(MODEL)
     assert m["status"]["modeSince"] == "2030-05-01T12:00:00Z"
     assert {c["lastTransitionTime"] for c in m["status"]["conditions"]} == {"2030-05-01T12:00:00Z"}

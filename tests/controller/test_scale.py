@@ -27,7 +27,7 @@ def _plain(cluster, obj):
 def test_a_burst_of_events_for_one_model_runs_one_reconcile(control_plane, cluster):
     rec = Reconciler(Kube(api_client(str(control_plane.kubeconfig))), TEST_BUILD)
     cluster.create_model(load_example("llama-8b-nvlink"))
-    assert len(rec.reconcile(cluster.ns, MODEL, {}, trigger="create").applied) == 12
+    assert len(rec.reconcile(cluster.ns, MODEL, {}, trigger="create").applied) == 13
     configmap = next(k.split("/", 1)[1] for k in cluster.children(MODEL) if k.startswith("ConfigMap/"))
     cluster.core.delete_namespaced_config_map(configmap, cluster.ns)
     service = next(v for k, v in cluster.children(MODEL).items() if k.startswith("Service/"))

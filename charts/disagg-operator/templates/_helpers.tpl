@@ -176,3 +176,10 @@ namespaceSelector:
   resources: [events]
   verbs: [create, patch]
 {{- end -}}
+
+{{/* Secret names of an imagePullSecrets list ([{name: a}, {name: b}]), comma-separated: "a,b". */}}
+{{- define "disagg.secretNames" -}}
+{{- $names := list -}}
+{{- range . }}{{- $names = append $names .name -}}{{- end -}}
+{{- join "," $names -}}
+{{- end -}}

@@ -16,7 +16,15 @@ from ..api.models import DisaggregatedModel, parse_model
 from . import multinode
 from .meta import ANNOTATION_SPEC_HASH, stamp_spec_hash
 from .replicas import desired_replicas, replicas_owner
-from .router import active_mode, router_config, router_configmap, router_deployment, router_rbac, router_service
+from .router import (
+    active_mode,
+    router_config,
+    router_configmap,
+    router_deployment,
+    router_pdb,
+    router_rbac,
+    router_service,
+)
 from .settings import BuildSettings
 from .tracing import with_default_tracing
 from .transport import kv_transfer_config, transport_summary
@@ -74,5 +82,6 @@ def build_children(dm: DisaggregatedModel, settings: BuildSettings | None = None
             objs += multinode.pool_objects(dm, role, backend)
         else:
             objs.append(worker_deployment(dm, role))
+    objs.append(router_pdb(dm))
     objs.append(router_deployment(dm, settings))
     return [stamp_spec_hash(o) for o in objs]

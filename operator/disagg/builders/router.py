@@ -109,7 +109,8 @@ def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[s
         "volumeMounts": [{"name": ROUTER_CONFIG_VOLUME, "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
         "readinessProbe": readiness,
         "livenessProbe": liveness,
-        "resources": {"requests": {"cpu": settings.router_cpu_request, "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": {"requests": {"cpu": settings.router_cpu_request, "memory": settings.router_memory_request},
+                      "limits": {"memory": settings.router_memory_limit}},
         "securityContext": container_security_context(read_only_root_filesystem=True),
     }
     return {
@@ -130,6 +131,9 @@ def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[s
                 },
                 "spec": {
                     "serviceAccountName": name,
+                    **({"imagePullSecrets": [{"name": n} for n in settings.router_image_pull_secrets]}
+                       if settings.router_image_pull_secrets else {}),
+                    "affinity": router_anti_affinity(model),
                     "containers": [container],
                     "volumes": [{"name": ROUTER_CONFIG_VOLUME, "configMap": {"name": name}}],
                     "enableServiceLinks": False,
@@ -138,6 +142,28 @@ def router_deployment(dm: DisaggregatedModel, settings: BuildSettings) -> dict[s
                 },
             },
         },
+    }
+
+
+def router_anti_affinity(model: str) -> dict[str, Any]:
+    """Spread a model's router pods over nodes when the scheduler can (preferred, not required: a one-node cluster
+    or a full node still schedules both), so one node lost or drained leaves a router serving."""
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100,
+        "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": selector_labels(model, "router")}},
+    }]}}
+
+
+def router_pdb(dm: DisaggregatedModel) -> dict[str, Any]:
+    """Voluntary disruptions (node drains, cluster upgrades) take at most one router pod at a time: with the default
+    two replicas one always serves. maxUnavailable rather than minAvailable, so one replica never blocks a drain."""
+    model = model_name(dm)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(dm, c.router_name(model), role_labels(model, "router")),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector_labels(model, "router")}},
     }
 
 

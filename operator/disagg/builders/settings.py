@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -12,13 +13,24 @@ ENV_ROUTER_IMAGE = "DISAGG_ROUTER_IMAGE"
 ENV_ROUTER_IMAGE_PULL_POLICY = "DISAGG_ROUTER_IMAGE_PULL_POLICY"
 ENV_ROUTER_REPLICAS = "DISAGG_ROUTER_REPLICAS"
 ENV_ROUTER_CPU_REQUEST = "DISAGG_ROUTER_CPU_REQUEST"
+ENV_ROUTER_MEMORY_REQUEST = "DISAGG_ROUTER_MEMORY_REQUEST"
+ENV_ROUTER_MEMORY_LIMIT = "DISAGG_ROUTER_MEMORY_LIMIT"
+ENV_ROUTER_IMAGE_PULL_SECRETS = "DISAGG_ROUTER_IMAGE_PULL_SECRETS"  # Secret names, comma-separated
 # The cluster-wide tracing default (the chart's tracing.* values) for models without spec.observability.tracing
 ENV_TRACING_ENDPOINT = "DISAGG_TRACING_ENDPOINT"
 ENV_TRACING_SAMPLING_RATIO = "DISAGG_TRACING_SAMPLING_RATIO"
 ENV_TRACING_PROTOCOL = "DISAGG_TRACING_PROTOCOL"
 DEFAULT_TRACING_SAMPLING_RATIO = 0.01
+# A Kubernetes memory quantity as operators write it (plain bytes, decimal or binary suffixes, an exponent).
+MEMORY_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([eE][0-9]+|[KMGTPE]i?|k)?")
+SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # a DNS subdomain
 
 DEFAULT_ROUTER_CPU_REQUEST = "250m"
+DEFAULT_ROUTER_MEMORY_REQUEST = "256Mi"
+DEFAULT_ROUTER_MEMORY_LIMIT = "1Gi"
+# Two router pods per model by default (issue 31): a node drain, an eviction or a router crash leaves one serving
+# while the other is rescheduled (with the router's PodDisruptionBudget and soft anti-affinity, builders/router.py).
+DEFAULT_ROUTER_REPLICAS = 2
 
 
 def cpu_cores(quantity: str) -> float:
@@ -46,10 +58,15 @@ class BuildSettings:
 
     router_image: str = DEFAULT_ROUTER_IMAGE
     router_image_pull_policy: str = "IfNotPresent"
-    router_replicas: int = 1
+    router_replicas: int = DEFAULT_ROUTER_REPLICAS
     # The router container's CPU request (a Kubernetes quantity). Without spec.router.workers it also sets the
     # router processes per pod: this rounded down, at least 1.
     router_cpu_request: str = DEFAULT_ROUTER_CPU_REQUEST
+    router_memory_request: str = DEFAULT_ROUTER_MEMORY_REQUEST
+    router_memory_limit: str = DEFAULT_ROUTER_MEMORY_LIMIT
+    # Secrets for pulling the router image from a private registry (the chart: router.imagePullSecrets, else the
+    # operator's own imagePullSecrets, since the router runs the operator's image by default).
+    router_image_pull_secrets: tuple[str, ...] = ()
     # Is the LeaderWorkerSet CRD (builders.multinode.LWS_CRD) installed? Picks the back end of multi-node pools with
     # spec.multiNode.backend Auto. The controller sets it from a cached read of the CRD (controller/groups.py).
     lws_installed: bool = False
@@ -60,6 +77,15 @@ class BuildSettings:
 
     def __post_init__(self) -> None:
         cpu_cores(self.router_cpu_request)  # a bad quantity fails at start-up, not at every reconcile
+        if self.router_replicas < 1:
+            raise ValueError(f"{ENV_ROUTER_REPLICAS}: the router needs at least 1 replica, got {self.router_replicas}")
+        for env_name, quantity in ((ENV_ROUTER_MEMORY_REQUEST, self.router_memory_request),
+                                   (ENV_ROUTER_MEMORY_LIMIT, self.router_memory_limit)):
+            if not MEMORY_QUANTITY.fullmatch(quantity):
+                raise ValueError(f"{env_name}: not a memory quantity (e.g. 256Mi, 1Gi): {quantity!r}")
+        for secret in self.router_image_pull_secrets:
+            if not SECRET_NAME.fullmatch(secret):
+                raise ValueError(f"{ENV_ROUTER_IMAGE_PULL_SECRETS}: not a Secret name: {secret!r}")
         if self.tracing_endpoint:  # the same rules as spec.observability.tracing, checked once at start-up
             from pydantic import ValidationError
 
@@ -84,12 +110,25 @@ class BuildSettings:
         return cls(
             router_image=env.get(ENV_ROUTER_IMAGE) or DEFAULT_ROUTER_IMAGE,
             router_image_pull_policy=env.get(ENV_ROUTER_IMAGE_PULL_POLICY) or "IfNotPresent",
-            router_replicas=int(env.get(ENV_ROUTER_REPLICAS) or 1),
+            router_replicas=_count(ENV_ROUTER_REPLICAS, env.get(ENV_ROUTER_REPLICAS), DEFAULT_ROUTER_REPLICAS),
             router_cpu_request=env.get(ENV_ROUTER_CPU_REQUEST) or DEFAULT_ROUTER_CPU_REQUEST,
+            router_memory_request=env.get(ENV_ROUTER_MEMORY_REQUEST) or DEFAULT_ROUTER_MEMORY_REQUEST,
+            router_memory_limit=env.get(ENV_ROUTER_MEMORY_LIMIT) or DEFAULT_ROUTER_MEMORY_LIMIT,
+            router_image_pull_secrets=tuple(
+                n.strip() for n in (env.get(ENV_ROUTER_IMAGE_PULL_SECRETS) or "").split(",") if n.strip()),
             tracing_endpoint=env.get(ENV_TRACING_ENDPOINT) or None,
             tracing_sampling_ratio=_ratio(env.get(ENV_TRACING_SAMPLING_RATIO)),
             tracing_protocol=env.get(ENV_TRACING_PROTOCOL) or None,
         )
+
+
+def _count(env_name: str, text: str | None, default: int) -> int:
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{env_name}: not a whole number: {text!r}") from None
 
 
 def _ratio(text: str | None) -> float:

@@ -646,7 +646,9 @@ def chart_values(log_level: str = "info", watch_namespace: str | None = None) ->
 
     The namespaced install cannot run yet: kopf lists namespaces cluster-wide unless its settings disable
     scanning, and the chart's namespaced Role does not (and should not) grant that (found by this test)."""
-    values: dict[str, Any] = {"operator": {"logLevel": log_level}}
+    # one router pod per model (the chart's default is 2, for HA): the demo's 2-core machine and its tests address a
+    # model's router as one pod
+    values: dict[str, Any] = {"operator": {"logLevel": log_level}, "router": {"replicas": 1}}
     if watch_namespace:
         values["watch"] = {"scope": "namespace", "namespaces": [watch_namespace]}
     return values

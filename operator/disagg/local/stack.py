@@ -21,6 +21,7 @@ from kubernetes import client
 from ..api import GROUP, PLURAL, VERSION
 from ..api.contract import LABEL_COMPAT, LABEL_MODEL, LABEL_ROLE, ROUTER_PORT
 from ..api.crd import build_crd
+from ..builders.settings import ENV_ROUTER_REPLICAS
 from ..kube import api_client, install_crd, server_side_apply
 from ..poll import wait_for
 from .controlplane import ControlPlane
@@ -90,7 +91,9 @@ class LocalStack:
                  "--kubeconfig", str(self.cp.kubeconfig), "--liveness", f"http://127.0.0.1:{liveness_port}/healthz",
                  *self.operator_args],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                env={**os.environ, "KUBECONFIG": str(self.cp.kubeconfig)})
+                # one router pod per model on this machine (the product's default is 2, for HA on a cluster): the
+                # local stack's tests address a model's router as one process; the caller's environment still wins
+                env={ENV_ROUTER_REPLICAS: "1", **os.environ, "KUBECONFIG": str(self.cp.kubeconfig)})
 
     def restart_operator(self, crash: bool = True) -> None:
         """Stop the operator — SIGKILL with ``crash`` (an OOM kill, a node lost), else SIGTERM with a grace
