@@ -14,7 +14,9 @@ from typing import Any
 from aiohttp import web
 
 from .. import logs
+from ..builders.vllm import KV_EVENTS_PORT
 from .config import ConfigWatcher
+from .kvsub import kv_endpoints
 from .load import WorkerSet, parse_worker_arg
 from .policy import Tuning
 from .server import Router, RouterOptions
@@ -23,6 +25,14 @@ log = logs.get("disagg.router")
 
 
 @dataclass
+def _kv_port(args: argparse.Namespace, static: bool) -> int:
+    """--kv-events-port, else the operator's port in cluster mode and off with static worker URLs."""
+    port = getattr(args, "kv_events_port", None)
+    if port is not None:
+        return int(port)
+    return 0 if static else KV_EVENTS_PORT
+
+
 class RouterApp:
     router: Router
     host: str
@@ -53,6 +63,9 @@ class RouterApp:
             workers=getattr(args, "workers", 1),
             otlp_traces_endpoint=getattr(args, "otlp_traces_endpoint", None),
             trace_sample_ratio=getattr(args, "trace_sample_ratio", None),
+            kv_events=kv_endpoints(_kv_port(args, static), getattr(args, "kv_events_replay_port", 0),
+                                   getattr(args, "kv_events_endpoint", [])),
+            kv_events_topic=getattr(args, "kv_events_topic", ""),
         )
         discovery = None
         if not static:

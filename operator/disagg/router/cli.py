@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..api.contract import ROUTER_PORT
+from ..builders.vllm import KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT
 from .policy import Tuning
 
 
@@ -83,6 +84,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="share of new traces kept, 0 to 1 (default 0.01); a client's sampled traceparent is "
                    "always followed. An invalid value falls back to the default with a log line and "
                    "disagg_tracing_errors_total{reason=\"invalid_sample_ratio\"}, never a failed start or request")
+    p.add_argument("--kv-events-port", type=int, default=None,
+                   help="each worker's KV cache events (vLLM --kv-events-config) at tcp://<worker host>:PORT: the "
+                   f"exact prefix index (0: off, the estimate only; default {KV_EVENTS_PORT} in cluster mode, where "
+                   "the operator renders it, off with static worker URLs)")
+    p.add_argument("--kv-events-replay-port", type=int, default=KV_EVENTS_REPLAY_PORT,
+                   help="each worker's KV event replay socket (0: none; gaps then reset the worker's entries)")
+    p.add_argument("--kv-events-endpoint", action="append", default=[], metavar="URL=tcp://H:P[,tcp://H:R]",
+                   help="a worker's KV event endpoints, overriding the ports (workers sharing a host)")
+    p.add_argument("--kv-events-topic", default="", help="the publishers' topic (vLLM's KVEventsConfig.topic)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--workers", type=int, default=1,
                    help="router processes sharing the port (SO_REUSEPORT), one per core; each has its own load "

@@ -52,6 +52,7 @@ from . import features
 from . import placement as pl
 from .admission import AdmissionQueue, QueueTimeoutError
 from .breaker import Breakers, Ticket
+from .kvindex import KVIndex
 from .load import TenantStats, Worker, WorkerSet
 from .metrics import RouterMetrics
 from .placement import Prediction
@@ -140,7 +141,8 @@ class RequestCore(Generic[R]):
         self.tuning = tuning or Tuning()
         self.clock = clock
         self.down_seconds = down_seconds
-        self.prefix = PrefixIndex()
+        self.prefix = PrefixIndex()  # the estimate: what the router sent where (the fallback)
+        self.kv = KVIndex()  # the truth: the engines' own KV cache events (kvsub.py, or the twin's sink)
         self.tenants = TenantStats()
         self.breakers = Breakers(metrics.circuit_state, clock)
         self.probes = ProbeLimiter(rate_scale=probe_rate_scale)
@@ -175,11 +177,23 @@ class RequestCore(Generic[R]):
         if w is not None:
             w.down_until = self.clock() + self.down_seconds
 
-    def snapshot(self, cfg: RouterConfig, hashes: tuple[int, ...], tenant: str) -> LoadSnapshot:
-        """The policy's view of the pools now: every ready worker's load (prefix matches on the serving pools),
-        the tenant's average output, and what the circuit breakers block."""
+    def cached_tokens(self, url: str, hashes: tuple[int, ...], token_ids: tuple[int, ...] | None,
+                      exact: dict[str, int] | None = None) -> tuple[int, str]:
+        """Prompt tokens ``url`` holds and where that comes from: ``events`` (the exact index, when the worker
+        publishes KV events and the prompt's token ids are known), else ``estimate`` (prefix.py)."""
+        if token_ids is not None and self.kv.publishing(url):
+            return (exact if exact is not None else self.kv.match(token_ids)).get(url, 0), "events"
+        return (self.prefix.match_tokens(url, hashes) if hashes else 0), "estimate"
+
+    def snapshot(self, cfg: RouterConfig, hashes: tuple[int, ...], tenant: str,
+                 token_ids: tuple[int, ...] | None = None) -> LoadSnapshot:
+        """The policy's view of the pools now: every ready worker's load (prefix matches: exact from the KV
+        events where the worker publishes them, else the estimate on the serving pools), the tenant's average
+        output, and what the circuit breakers block."""
         now = self.clock()
         prefix = self.prefix
+        kv = self.kv
+        exact = kv.match(token_ids) if token_ids is not None else {}
         if cfg is not self._costs_of:  # each pool's engine priced once per config (perf/costs.py)
             self._costs_of = cfg
             self._costs = {r: EngineCost.from_profile(cfg.pools.engine(r), cfg.model) for r in WorkerSet.ROLES}
@@ -190,7 +204,11 @@ class RequestCore(Generic[R]):
             out = []
             for w in self.workers.ready(role):
                 w.cost = cost
-                out.append(w.load(prefix.match_tokens(w.url, hashes) if with_prefix and hashes else 0, now))
+                if token_ids is not None and kv.publishing(w.url):
+                    cached = exact.get(w.url, 0)
+                else:
+                    cached = prefix.match_tokens(w.url, hashes) if with_prefix and hashes else 0
+                out.append(w.load(cached, now))
             return tuple(out)
 
         self.breakers.configure(cfg.routing.circuit_breaker)
@@ -235,12 +253,13 @@ class RequestCore(Generic[R]):
                                 max_tokens=max_tokens, tenant=tenant,
                                 canary_fraction=features.request_hash_fraction(ctx.request_id))
         ctx.max_tokens = max_tokens
-        snap = self.snapshot(cfg, hashes, tenant or "default")
+        snap = self.snapshot(cfg, hashes, tenant or "default", ctx.token_ids)
         best = max((w.prefix_tokens for w in snap.decode + snap.aggregated), default=0)
-        if best:  # the log's prefix family for replay: the longest run of full blocks some worker holds
+        if best and hashes:  # the log's prefix family for replay: the longest run of full blocks some worker holds
             ctx.prefix_tokens = best
-            ctx.prefix_hash = f"{hashes[best // features.PREFIX_BLOCK_TOKENS - 1]:016x}"
+            ctx.prefix_hash = f"{hashes[min(len(hashes), best // features.PREFIX_BLOCK_TOKENS) - 1]:016x}"
         d, ticket = self.route(cfg, feats, snap)
+        self._expect_cached(ctx, d, snap)
         ctx.tenant, ctx.decision, ctx.reason = d.tenant, d.decision, d.reason
         if priority_scheduling(cfg.routing):  # the tenant's priority on every leg (the workers run the policy)
             t = find_tenant(cfg, tenant)
@@ -252,6 +271,21 @@ class RequestCore(Generic[R]):
         if d.est_prefill_wait_ms is not None:
             ctx.timings["est_prefill_wait"] = d.est_prefill_wait_ms / 1000.0
         return d, ticket, snap
+
+    def _expect_cached(self, ctx: Ctx, d: Decision, snap: LoadSnapshot) -> None:
+        """The prompt tokens expected cached where the request prefills (the prefill worker on the remote path,
+        else the worker serving it), for the log line and ``disagg_prefix_expected_cached_tokens``."""
+        where = d.prefill if d.decision == "remote" else d.decode
+        if where is None:
+            return
+        w = next((x for x in (*snap.prefill, *snap.decode, *snap.aggregated) if x.url == where), None)
+        if w is None:
+            return
+        source = "events" if ctx.token_ids is not None and self.kv.publishing(where) else "estimate"
+        ctx.expected_cached_tokens = min(w.prefix_tokens, max(0, ctx.input_tokens - 1))
+        ctx.cache_source = source
+        if ctx.expected_cached_tokens:
+            self.metrics.prefix_cached_tokens.labels(source).inc(ctx.expected_cached_tokens)
 
     # ------------------------------------------------------------------------------------ admission
     async def admit(self, ctx: Ctx, cfg: RouterConfig, tenant: str | None, max_tokens: int | None,
@@ -428,7 +462,8 @@ class RequestCore(Generic[R]):
         started = self.clock()
         pred = ctx.prediction if isinstance(ctx.prediction, Prediction) and ctx.prediction.worker == url else None
         # a local prefill: its uncached prompt tokens are ahead of the next prefill there until its first token
-        pending = max(1, ctx.input_tokens - prefix.match_tokens(url, hashes)) if kv is None and w is not None else 0
+        pending = (max(1, ctx.input_tokens - self.cached_tokens(url, hashes, ctx.token_ids)[0])
+                   if kv is None and w is not None else 0)
         if pending and w is not None:
             w.inflight_tokens += pending
             w.prefill_started(pending, started)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,12 +125,9 @@ def prefix_block_hashes(view: PromptView, chars_per_token: float = DEFAULT_CHARS
     cut every ``block_tokens`` ids. Only full blocks count (vLLM caches full blocks only).
     """
     if view.token_ids is not None:
-        data = b"".join(t.to_bytes(4, "little", signed=False) if 0 <= t < 2**32 else str(t).encode()
-                        for t in view.token_ids)
-        step = block_tokens * 4
-    else:
-        data = (view.text or "").encode("utf-8", "surrogatepass")
-        step = max(1, int(block_tokens * chars_per_token))
+        return tuple(token_block_keys(view.token_ids, block_tokens, max_blocks=max_blocks))
+    data = (view.text or "").encode("utf-8", "surrogatepass")
+    step = max(1, int(block_tokens * chars_per_token))
     out: list[int] = []
     prev = b""
     for start in range(0, min(len(data) // step, max_blocks) * step, step):
@@ -138,6 +135,31 @@ def prefix_block_hashes(view: PromptView, chars_per_token: float = DEFAULT_CHARS
         out.append(int.from_bytes(h, "little"))
         prev = h
     return tuple(out)
+
+
+def _token_bytes(ids: Sequence[int]) -> bytes:
+    return b"".join(t.to_bytes(4, "little", signed=False) if 0 <= t < 2**32 else str(t).encode() for t in ids)
+
+
+def token_block_keys(token_ids: Sequence[int], block_tokens: int, parent: int | None = None,
+                     max_blocks: int = MAX_PREFIX_BLOCKS, extra: Sequence[Any] | None = None) -> list[int]:
+    """Chained keys of the full blocks of ``token_ids`` (``block_tokens`` ids each): a block's key covers its ids
+    and its parent's key (``parent``: the key of the block before the first one; None at the prompt's start), as
+    vLLM's block hash covers its tokens and its parent's hash (``hash_block_tokens`` in
+    ``vllm/v1/core/kv_cache_utils.py``, 0.33.0). The router's own hash of the same contents, so that a request's
+    token ids and the token ids in an engine's ``BlockStored`` events give the same keys whatever hash function
+    and seed the engine uses (kvindex.py). ``extra``: per block, vLLM's extra keys (LoRA, multimodal, cache
+    salt), mixed in so such blocks never match a plain prompt."""
+    out: list[int] = []
+    prev = b"" if parent is None else parent.to_bytes(8, "little")
+    n = min(len(token_ids) // block_tokens, max_blocks)
+    for i in range(n):
+        data = _token_bytes(token_ids[i * block_tokens:(i + 1) * block_tokens])
+        if extra is not None and i < len(extra) and extra[i] is not None:
+            data += b"\x00extra" + repr(extra[i]).encode()
+        prev = hashlib.blake2b(prev + data, digest_size=8).digest()
+        out.append(int.from_bytes(prev, "little"))
+    return out
 
 
 def match_tenant(headers: Any, tenants: Iterable[Any]) -> Any | None:

@@ -131,6 +131,28 @@ class RouterMetrics:
             "disagg_admission_wait_seconds", "Time a request waited in the router's admission queue (released, "
             "timed out or cancelled); it counts in the request's TTFT.", ["tenant"], registry=r,
             buckets=LATENCY_BUCKETS)
+        # the exact prefix index from the engines' KV cache events (issue 30: kvindex.py, kvsub.py)
+        self.kv_index_blocks = Gauge(
+            "disagg_kv_index_blocks", "Blocks in the router's prefix index per worker, from the worker's own KV cache "
+            "events.", ["worker"], registry=r, multiprocess_mode="livemax")
+        self.kv_events = Counter(
+            "disagg_kv_events", "KV cache events applied to the prefix index, by type (stored, removed, cleared, "
+            "orphan: a stored block whose parent the index lacked, skipped: unknown type).", ["type"], registry=r)
+        self.kv_event_lag = Histogram(
+            "disagg_kv_event_lag_seconds", "Time from an engine step's KV event batch (its timestamp) to the index "
+            "applying it.", registry=r, buckets=LATENCY_BUCKETS)
+        self.kv_event_gaps = Counter(
+            "disagg_kv_event_gaps", "Sequence gaps in a worker's KV event stream, by outcome (recovered: replayed; "
+            "reset: not replayable, the worker's entries dropped; restart: the publisher counted from 0 again).",
+            ["outcome"], registry=r)
+        self.prefix_cached_tokens = Counter(
+            "disagg_prefix_expected_cached_tokens", "Prompt tokens the router expected cached on the worker it chose, "
+            "by source (events: the exact index; estimate: the router's own record of what it sent).", ["source"],
+            registry=r)
+        for t in ("stored", "removed", "cleared", "orphan", "skipped"):
+            self.kv_events.labels(t)
+        for outcome in ("recovered", "reset", "restart"):
+            self.kv_event_gaps.labels(outcome)
         for reason in ("export_failed", "invalid_sample_ratio", "invalid_endpoint"):
             self.tracing_errors.labels(reason)
         for outcome in ("ok", "failed"):

@@ -127,7 +127,9 @@ def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: Eng
                    slo_tpot_s: float, out_tokens: float, slo_ttft_s: float = 1.0) -> Prediction:
     p_streams = int(p.running)
     p_ctx = _mean_ctx(p, p_cost, p_streams)
-    pre = p_cost.prefill(tokens, 0, p_streams, p_ctx, _ahead(p))
+    # the prompt's prefix the prefill worker holds (its own KV events: kvindex.py) is not computed again there
+    cached = min(p.prefix_tokens, max(0, tokens - 1))
+    pre = p_cost.prefill(tokens - cached, cached, p_streams, p_ctx, _ahead(p))
     prefill_s = (p_cost.request_overhead_s + pre.seconds) * p.f_prefill
     d_streams = int(d.running)
     d_ctx = _mean_ctx(d, d_cost, d_streams)

@@ -66,6 +66,13 @@ class Ctx:
     admission: str | None = None
     admission_reason: str | None = None
     admitted_at: float | None = None
+    # the exact prefix index (issue 30, kvindex.py): the prompt's token ids when the router knows them (a prompt of
+    # token ids; the twin's arrivals), the prompt tokens expected cached on the worker chosen and where that came
+    # from ("events": the engines' own KV events; "estimate": prefix.py), and what the engine reported reusing
+    token_ids: tuple[int, ...] | None = None
+    expected_cached_tokens: int | None = None
+    cache_source: str | None = None
+    reused_tokens: int | None = None
 
     def mark_upstream(self) -> None:
         if self.first_upstream_at is None:

@@ -30,6 +30,7 @@ from .accounting import Accounting, end_span
 from .config import ConfigWatcher
 from .connections import ConnectionGuard, GuardedRunner
 from .core import RequestCore
+from .kvsub import Endpoints, KVSubscriber
 from .legs import HttpLegs, Upstream
 from .load import WorkerSet
 from .metrics import RouterMetrics
@@ -60,6 +61,10 @@ class RouterOptions:
     workers: int = 1  # processes of this replica (--workers): each takes 1/workers of the probe rate
     otlp_traces_endpoint: str | None = None  # OTLP/HTTP traces URL; None: tracing off (no span objects at all)
     trace_sample_ratio: str | float | None = None  # validated at start (bad → default, a log line and a count)
+    # each worker's KV cache events (kvsub.py): its PUB (and replay) endpoints; None: the router does not subscribe
+    # and the prefix index is the estimate alone
+    kv_events: Endpoints | None = None
+    kv_events_topic: str = ""
 
 
 # The router's own refusals (decision reject): the OpenAI error body's message; admission's carry their reason as
@@ -95,6 +100,7 @@ class Router:
                                self.opts.scrape_timeout, self.opts.down_seconds)
         self.connections = ConnectionGuard(self.metrics, self.opts.header_timeout, self.opts.max_connections)
         self._tasks: list[asyncio.Task[None]] = []
+        self.kv_subscriber: KVSubscriber | None = None
         watcher.on_reload = lambda ok: self.metrics.config_reloads.labels("ok" if ok else "error").inc()
         self.tracing: tracing.Tracing | None = None
         if self.opts.otlp_traces_endpoint:
@@ -140,6 +146,12 @@ class Router:
         )
         self.raw = RawPool(self.opts.connect_timeout)
         self._tasks.append(asyncio.create_task(self.scraper.run(), name="scrape"))
+        if self.opts.kv_events is not None:
+            self.kv_subscriber = KVSubscriber(self.core.kv, self.metrics, self.opts.kv_events,
+                                              self.opts.kv_events_topic)
+            self._tasks.append(asyncio.create_task(
+                self.kv_subscriber.run(lambda: [w.url for w in self.workers.all()], self.opts.scrape_interval),
+                name="kv-events"))
         if self.watcher.path is not None:
             self._tasks.append(asyncio.create_task(self.watcher.run(), name="config"))
 
@@ -149,6 +161,8 @@ class Router:
         for t in self._tasks:
             with contextlib.suppress(BaseException):
                 await t
+        if self.kv_subscriber is not None:
+            await self.kv_subscriber.close()
         if self.session is not None:
             await self.session.close()
         if self.raw is not None:
@@ -229,6 +243,7 @@ class Router:
             ctx.outcome, ctx.status = "client_error", e.code
             return openai_error(e.code, e.message, e.type, e.param)
         ctx.stream = req.stream
+        ctx.token_ids = req.view.token_ids  # exact prefix matches (kvindex.py) need the prompt's token ids
         ctx.input_tokens = features.count_input_tokens(req.view, self.opts.chars_per_token, self.opts.tokenize)
         hashes = features.prefix_block_hashes(req.view, self.opts.chars_per_token)
         tenant = features.match_tenant(request.headers, cfg.routing.tenants)

@@ -157,6 +157,8 @@ def _add_vllm_flags(v: argparse._ArgumentGroup) -> None:
     # vLLM SchedulerConfig.policy (vllm/config/scheduler.py SchedulerPolicy, 0.33.0): fcfs | priority
     v.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     v.add_argument("--kv-transfer-config", type=_json_obj, default=None)
+    # vLLM's KVEventsConfig (vllm/config/kv_events.py, 0.33.0): KV cache events over ZMQ (sim/kvevents.py)
+    v.add_argument("--kv-events-config", type=_json_obj, default=None)
     v.add_argument("--shutdown-timeout", type=float, default=0.0)
     v.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     v.add_argument("--block-size", type=int, default=16)

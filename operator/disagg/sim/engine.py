@@ -18,6 +18,7 @@ from typing import Any, Protocol, cast
 
 from .. import logs
 from ..perf.roofline import KVCapacityError, PerfModel, SeqWork
+from . import kvevents
 from .config import SimConfig
 from .fastforward import FastForward
 from .kv import BlockPool
@@ -193,6 +194,8 @@ class Engine:
         self.steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps (utilisation)
         self.transfers_ok = 0
+        self.kv_sink: Callable[[list[Any]], None] | None = None
+        self.kv_clock: Callable[[], float] = time.time
         self.transfers_failed = 0
         self.recomputed = 0
 
@@ -296,6 +299,7 @@ class Engine:
                 t.add_done_callback(self._pulls.discard)
             self._sync_stats()
             self.update_gauges()
+            self._publish_kv()
             if not batch.items:
                 self.busy_until = None
                 self._ready_at = now
@@ -346,6 +350,23 @@ class Engine:
                 self._on_token(req, done, end)
             self._sync_stats()
             self.update_gauges()
+            self._publish_kv()
+
+    # ------------------------------------------------------------------------------------ KV cache events
+    def enable_kv_events(self, sink: Callable[[list[Any]], None], clock: Callable[[], float] = time.time) -> None:
+        """Publish vLLM's KV cache events (sim/kvevents.py): the block pool's changes of each step as one batch
+        ``[ts, events, dp_rank]`` handed to ``sink`` (the ZMQ publisher, or the twin's in-process index), ``ts``
+        from ``clock`` (vLLM: ``time.time()``; the twin: its virtual clock)."""
+        self.kv_sink = sink
+        self.kv_clock = clock
+        self.pool.kv_events = []
+
+    def _publish_kv(self) -> None:
+        if self.kv_sink is None:
+            return
+        events = self.pool.take_events()
+        if events:
+            self.kv_sink(kvevents.encode_batch(self.kv_clock(), events, self.dp_rank))
 
     def sync(self) -> None:
         """Bring a fast-forwarded engine's state (tokens, KV blocks, step counts) up to the current time."""

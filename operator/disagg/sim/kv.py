@@ -11,11 +11,21 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
+
+from . import kvevents
+
+
+class BlockHashes(list[bytes]):
+    """A request's block hashes, with the token ids they cover (a KV event's ``BlockStored`` carries them)."""
+
+    token_ids: Sequence[int] = ()
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, salt: bytes = b"") -> list[bytes]:
-    """Chained hashes of every *full* block of ``token_ids``."""
-    out: list[bytes] = []
+    """Chained hashes of every *full* block of ``token_ids`` (a :class:`BlockHashes`)."""
+    out = BlockHashes()
+    out.token_ids = token_ids
     parent = salt
     buf = array("I", token_ids).tobytes()
     step = 4 * block_size
@@ -37,6 +47,10 @@ class BlockPool:
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[bytes, int] = {}
+        # vLLM's KV cache events (``--kv-events-config``; vllm/v1/core/block_pool.py, 0.33.0: a BlockStored when
+        # full blocks are cached, a BlockRemoved when a cached block is evicted, AllBlocksCleared on a reset),
+        # in sim/kvevents.py's wire shape; None: not collected. The engine takes them after each step.
+        self.kv_events: list[dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------------------------ queries
     @property
@@ -81,6 +95,8 @@ class BlockPool:
             if h is not None:
                 if self.cached.get(h) == b:
                     del self.cached[h]
+                    if self.kv_events is not None:
+                        self.kv_events.append(kvevents.block_removed([h]))
                 self.block_hash[b] = None
             self.ref[b] = 1
             out.append(b)
@@ -97,8 +113,40 @@ class BlockPool:
         """Register the first ``num_full`` blocks of a request as cached under their hashes."""
         if not self.enable_caching:
             return
+        run: list[int] = []  # blocks newly cached in a row: one BlockStored each run, as vLLM's cache_full_blocks
         for i in range(min(num_full, len(blocks), len(hashes))):
             b, h = blocks[i], hashes[i]
             if self.block_hash[b] is None and h not in self.cached:
                 self.block_hash[b] = h
                 self.cached[h] = b
+                run.append(i)
+            elif run:
+                self._stored(hashes, run)
+                run = []
+        if run:
+            self._stored(hashes, run)
+
+    def _stored(self, hashes: Sequence[bytes], run: list[int]) -> None:
+        tokens = getattr(hashes, "token_ids", None)
+        if self.kv_events is None or tokens is None:
+            return
+        bs = self.block_size
+        first, last = run[0], run[-1]
+        self.kv_events.append(kvevents.block_stored(hashes[first:last + 1], hashes[first - 1] if first else None,
+                                                    tokens[first * bs:(last + 1) * bs], bs))
+
+    def reset(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: drop every cached hash when no block is in use (else refuse)."""
+        if self.num_free != self.num_blocks:
+            return False
+        self.cached.clear()
+        self.block_hash = [None] * self.num_blocks
+        if self.kv_events is not None:
+            self.kv_events.append(kvevents.all_blocks_cleared())
+        return True
+
+    def take_events(self) -> list[dict[str, Any]]:
+        out = self.kv_events or []
+        if self.kv_events:
+            self.kv_events = []
+        return out

@@ -28,7 +28,7 @@ import orjson
 from aiohttp import web
 
 from .. import logs, tracing
-from . import tokenizer
+from . import kvevents, tokenizer
 from .config import SimConfig
 from .engine import Engine, ReqCtx, make_request
 from .metrics import CONTENT_TYPE
@@ -218,6 +218,12 @@ class Api:
         self.tracing = _tracing(cfg)
         self.per_request_metrics = cfg.enable_per_request_metrics
         self.release = cfg.release
+
+    async def reset_prefix_cache(self, _: web.Request) -> web.Response:
+        """vLLM's ``POST /reset_prefix_cache``: 200 when every engine dropped its cached blocks (an
+        ``AllBlocksCleared`` event), 400 while blocks are in use."""
+        ok = all(e.pool.reset() for e in self.engines)
+        return web.Response(status=200 if ok else 400)
 
     def _wall_ns(self, t: float) -> int:
         """A simulated instant as Unix-epoch nanoseconds."""
@@ -606,4 +612,33 @@ def build_app(cfg: SimConfig, engines: list[Engine] | Engine) -> web.Application
     r.add_post("/sim/faults", api.set_faults)
     r.add_get("/sim/state", api.state)
     r.add_post("/sim/crash", api.crash)
+    r.add_post("/reset_prefix_cache", api.reset_prefix_cache)
+    _kv_events(app, cfg, engines)
     return app
+
+
+def _kv_events(app: web.Application, cfg: SimConfig, engines: list[Engine]) -> None:
+    """``--kv-events-config`` with the zmq publisher: each engine (data-parallel rank) publishes its block pool's
+    events on the endpoint's port + its rank, as vLLM does (sim/kvevents.py)."""
+    raw = getattr(cfg, "kv_events", None)
+    if not raw:
+        return
+    kcfg = kvevents.KVEventsConfig.parse(json.dumps(raw))
+    if not kcfg.publishes:
+        return
+    pubs: list[kvevents.ZmqPublisher] = []
+
+    async def start(_: web.Application) -> None:
+        for e in engines:
+            pub = kvevents.ZmqPublisher(kcfg, e.dp_rank,
+                                        on_error=lambda exc: log.warning("kv_events_error", error=str(exc)))
+            pubs.append(pub)
+            e.enable_kv_events(pub.publish)
+            log.info("kv_events_publishing", endpoint=pub.endpoint, replay=pub.replay_endpoint, rank=e.dp_rank)
+
+    async def stop(_: web.Application) -> None:
+        for pub in pubs:
+            pub.close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
