@@ -24,7 +24,6 @@ from .server import Router, RouterOptions
 log = logs.get("disagg.router")
 
 
-@dataclass
 def _kv_port(args: argparse.Namespace, static: bool) -> int:
     """--kv-events-port, else the operator's port in cluster mode and off with static worker URLs."""
     port = getattr(args, "kv_events_port", None)
@@ -33,6 +32,7 @@ def _kv_port(args: argparse.Namespace, static: bool) -> int:
     return 0 if static else KV_EVENTS_PORT
 
 
+@dataclass
 class RouterApp:
     router: Router
     host: str
