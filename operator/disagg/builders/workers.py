@@ -28,7 +28,7 @@ from .replicas import desired_replicas
 from .security import NON_ROOT_UID, Level, container_security_context, level_for, pod_security_context, runs_as_root
 from .tracing import worker_tracing_args, worker_tracing_env
 from .transport import KV_ROLES, UCX_TLS, transport_parts
-from .vllm import kv_transfer_config_arg, per_request_metrics_args, shutdown_timeout_args
+from .vllm import kv_events_args, kv_transfer_config_arg, per_request_metrics_args, shutdown_timeout_args
 
 CONTAINER_NAME = WORKER_CONTAINER
 MODEL_MOUNT = "/models"
@@ -205,6 +205,7 @@ def worker_args(dm: DisaggregatedModel, role: Role, rank_args: Sequence[str] = (
         args += ["--scheduling-policy", "priority"]
     args += shutdown_timeout_args(spec)  # drain on SIGTERM, where the release has the flag
     args += per_request_metrics_args(spec, role)  # exact prefill phases in the router, where the release has it
+    args += kv_events_args(spec)  # the engine's KV cache events for the router's exact prefix index (issue 30)
     args += worker_tracing_args(spec)  # spec.observability.tracing
     args += list(rank_args)
     return args + list(spec.engine.extra_args) + list(pool.extra_args)
