@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -198,3 +198,37 @@ def autoscale_oracle(settings: OracleSettings | None = None,
                                    target=autoscale.ATTAINMENT_TARGET)
     return TwinOracle(doc, autoscale.AUTOSCALE_MIX, s)
 
+
+
+# ----------------------------------------------------------------------------- the virtual day's oracle (issue 28)
+
+ProbeFn = Callable[[float, float, int, int], float]  # (rate, rag share, prefill, decode) → attainment
+
+
+def fewest_split(probe: ProbeFn, rate: float, mix: float, guess: tuple[int, int], target: float,
+                 max_replicas: int, max_probes: int = 10) -> dict[str, Any]:
+    """The fewest GPUs (1 per replica) whose split holds ``rate`` at ``mix`` (attainment ≥ ``target`` in a twin
+    probe), searched from ``guess`` (the performance model's answer): while the split holds, drop a replica from
+    whichever pool still holds without it (the cheaper first: prefill, then decode); while it does not, add one to
+    the pool whose addition helps most. A local search, not a sweep of every split: it stops at a split from which
+    no single replica can be removed, or after ``max_probes`` probes (then ``met`` says whether the last held)."""
+    p, d = max(1, min(max_replicas, guess[0])), max(1, min(max_replicas, guess[1]))
+    seen: dict[tuple[int, int], float] = {}
+
+    def att(pp: int, dd: int) -> float:
+        if (pp, dd) not in seen:
+            seen[(pp, dd)] = probe(rate, mix, pp, dd)
+        return seen[(pp, dd)]
+
+    while att(p, d) < target and len(seen) < max_probes and (p < max_replicas or d < max_replicas):
+        options = [(pp, dd) for pp, dd in ((p + 1, d), (p, d + 1)) if pp <= max_replicas and dd <= max_replicas]
+        p, d = max(options, key=lambda x: att(*x))
+    if att(p, d) >= target:
+        while len(seen) < max_probes:
+            down = [(pp, dd) for pp, dd in ((p - 1, d), (p, d - 1)) if pp >= 1 and dd >= 1]
+            ok = [x for x in down if att(*x) >= target]
+            if not ok:
+                break
+            p, d = ok[0]
+    return {"prefill": p, "decode": d, "gpus": p + d, "attainment": round(att(p, d), 4),
+            "met": att(p, d) >= target, "probes": len(seen)}

@@ -1,0 +1,128 @@
+"""Forecasting the next intervals' load: Holt's linear trend method per series. PURE, no I/O, no clock.
+
+Holt's linear method (double exponential smoothing; C. C. Holt, "Forecasting seasonals and trends by exponentially
+weighted moving averages", ONR memo 1957, reprinted in Int. J. Forecasting 20(1), 2004; the textbook form in
+Hyndman & Athanasopoulos, *Forecasting: Principles and Practice*, 3rd ed., §8.2, https://otexts.com/fpp3/holt.html):
+
+    level_t = α · y_t + (1 − α) · (level_{t−1} + trend_{t−1})
+    trend_t = β · (level_t − level_{t−1}) + (1 − β) · trend_{t−1}
+    ŷ_{t+h} = level_t + h · trend_t          (damped: level_t + (φ + φ² + … + φ^h) · trend_t)
+
+A damped trend (Gardner & McKenzie 1985; FPP3 §8.2 "Damped trend methods") keeps a ramp's forecast from running
+away past its turn. Dynamo's SLA planner offers constant, ARIMA, Kalman and Prophet predictors for the same job
+(https://docs.nvidia.com/dynamo/design-docs/planner-design, "Load Prediction"); Holt's method is the simplest of
+them that sees a trend, which is what a diurnal ramp is at the scale of a few intervals.
+
+:class:`LoadForecaster` forecasts what the sizing needs (autoscaling/predictive.py): the arrival rate of requests
+that prefill remotely and of those served whole on a decode worker, their mean prompt lengths and the mean output
+length; a series with no sample yet forecasts None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Holt:
+    """Holt's linear method with an optionally damped trend (``phi`` < 1). ``alpha``: level smoothing, ``beta``:
+    trend smoothing, both in (0, 1]."""
+
+    alpha: float = 0.5
+    beta: float = 0.3
+    phi: float = 0.95
+    level: float | None = None
+    trend: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        for name, v in (("alpha", self.alpha), ("beta", self.beta), ("phi", self.phi)):
+            if not 0 < v <= 1:
+                raise ValueError(f"{name}: must be in (0, 1], got {v}")
+
+    def update(self, y: float) -> None:
+        if self.level is None:
+            self.level, self.trend = y, 0.0
+        else:
+            prev = self.level
+            self.level = self.alpha * y + (1 - self.alpha) * (prev + self.phi * self.trend)
+            self.trend = self.beta * (self.level - prev) + (1 - self.beta) * self.phi * self.trend
+        self.n += 1
+
+    def forecast(self, h: int = 1) -> float | None:
+        """ŷ_{t+h}; None before the first sample."""
+        if self.level is None:
+            return None
+        damp = sum(self.phi ** k for k in range(1, h + 1))
+        return self.level + damp * self.trend
+
+
+@dataclass(frozen=True)
+class Load:
+    """One interval's traffic, as the sizing needs it. Rates in requests per second, lengths in tokens."""
+
+    remote_rps: float  # requests whose prefill runs on the prefill pool
+    local_rps: float  # requests served whole on a decode worker
+    remote_in: float  # mean prompt tokens of the remote requests
+    local_in: float  # mean prompt tokens of the local requests
+    out: float  # mean output tokens
+
+    @property
+    def rps(self) -> float:
+        return self.remote_rps + self.local_rps
+
+    def scaled(self, factor: float) -> Load:
+        return Load(self.remote_rps * factor, self.local_rps * factor, self.remote_in, self.local_in, self.out)
+
+
+@dataclass
+class LoadForecaster:
+    """Holt per series of :class:`Load`. Rates get a trend (they ramp); token means a level only (β small), as a
+    mix shifts slowly next to the rate. ``forecast(h)`` is the load ``h`` intervals ahead, never negative."""
+
+    alpha: float = 0.5
+    beta: float = 0.3
+    phi: float = 0.95
+    series: dict[str, Holt] = field(default_factory=dict)
+
+    def _h(self, name: str, trend: bool) -> Holt:
+        if name not in self.series:
+            self.series[name] = Holt(self.alpha, self.beta if trend else 0.05, self.phi)
+        return self.series[name]
+
+    def update(self, load: Load) -> None:
+        self._h("remote_rps", True).update(load.remote_rps)
+        self._h("local_rps", True).update(load.local_rps)
+        if load.remote_rps > 0:
+            self._h("remote_in", False).update(load.remote_in)
+        if load.local_rps > 0:
+            self._h("local_in", False).update(load.local_in)
+        if load.rps > 0:
+            self._h("out", False).update(load.out)
+
+    @property
+    def samples(self) -> int:
+        h = self.series.get("remote_rps")
+        return h.n if h is not None else 0
+
+    def forecast(self, h: int = 1) -> Load | None:
+        if not self.samples:
+            return None
+
+        def get(name: str, default: float) -> float:
+            s = self.series.get(name)
+            v = s.forecast(h) if s is not None else None
+            return default if v is None else max(0.0, v)
+
+        return Load(get("remote_rps", 0.0), get("local_rps", 0.0), max(1.0, get("remote_in", 1.0)),
+                    max(1.0, get("local_in", 1.0)), max(1.0, get("out", 1.0)))
+
+    def peak(self, horizon: int) -> Load | None:
+        """The largest forecast rate over the next ``horizon`` intervals (and now): what a pod started now must
+        hold when it is ready. Token means from the last step of the horizon."""
+        loads = [x for k in range(0, max(1, horizon) + 1) if (x := self.forecast(k)) is not None]
+        if not loads:
+            return None
+        last = loads[-1]
+        return Load(max(x.remote_rps for x in loads), max(x.local_rps for x in loads), last.remote_in,
+                    last.local_in, last.out)

@@ -1,0 +1,53 @@
+"""Holt's linear method on series with a known answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from disagg.autoscaling.forecast import Holt, Load, LoadForecaster
+
+
+def test_linear_series_is_forecast_exactly_once_the_trend_is_learnt() -> None:
+    h = Holt(alpha=0.5, beta=0.3, phi=1.0)
+    for t in range(60):
+        h.update(2.0 + 0.5 * t)
+    # y(t) = 2 + 0.5 t: after t = 59 the forecast h steps ahead is y(59 + h)
+    for k in (1, 3, 10):
+        assert h.forecast(k) == pytest.approx(2.0 + 0.5 * (59 + k), abs=1e-6)
+
+
+def test_constant_series_forecasts_the_constant() -> None:
+    h = Holt()
+    for _ in range(10):
+        h.update(7.0)
+    assert h.forecast(5) == pytest.approx(7.0)
+
+
+def test_damped_trend_is_bounded() -> None:
+    h = Holt(alpha=0.5, beta=0.3, phi=0.8)
+    for t in range(60):
+        h.update(float(t))
+    level, trend = h.level, h.trend
+    assert level is not None
+    # Σ φ^k ≤ φ / (1 − φ) = 4: a ramp's forecast stops growing however far ahead
+    assert h.forecast(100) == pytest.approx(level + trend * 0.8 * (1 - 0.8 ** 100) / 0.2)
+    assert h.forecast(100) < level + 4.01 * trend
+    assert h.forecast(1) < h.forecast(2) < h.forecast(100)
+
+
+def test_no_sample_no_forecast_and_bad_parameters_are_named() -> None:
+    assert Holt().forecast() is None
+    assert LoadForecaster().forecast() is None
+    with pytest.raises(ValueError, match="alpha"):
+        Holt(alpha=0.0)
+
+
+def test_load_forecaster_peaks_over_the_horizon_on_a_ramp() -> None:
+    f = LoadForecaster(phi=1.0)
+    for t in range(30):
+        f.update(Load(1.0 + 0.2 * t, 2.0, 8000, 400, 250))
+    peak = f.peak(3)
+    assert peak is not None
+    assert peak.remote_rps == pytest.approx(1.0 + 0.2 * 32, rel=1e-3)  # three intervals past t = 29
+    assert peak.local_rps == pytest.approx(2.0)
+    assert peak.remote_in == pytest.approx(8000) and peak.out == pytest.approx(250)
