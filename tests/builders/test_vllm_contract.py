@@ -46,6 +46,7 @@ import pytest
 from disagg.api.models import DisaggregatedModel
 from disagg.builders import parse_model, worker_args
 from disagg.builders.transport import KV_ROLES
+from disagg.builders.vllm import KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT, KV_EVENTS_SINCE
 from disagg.builders.workers import worker_deployment, worker_roles
 from disagg.vllm_versions import DEFAULT_VERSION, fmt, parse_version, profile
 
@@ -165,6 +166,49 @@ def test_every_rendered_pool_means_the_same_to_vllm(vllm: Vllm, example: str, tr
         assert drain == (dm.spec.engine.shutdown_timeout_seconds if p.shutdown_timeout else 0), role
         grace = worker_deployment(dm, role)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace > dm.spec.engine.shutdown_timeout_seconds
+        # KV cache events (issue 30): every pool publishes where the router subscribes (router/kvsub.py)
+        ev = getattr(ea, "kv_events_config", None)
+        if _version(vllm) >= KV_EVENTS_SINCE:
+            assert ev is not None and ev.enable_kv_cache_events and ev.publisher == "zmq", role
+            assert ev.endpoint == f"tcp://*:{KV_EVENTS_PORT}" and ev.replay_endpoint == f"tcp://*:{KV_EVENTS_REPLAY_PORT}"
+        else:
+            assert ev is None or not ev.enable_kv_cache_events, role
+
+
+def test_a_misspelt_kv_events_key_is_refused_by_vllm(vllm: Vllm) -> None:
+    """The check above could not pass on a config vLLM ignores: its parser refuses unknown keys (0.32.0's says
+    ``1 validation error for KVEventsConfig ... Unexpected keyword argument``)."""
+    with pytest.raises(SystemExit):
+        vllm.parse(["m", "--kv-events-config", '{"enable_kv_cache_events":true,"topik":"x"}'])
+
+
+def test_the_sims_kv_events_decode_with_vllms_own_classes() -> None:
+    """The simulator's event stream (sim/kvevents.py, from its real block pool) decoded by vLLM's msgspec classes
+    (vllm/distributed/kv_events.py KVEventBatch), as a vLLM consumer would."""
+    import msgspec
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+    from disagg.sim import kvevents as sim_events
+    from disagg.sim.kv import BlockPool, block_hashes
+
+    pool = BlockPool(4, 4)
+    pool.kv_events = []
+    ids = list(range(100, 112))
+    hashes = block_hashes(ids, 4)
+    blocks = pool.allocate(3)
+    assert blocks is not None
+    pool.commit(blocks, hashes, 3)
+    pool.release(blocks)
+    assert pool.allocate(4) is not None  # evicts all three
+    payload = sim_events.pack(sim_events.encode_batch(12.5, [*pool.take_events(), sim_events.all_blocks_cleared()]))
+    batch = msgspec.msgpack.Decoder(type=KVEventBatch).decode(payload)
+    assert batch.ts == 12.5 and batch.data_parallel_rank == 0
+    stored, *removed, cleared = batch.events
+    assert isinstance(stored, BlockStored) and stored.block_hashes == list(hashes)
+    assert stored.token_ids == ids and stored.block_size == 4 and stored.parent_block_hash is None
+    assert all(isinstance(r, BlockRemoved) for r in removed)
+    assert [h for r in removed for h in r.block_hashes] == list(reversed(hashes))
+    assert isinstance(cleared, AllBlocksCleared)
 
 
 # ------------------------------------------------------------------------- the table, against the parser
