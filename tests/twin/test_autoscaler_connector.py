@@ -1,0 +1,135 @@
+"""The twin connector (twin/autoscaler.py) under the pure policy tests' scenarios, in virtual time: a long-prompt
+step grows prefill, a long-output step grows decode, an idle pool shrinks only after the stabilisation window, a
+pool without a ready decode worker holds; and its mechanics: pod start, least-loaded removal, drain."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from disagg.api.models import DisaggregatedModelSpec
+from disagg.autoscaling.policy import Decision
+from disagg.autoscaling.predictive import Observation
+from disagg.twin import Arrival, ClusterSpec, PoolSpec, simulate
+from disagg.twin.autoscaler import TwinAutoscaler, pod_start_s, proportional
+
+ROUTING = {"policy": "Thresholds",
+           "remotePrefill": {"minInputTokens": 2048, "maxPrefillQueueWaitMs": 2000, "minExpectedOutputTokens": 16},
+           "localPrefill": {"maxInputTokens": 1024}, "fallback": {"onPrefillQueueOverload": "Queue"}}
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog):
+    caplog.set_level(logging.ERROR)
+
+
+def make_spec(window: int = 60) -> DisaggregatedModelSpec:
+    return DisaggregatedModelSpec.model_validate({
+        "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+        "prefill": {"replicas": 1, "minReplicas": 1, "maxReplicas": 6},
+        "decode": {"replicas": 1, "minReplicas": 1, "maxReplicas": 6},
+        "slo": {"ttftP95Ms": 2000, "tpotP95Ms": 50},
+        "routing": ROUTING,
+        "autoscaling": {"enabled": True, "prometheus": {"url": "http://twin"}, "intervalSeconds": 10,
+                        "scaleDownStabilizationSeconds": window, "maxStep": 2},
+    })
+
+
+def cluster(p: int, d: int) -> ClusterSpec:
+    return ClusterSpec(prefill=PoolSpec(p, gpu="L40S"), decode=PoolSpec(d, gpu="L40S"),
+                       router={"mode": "Disaggregated", "routing": ROUTING})
+
+
+def steady(rate: float, duration: float, inp: int, out: int, t0: float = 0.0) -> list[Arrival]:
+    n = int(rate * duration)
+    return [Arrival(at=t0 + i / rate, input_tokens=inp, output_tokens=out, request_id=f"r{t0}-{i}")
+            for i in range(n)]
+
+
+def run(spec, arrivals, p=1, d=1, start_s=5.0, until=None):
+    ctl = TwinAutoscaler(proportional(spec), interval_s=10.0, start_s=start_s, until_s=until)
+    r = simulate(cluster(p, d), arrivals, controller=ctl)
+    return ctl, r
+
+
+def peak(ctl, pool):
+    return max(x["desired"][pool] for x in ctl.samples)
+
+
+def test_long_prompt_step_grows_prefill_not_decode() -> None:
+    # 8k-token prompts (remote) with short answers at 3 req/s: the prefill queue grows on one L40S
+    ctl, r = run(make_spec(), steady(3.0, 90, 8000, 32), until=90)
+    assert peak(ctl, "prefill") >= 3
+    assert peak(ctl, "decode") <= 2
+    assert all(x.status == 200 for x in r.records)
+
+
+def test_long_output_step_grows_decode_not_prefill() -> None:
+    # short prompts (local) with long streams: the decode batch and its TPOT grow, no prefill demand
+    ctl, _ = run(make_spec(), steady(6.0, 90, 300, 1500), until=90)
+    assert peak(ctl, "decode") >= 2
+    assert peak(ctl, "prefill") == 1
+
+
+def test_idle_pools_shrink_only_after_the_stabilisation_window() -> None:
+    ctl, r = run(make_spec(window=60), steady(0.2, 150, 300, 50), p=3, d=3, until=150)
+    downs = [e for e in ctl.timeline if e.after < e.before]
+    assert downs, "an idle 3P + 3D never shrank"
+    assert min(e.t for e in downs) >= 60  # not before a whole window was watched
+    assert all(x.status == 200 for x in r.records)
+
+
+def test_no_ready_decode_worker_holds() -> None:
+    ctl = TwinAutoscaler(proportional(make_spec()), interval_s=10.0)
+
+    class Empty:
+        workers: dict = {}
+        decisions: dict = {}
+        now = 10.0
+
+        def pool(self, role):
+            return []
+
+    obs, signals = ctl.observe(Empty())  # type: ignore[arg-type]
+    assert obs.stale_reason == "no ready decode worker" and signals.stale_reason == obs.stale_reason
+
+
+def test_pod_start_is_modelled_and_counted_in_gpu_seconds() -> None:
+    assert pod_start_s("Llama-3.1-8B") == pytest.approx(45.0 + 16.06e9 / 2e9, rel=0.01)
+    assert pod_start_s("Llama-3.1-8B", compile_cache=True) == pytest.approx(8.0 + 16.06e9 / 2e9, rel=0.01)
+    grow = {"n": 0}
+
+    def policy(obs: Observation, _signals) -> dict[str, Decision]:
+        grow["n"] += 1
+        want = 3 if grow["n"] == 1 else obs.decode_replicas
+        return {"decode": Decision("decode", obs.decode_replicas, want, None, "test")}
+
+    ctl = TwinAutoscaler(policy, interval_s=10.0, start_s=30.0, until_s=60.0)
+    simulate(cluster(1, 1), steady(0.5, 80, 300, 20), controller=ctl)
+    ready = {x["t"]: x["ready"]["decode"] for x in ctl.samples}
+    assert ready[20.0] == 1 and ready[30.0] == 1  # decided at 10 s, still starting until 40 s
+    assert ready[40.0] == 3
+    assert ctl.starting_gpu_s == pytest.approx(2 * 30.0)
+
+
+def test_scale_down_removes_the_least_loaded_worker_and_drains_it() -> None:
+    calls = {"n": 0}
+
+    def policy(obs: Observation, _signals) -> dict[str, Decision]:
+        calls["n"] += 1
+        want = 2 if calls["n"] == 3 else obs.decode_replicas
+        return {"decode": Decision("decode", obs.decode_replicas, want, None, "test")}
+
+    ctl = TwinAutoscaler(policy, interval_s=10.0, until_s=60.0)
+    # long streams on 3 decode workers; at 30 s one is removed while requests run on every worker
+    arrivals = steady(2.0, 60, 300, 800)
+    _, r = ctl, simulate(cluster(1, 3), arrivals, controller=ctl)
+    assert [(e.before, e.after) for e in ctl.timeline] == [(3, 2)]
+    c = ctl.cluster
+    assert c is not None and len(c.retired) == 1
+    gone = c.retired[0]
+    assert gone.stopped_at is not None and gone.stopped_at > 30.0  # it drained: its requests ran to the end
+    assert all(x.status == 200 and x.output_tokens == 800 for x in r.records)  # nothing dropped
+    served = [x for x in r.records if x.decode_worker == gone.url]
+    assert served and max(x.arrival_s for x in served) < 30.0  # no request sent to it after the decision
