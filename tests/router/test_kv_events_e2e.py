@@ -47,6 +47,10 @@ def _until_sync(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> N
         time.sleep(0.05)
 
 
+def _at_least(f: Callable[[], float], n: float) -> Callable[[], bool]:
+    return lambda: f() >= n
+
+
 def _hits(url: str) -> float:
     return _value(_metrics(url), "vllm:prefix_cache_hits_total")
 
@@ -73,7 +77,7 @@ def test_a_follow_up_turn_goes_to_the_worker_that_holds_the_conversation(tmp_pat
             first = [1000 + 37 * turn + i for i in range(40 * BLOCK)]
             before = indexed(holder.url)()
             _post(holder.url, {"prompt": first, "max_tokens": 2})  # not through the router
-            _until_sync(lambda h=holder, b=before: indexed(h.url)() >= b + 40, "the router to index turn 1")
+            _until_sync(_at_least(indexed(holder.url), before + 40), "the router to index turn 1")
             hits_holder, hits_other = _hits(holder.url), _hits(other.url)
             follow = [*first, *range(5000, 5000 + 3 * BLOCK)]
             _post(router.url, {"prompt": follow, "max_tokens": 2})

@@ -28,6 +28,10 @@ def _counter(m: RouterMetrics, name: str, **labels: str) -> float:
     return v or 0.0
 
 
+def _sent(pub: sim_events.ZmqPublisher, n: int) -> Callable[[], bool]:
+    return lambda: pub.sent == n
+
+
 async def _until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -71,16 +75,17 @@ async def test_a_late_subscriber_fills_the_gap_from_the_replay_socket(ports: tup
         for i in range(5):
             pub.publish(sim_events.encode_batch(0.0, [_stored([bytes([i])], bytes([i - 1]) if i else None,
                                                               ids[i * 4:(i + 1) * 4])]))
-        await _until(lambda: pub.sent == 5, "the first batches sent")
-        sub = KVSubscriber(idx, m, kv_endpoints(0, 0, [f"{WORKER}=tcp://127.0.0.1:{pub_port},"
-                                                       f"tcp://127.0.0.1:{replay_port}"]), topic="kv")
+        await _until(_sent(pub, 5), "the first batches sent")
+        eps = kv_endpoints(0, 0, [f"{WORKER}=tcp://127.0.0.1:{pub_port},tcp://127.0.0.1:{replay_port}"])
+        assert eps is not None
+        sub = KVSubscriber(idx, m, eps, topic="kv")
         sub.sync([WORKER])
         # ZMQ's slow joiner: keep publishing the next block until the subscriber has it
         i = 5
         while not idx.match(ids).get(WORKER, 0) >= 24:
             pub.publish(sim_events.encode_batch(0.0, [_stored([bytes([i])], bytes([i - 1]), ids[i * 4:(i + 1) * 4])]))
             i += 1
-            await _until(lambda n=i: pub.sent == n, "sent")
+            await _until(_sent(pub, i), "sent")
             await asyncio.sleep(0.02)
             assert i < 10, "the subscriber never caught up"
         assert idx.match(ids)[WORKER] == 4 * i  # every block, those before it connected included
@@ -114,7 +119,9 @@ async def test_without_a_replay_socket_a_gap_resets_the_worker(ports: tuple[int,
     pub_port, _ = ports
     pub = _publisher(pub_port, None)
     idx, m = KVIndex(), RouterMetrics()
-    sub = KVSubscriber(idx, m, kv_endpoints(0, 0, [f"{WORKER}=tcp://127.0.0.1:{pub_port}"]))
+    eps = kv_endpoints(0, 0, [f"{WORKER}=tcp://127.0.0.1:{pub_port}"])
+    assert eps is not None
+    sub = KVSubscriber(idx, m, eps)
     try:
         pub.publish(sim_events.encode_batch(0.0, [_stored([b"lost"], None, [1, 2, 3, 4])]))
         await _until(lambda: pub.sent == 1, "sent")
