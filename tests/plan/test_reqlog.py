@@ -215,7 +215,7 @@ def test_cli_replay_side_by_side(recorded: dict[str, Any], tmp_path: Path,
     assert agg["gpus"] == 2 and set(agg["result"]["paths"]) == {"local"}
     assert agg["result"]["decisions"] == {"local:mode_aggregated": rep["log"]["replayed"]}
     assert agg["result"]["gpu_seconds"] > 0
-    assert "<table>" in (out / "replay.html").read_text()
+    assert "<table>" in (out / "replay.html").read_text() and "GPU-seconds" in (out / "replay.html").read_text()
 
 
 def test_cli_replay_refuses_an_invalid_candidate(recorded: dict[str, Any], tmp_path: Path,

@@ -1,8 +1,7 @@
-"""The demo's report: a terminal summary, PNG plots and a small HTML page in the results directory."""
+"""The demo's report: a terminal summary, PNG plots and the HTML page (:mod:`.page`) in the results directory."""
 
 from __future__ import annotations
 
-import html
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -13,8 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..load.loadgen import Result
 from ..local.harness import PhaseResult, Timeline
+from ..local.jaeger import span_bars
 from ..router.metrics import PHASES
 from .acts import LoadStep
+from .page import PageInput, render_page, router_lines
 
 
 @dataclass
@@ -80,11 +81,12 @@ def _fmt(v: Any, unit: str = "") -> str:
 
 
 def write_report(results_dir: Path, runs: list[PhaseResult], timeline: Timeline, slo: tuple[int, int],
-                 load_steps: dict[str, LoadStep], router_metrics: str = "", traces: TraceSection | None = None
-                 ) -> Report:
+                 load_steps: dict[str, LoadStep], router_metrics: str = "", traces: TraceSection | None = None,
+                 router_log: str = "") -> Report:
     """The report of a demo run: its traffic phases, its status timeline, the SLO (TTFT, TPOT p95 ms), its load
     steps (by key: long_outputs, long_prompts), the router's /metrics text at the end (phase breakdown), and what
-    the traces show (None: the run traced nothing)."""
+    the traces show (None: the run traced nothing) and the router's log (its request lines: each request's phases
+    and trace id on the page)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     phases = phase_means(router_metrics)
     lines: list[str] = ["", "=" * 100, "disagg demo — results (latencies in ms; SLO: TTFT p95 "
@@ -123,37 +125,25 @@ def write_report(results_dir: Path, runs: list[PhaseResult], timeline: Timeline,
                                     "traces": None if traces is None else {
                                         k: v for k, v in asdict(traces).items() if k != "trace"}},
                                    indent=1, default=str))
-    trace_html = ""
-    if traces is not None:
-        if traces.trace is not None:
-            files.append(results_dir / TRACE_FILE)
-            files[-1].write_text(json.dumps(traces.trace, indent=1))
-        trace_html = _trace_html(traces)
+    if traces is not None and traces.trace is not None:
+        files.append(results_dir / TRACE_FILE)
+        files[-1].write_text(json.dumps(traces.trace, indent=1))
     files += _plots(results_dir, runs, timeline, slo, phases)
+    steps = {label: load_steps[key].line() for key, label in (("long_outputs", "long-output step"),
+                                                              ("long_prompts", "long-prompt step"))
+             if key in load_steps}
+    inp = PageInput(runs, slo, timeline.modes(), timeline.marks, steps, phases,
+                    [p.name for p in files if p.suffix == ".png"], router_lines(router_log))
+    if traces is not None:
+        inp.trace_base = traces.query_url + "/api/traces"
+        inp.slowest, inp.traces_missing = traces.slowest, traces.missing
+        if traces.trace is not None:
+            inp.saved_trace = TRACE_FILE
+            inp.slowest_bars = span_bars(traces.trace)
     html_path = results_dir / "report.html"
-    imgs = "".join(f'<h2>{html.escape(p.stem)}</h2><img src="{p.name}" style="max-width:100%">'
-                   for p in files if p.suffix == ".png")
-    html_path.write_text(f"<!doctype html><meta charset=utf-8><title>disagg demo</title>"
-                         f"<h1>disagg demo</h1><pre>{html.escape(terminal)}</pre>{trace_html}{imgs}")
+    html_path.write_text(render_page(inp))
     files.append(html_path)
     return Report(terminal, files)
-
-
-def _trace_html(traces: TraceSection) -> str:
-    """Links to the slowest traced request's trace: live in Jaeger's query API (while the demo runs, or with
-    ``--keep``) and the copy saved next to the report."""
-    def a(href: str, text: str) -> str:
-        return f'<a href="{html.escape(href, quote=True)}">{html.escape(text)}</a>'
-
-    parts = [f"<h2>traces</h2><p>Jaeger query API: {a(traces.query_url + '/api/services', traces.query_url)} "
-             "(JSON: a Jaeger built from its Go module has no web UI)</p>"]
-    if traces.slowest is not None and traces.trace_url is not None:
-        saved = f", saved copy {a(TRACE_FILE, TRACE_FILE)}" if traces.trace is not None else ""
-        parts.append(f"<p>{html.escape(traces.slowest)}<br>trace: {a(traces.trace_url, 'live in Jaeger')} "
-                     f"(while the demo runs){saved}; its waterfall is in the summary above</p>")
-    elif traces.missing:
-        parts.append(f"<p>no trace to show: {html.escape(traces.missing)}</p>")
-    return "".join(parts)
 
 
 def _plots(results_dir: Path, runs: list[PhaseResult], timeline: Timeline, slo: tuple[int, int],
@@ -209,9 +199,10 @@ def _plots(results_dir: Path, runs: list[PhaseResult], timeline: Timeline, slo: 
         ax.fill_between(t, 0, [a * max(3, max(s["decode_desired"] for s in samples)) for a in agg], step="post",
                         alpha=0.15, color="red", label="mode Aggregated")
         top = ax.get_ylim()[1]
-        for i, (when, label) in enumerate(timeline.marks):  # staggered: marks can fall close together
+        for i, (when, _label) in enumerate(timeline.marks):  # numbered: the page lists each event by its number
             ax.axvline(when, color="grey", linewidth=0.6)
-            ax.text(when, top * (0.95 - 0.3 * (i % 2)), label, rotation=90, fontsize=7, va="top")
+            ax.text(when, top * (0.97 - 0.06 * (i % 3)), f" {i + 1}", fontsize=9, va="top", ha="left",
+                    color="#333")
         ax.set_xlabel("seconds")
         ax.set_ylabel("replicas")
         ax.set_title("Mode and replicas per pool")
@@ -232,17 +223,7 @@ def _save(fig: Any, path: Path) -> Path:
 def traced_requests(router_log: str) -> dict[str, str]:
     """Request id → trace id, from the router's request log lines that carry a ``trace_id`` (the router traces a
     request when tracing is on and it sampled it)."""
-    traced: dict[str, str] = {}
-    for raw in router_log.splitlines():
-        if '"trace_id"' not in raw or not raw.startswith("{"):
-            continue
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            continue
-        if rec.get("event") == "request" and rec.get("trace_id"):
-            traced[str(rec.get("request_id"))] = str(rec["trace_id"])
-    return traced
+    return {rid: str(line["trace_id"]) for rid, line in router_lines(router_log).items() if line.get("trace_id")}
 
 
 def slowest_traced(runs: list[PhaseResult], router_log: str) -> tuple[Result, str] | None:

@@ -61,8 +61,13 @@ def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = 
         say(f"router ready at {url}; prefill and decode pools ready ({time.monotonic() - started:.0f}s)")
         outcome = run_loop(model, quick=quick)
         model.stop()
+        router_log = stack.pod_logs(model.name, "router")
         report = write_report(results_dir, model.phases, model.timeline, model.slo, outcome.load_steps(),
-                              router_metrics=model.router_metrics(), traces=trace_section(stack, model))
+                              router_metrics=model.router_metrics(), traces=trace_section(stack, model, router_log),
+                              router_log=router_log)
+        shot = screenshot_report(results_dir / "report.html")
+        if shot is not None:
+            say(f"screenshot of the report: {shot}")
         print(report.terminal)
         say(f"plots and report: {results_dir}/report.html ({time.monotonic() - started:.0f}s)")
         if keep:
@@ -79,7 +84,27 @@ def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = 
         say(f"stopped everything ({time.monotonic() - started:.0f}s)")
 
 
-def trace_section(stack: LocalStack, model: ModelHarness, timeout: float = 30) -> TraceSection | None:
+def screenshot_report(page: Path) -> Path | None:
+    """The report as a reader sees it (headless Chromium, 1400 px wide), saved next to it as report.png; None
+    (and a line saying why) when no Chromium is installed or it fails: the report itself is already written."""
+    from ..local.browser import chromium_binary, inspect_page
+
+    if chromium_binary() is None:
+        say("no Chromium installed: no screenshot of the report (bash hack/ensure-chromium.sh installs it)")
+        return None
+    shot = page.with_suffix(".png")
+    try:
+        view = inspect_page(page, screenshot=shot)
+    except (OSError, RuntimeError, WaitTimeoutError) as e:
+        say(f"no screenshot of the report: {e}")
+        return None
+    if view.scroll_width > view.width:
+        say(f"the report scrolls sideways at {view.width} px: {', '.join(view.wide)}")
+    return shot
+
+
+def trace_section(stack: LocalStack, model: ModelHarness, router_log: str, timeout: float = 30
+                  ) -> TraceSection | None:
     """The report's traces: the slowest request the router traced (its request log lines carry the trace id), and
     that trace read back from Jaeger once it holds the router's span (exporters batch: the spans of a request
     that ended last arrive a few seconds later). None when the stack runs no Jaeger."""
@@ -87,7 +112,6 @@ def trace_section(stack: LocalStack, model: ModelHarness, timeout: float = 30) -
     if jaeger is None:
         return None
     section = TraceSection(jaeger.url)
-    router_log = stack.pod_logs(model.name, "router")
     found = slowest_traced(model.phases, router_log)
     if found is None:
         section.missing = "no request line of the router carries a trace id"

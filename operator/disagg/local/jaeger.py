@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from ..htmlpage import SpanBar
 from ..poll import WaitTimeoutError, wait_for
 from .controlplane import REPO_ROOT
 from .procs import HOST, free_ports, stop_group, tail_lines, wait_http
@@ -179,9 +180,9 @@ def parent_id(span: dict[str, Any]) -> str | None:
     return None
 
 
-def waterfall(trace: dict[str, Any]) -> list[str]:
-    """A trace as text, one line per span in start order, indented by depth: offset from the trace's start and
-    duration in ms, operation, service, and the latency attributes (``gen_ai.latency.*`` in ms,
+def span_bars(trace: dict[str, Any]) -> list[SpanBar]:
+    """A Jaeger trace's spans in start order, each with its offset from the trace's start and duration in ms, its
+    depth in the span tree, operation, service, and the latency attributes as a note (``gen_ai.latency.*`` in ms,
     ``disagg.decision``/``path``)."""
     spans = list(trace.get("spans") or [])
     if not spans:
@@ -203,7 +204,12 @@ def waterfall(trace: dict[str, Any]) -> list[str]:
                  if k.startswith("gen_ai.latency.") and isinstance(v, (int, float))]
         notes += [f"{k.removeprefix('disagg.')}={tags[k]}" for k in ("disagg.decision", "disagg.path")
                   if k in tags]
-        service = (procs.get(s.get("processID")) or {}).get("serviceName", "?")
-        out.append(f"{(s['startTime'] - t0) / 1000:9.1f} ms {s['duration'] / 1000:9.1f} ms  "
-                   f"{'  ' * depth(s)}{s['operationName']} [{service}] {' '.join(notes)}".rstrip())
+        out.append(SpanBar((s["startTime"] - t0) / 1000, s["duration"] / 1000, depth(s), s["operationName"],
+                           (procs.get(s.get("processID")) or {}).get("serviceName", "?"), " ".join(notes)))
     return out
+
+
+def waterfall(trace: dict[str, Any]) -> list[str]:
+    """A trace as text (:func:`span_bars`), one line per span, indented by depth."""
+    return [f"{b.start_ms:9.1f} ms {b.duration_ms:9.1f} ms  {'  ' * b.depth}{b.name} [{b.service}] {b.note}".rstrip()
+            for b in span_bars(trace)]

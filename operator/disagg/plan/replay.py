@@ -8,7 +8,6 @@ the first candidate's), unless ``--ttft-ms``/``--tpot-ms`` say otherwise.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from ..htmlpage import cell, esc, page, paragraph, section, table
 from ..twin import SLO, simulate
 from .reqlog import RequestLogData, arrivals, summary
 from .verify import Mapped, SpecError, cluster_spec, measure
@@ -148,22 +148,26 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-_STYLE = ("body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}"
-          "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
-          "{text-align:left}th{background:#f3f3f3}caption{text-align:left;margin-bottom:.5em}")
-
-
 def to_html(report: dict[str, Any]) -> str:
+    """The side-by-side table as a page (:mod:`disagg.htmlpage`): one column per spec, one row per figure, the
+    notes under it."""
     head, body = rows(report)
     lg = report["log"]
-    e = html.escape
-    trs = "".join("<tr><td>" + e(n) + "</td>" + "".join(f"<td>{e(v)}</td>" for v in vals) + "</tr>"
-                  for n, vals in body)
-    ths = "<tr><th></th>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"
-    cap = (f"{e(lg['source'])}: {lg['replayed']} requests over {lg['window_s']:g} s; SLO TTFT ≤ "
-           f"{report['slo']['ttft_ms']:g} ms, TPOT ≤ {report['slo']['tpot_ms']:g} ms")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>disagg replay</title><style>{_STYLE}</style>"
-            f"</head><body><h1>disagg replay</h1><table><caption>{cap}</caption>{ths}{trs}</table></body></html>\n")
+    slo = report["slo"]
+    caption = (f"{lg['replayed']} of {lg['requests']} requests of {lg['source']} over {lg['window_s']:g} s "
+               f"(seed {report['seed']}); every column judged by the same SLO: TTFT ≤ {slo['ttft_ms']:g} ms, TPOT ≤ "
+               f"{slo['tpot_ms']:g} ms.")
+    parts = [table(["", *head], [[cell(name), *(cell(v, "n") for v in vals)] for name, vals in body],
+                   caption=caption)]
+    if lg["left_out"]:
+        parts.append(paragraph(f"Left out of the replay: {lg['left_out']}."))
+    if lg["skipped_lines"]:
+        parts.append(paragraph(f"Log lines skipped: {lg['skipped_lines']}."))
+    notes = [f"{c['name']}: {n}" for c in report["columns"] for n in c.get("notes", [])]
+    if notes:
+        parts.append(section("Notes", "<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>", "notes"))
+    return page("disagg replay", "".join(parts),
+                subtitle="A request log replayed in the twin against each spec, side by side (docs/planning.md).")
 
 
 def write(report: dict[str, Any], out: Path) -> list[Path]:
