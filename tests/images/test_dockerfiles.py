@@ -171,3 +171,17 @@ def test_sim_shim_runs_disagg_sim(tmp_path: Path) -> None:
     assert res.stdout.splitlines() == ["sim", *args]
     res = subprocess.run([str(shim), "bench"], capture_output=True, text=True, env=env, timeout=10)
     assert res.returncode == 2 and "only `vllm serve" in res.stderr
+
+
+def test_vllm_image_has_the_rdma_userspace_before_its_user() -> None:
+    """NIXL's UCX loads libibverbs and the vendor providers at run time: without them an rdma model falls back to
+    TCP silently. They are installed as root, in a layer before USER, unless built with RDMA=false."""
+    stage = final(IMAGES / "vllm" / "Dockerfile")
+    ops = [op for op, _ in stage.instructions]
+    rdma = next(i for i, (op, rest) in enumerate(stage.instructions) if op == "RUN" and "ibverbs-providers" in rest)
+    assert rdma < ops.index("USER")
+    run = stage.instructions[rdma][1]
+    for package in ("rdma-core", "libibverbs1", "ibverbs-providers", "librdmacm1", "ibverbs-utils"):
+        assert package in run.split(), package
+    assert "CDLL('libibverbs.so.1')" in run  # the build fails when the library cannot load
+    assert ("ARG", "RDMA=true") in stage.instructions
