@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from disagg.bench import goodput, router_bench
+from disagg.bench import goodput, goodput_live, router_bench
 
 
 def _children() -> set[int]:
@@ -32,10 +32,12 @@ def _children() -> set[int]:
 
 def test_goodput_smoke(tmp_path: Path) -> None:
     before = _children()
-    plan = dataclasses.replace(goodput.PLANS["long-rag"], rate=4.0, duration_s=2.0, prefill=1, prefill_conditional=1)
-    s = goodput.Settings(gpus=2, time_scale=0.2)
+    plan = dataclasses.replace(goodput_live.PLANS["long-rag"], rate=4.0, duration_s=2.0, prefill=1,
+                               prefill_conditional=1)
+    s = goodput_live.Settings(gpus=2, time_scale=0.2)
     out = tmp_path / "gp.json"
-    res = goodput.run(["long-rag"], list(goodput.DEPLOYMENTS), s, {"long-rag": plan}, out=out, progress=lambda *_: None)
+    res = goodput_live.run(["long-rag"], list(goodput.DEPLOYMENTS), s, {"long-rag": plan}, out=out,
+                           progress=lambda *_: None)
     assert json.loads(out.read_text())["rows"] == res["rows"]
     rows = {r["deployment"]: r for r in res["rows"]}
     assert set(rows) == set(goodput.DEPLOYMENTS)
@@ -53,7 +55,7 @@ def test_goodput_smoke(tmp_path: Path) -> None:
             rows["disaggregated"]["decode_workers"]) == (2, 1, 1)
     ratios = res["ratios"]["long-rag"]
     assert {"c_over_a", "c_over_b", "c_ge_max_ab", "c_ge_2a"} <= set(ratios)
-    text = goodput.table(res["rows"], res["ratios"])
+    text = goodput_live.table(res["rows"], res["ratios"])
     assert "c) conditional" in text and "c/a" in text
     assert _children() <= before  # everything stopped
 

@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="the twin sweep's rate ladder for a mix, requests per simulated second per GPU (default: "
                    "goodput.SWEEP_PLANS)")
     g.add_argument("--rate", action="append", default=[], metavar="MIX=RPS",
-                   help="--real: offered requests per simulated second for a mix (default: goodput.PLANS)")
+                   help="--real: offered requests per simulated second for a mix (default: goodput_live.PLANS)")
     g.add_argument("--duration", type=float, default=None, help="simulated seconds of arrivals per run")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--splits", default=None, metavar="P,P,...",
@@ -210,7 +210,7 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ..load.workload import MIXES
-    from . import goodput
+    from . import goodput, goodput_live
 
     unknown = [m for m in args.mixes if m not in MIXES]
     if unknown:
@@ -248,7 +248,7 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
         return _run_and_report(lambda: goodput.run_twin(args.mixes, ts, plans, out=out, gpus=args.gpus,
                                                         command=invoked_command(goodput.COMMAND)),
                                goodput.twin_table, out)
-    real_plans = dict(goodput.PLANS)
+    real_plans = dict(goodput_live.PLANS)
     for m, rs in floats(args.rate, "--rate").items():
         real_plans[m] = dataclasses.replace(real_plans[m], rate=rs[0])
     for m, v in _kv(args.split, "--split").items():
@@ -256,14 +256,15 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
         real_plans[m] = dataclasses.replace(real_plans[m], prefill=ps[0], prefill_conditional=ps[-1])
     if args.duration:
         real_plans = {m: dataclasses.replace(p, duration_s=args.duration) for m, p in real_plans.items()}
-    s = goodput.Settings(gpus=args.gpus[0], time_scale=args.time_scale, gpu=args.gpu, model_preset=args.model_preset,
-                         ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, seed=args.seed)
+    s = goodput_live.Settings(gpus=args.gpus[0], time_scale=args.time_scale, gpu=args.gpu,
+                              model_preset=args.model_preset, ttft_slo_ms=args.ttft_slo_ms,
+                              tpot_slo_ms=args.tpot_slo_ms, seed=args.seed)
     header = (f"goodput benchmark (real processes): {s.gpus} simulated {s.gpu} GPUs × {s.model_preset}, time-scale "
               f"{s.time_scale}, SLO TTFT ≤ {s.ttft_slo_ms:g} ms and TPOT ≤ {s.tpot_slo_ms:g} ms per request\n")
     real_out = args.out or Path("results/bench-goodput-real.json")
     return _run_and_report(
-        lambda: goodput.run(args.mixes, args.deployments, s, real_plans, out=real_out, log_dir=args.log_dir),
-        lambda r: header + goodput.table(r["rows"], r["ratios"]), real_out)
+        lambda: goodput_live.run(args.mixes, args.deployments, s, real_plans, out=real_out, log_dir=args.log_dir),
+        lambda r: header + goodput_live.table(r["rows"], r["ratios"]), real_out)
 
 
 def _cmd_router(args: argparse.Namespace) -> int:
