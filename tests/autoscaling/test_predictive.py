@@ -3,6 +3,7 @@ the scale-down budget, oscillating load; and the reactive baseline, which does o
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from disagg.autoscaling.forecast import Load
@@ -24,7 +25,7 @@ class LinearSizer:
         d = max(1, math.ceil(load.rps * tpot_corr / (CAP * headroom) - 1e-9))
         return Need(p, d)
 
-    def expected(self, load: Load, prefill: int, decode: int) -> Expected:
+    def expected(self, load: Load, prefill: int, decode: int) -> Expected:  # noqa: ARG002
         return Expected(1.0, 0.02)
 
     def per_replica(self, load: Load, ttft_corr: float, tpot_corr: float) -> tuple[float, float]:
@@ -78,20 +79,21 @@ def test_correction_tightens_the_target() -> None:
 
 def test_scale_down_waits_for_the_window_and_the_hysteresis_band() -> None:
     pol = PredictivePolicy(LinearSizer(), settings())
-    hist = drive(pol, [8.0] * 12 + [4.0] * 30)
+    hist = drive(pol, [8.0] * 12 + [3.0] * 30)
     high = hist[11][0]
     assert high == math.ceil(8.0 / 1.6)
     # for a whole window (300 s = 10 intervals) after the drop the pool holds
     assert all(p == high for p, _ in hist[12:21])
-    # then it shrinks to what holds at the tighter 65 % target, not the 80 % one
-    assert hist[-1][0] == math.ceil(4.0 / (CAP * 0.65)) > math.ceil(4.0 / (CAP * 0.8))
+    # then it shrinks to what holds at the tighter down_headroom target (70 %), not the 80 % one
+    assert pol.s.down_headroom == 0.7
+    assert hist[-1][0] == math.ceil(3.0 / (CAP * 0.7)) > math.ceil(3.0 / (CAP * 0.8))
 
 
 def test_scale_down_budget_per_hour() -> None:
     pol = PredictivePolicy(LinearSizer(), settings(max_downs_per_hour=2, scale_down_stabilization_s=30.0,
                                                    max_step=1))
     hist = drive(pol, [20.0] * 3 + [0.5] * 40)  # 40 intervals = 20 min: many downs wanted, 2 allowed
-    downs = sum(1 for a, b in zip(hist, hist[1:], strict=False) if b[0] < a[0])
+    downs = sum(1 for a, b in itertools.pairwise(hist) if b[0] < a[0])
     assert downs == 2
 
 
@@ -100,13 +102,13 @@ def test_oscillating_load_at_the_stabilisation_period_does_not_oscillate_the_poo
     period = int(s.scale_down_stabilization_s / s.interval_s)  # 10 intervals: 5 high, 5 low
     rates = [8.0 if (i // (period // 2)) % 2 == 0 else 2.0 for i in range(12 * period)]  # one hour
     hist = drive(PredictivePolicy(LinearSizer(), s), rates)
-    changes = [i for i, (a, b) in enumerate(zip(hist, hist[1:], strict=False)) if a != b]
+    changes = [i for i, (a, b) in enumerate(itertools.pairwise(hist)) if a != b]
     # it rises once to hold the peaks and stays: the troughs never last a whole window
     assert len(changes) <= 2, hist
     assert len({x for x in hist[2 * period:]}) == 1  # constant from the second period on
     # the reactive rule follows the load up and down every half period (the test can fail)
     rhist = drive(ReactivePolicy(LinearSizer(), s), rates)
-    rchanges = sum(1 for a, b in zip(rhist, rhist[1:], strict=False) if a != b)
+    rchanges = sum(1 for a, b in itertools.pairwise(rhist) if a != b)
     assert rchanges >= 20
 
 

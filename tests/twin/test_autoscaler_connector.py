@@ -84,11 +84,10 @@ def test_no_ready_decode_worker_holds() -> None:
     ctl = TwinAutoscaler(proportional(make_spec()), interval_s=10.0)
 
     class Empty:
-        workers: dict = {}
-        decisions: dict = {}
-        now = 10.0
+        def __init__(self):
+            self.workers, self.decisions, self.now = {}, {}, 10.0
 
-        def pool(self, role):
+        def pool(self, _role):
             return []
 
     obs, signals = ctl.observe(Empty())  # type: ignore[arg-type]
@@ -109,7 +108,10 @@ def test_pod_start_is_modelled_and_counted_in_gpu_seconds() -> None:
     simulate(cluster(1, 1), steady(0.5, 80, 300, 20), controller=ctl)
     ready = {x["t"]: x["ready"]["decode"] for x in ctl.samples}
     assert ready[20.0] == 1 and ready[30.0] == 1  # decided at 10 s, still starting until 40 s
-    assert ready[40.0] == 3
+    assert ready[50.0] == 3
+    c = ctl.cluster
+    assert c is not None
+    assert sorted(w.started_at for w in c.pool("decode")) == [0.0, 40.0, 40.0]  # in service 30 s after the decision
     assert ctl.starting_gpu_s == pytest.approx(2 * 30.0)
 
 

@@ -90,7 +90,7 @@ class PredictiveSettings:
     interval_s: float = 30.0
     pod_start_s: float = 53.0  # twin/autoscaler.py STARTUP: compile (no cache) + weight load, Llama-3.1-8B
     headroom: float = 0.8  # size for latency ≤ 80 % of the SLO
-    down_headroom: float = 0.65  # shrink only to what holds at 65 % of the SLO (the hysteresis band)
+    down_headroom: float = 0.7  # shrink only to what holds at 70 % of the SLO (the hysteresis band)
     scale_down_stabilization_s: float = 300.0
     max_downs_per_hour: int = 6  # per pool: ≤ 2 × 6 + 1 scale events an hour
     max_step: int = 4
@@ -158,10 +158,7 @@ class PredictivePolicy:
         if st.first_seen is None:
             st.first_seen = obs.time
         # 2. correct the model at the observed load on the ready pods (samples from warming pods are not in obs)
-        if obs.prefill_ready > 0 and obs.decode_ready > 0:
-            exp = self.sizer.expected(obs.load, obs.prefill_ready, obs.decode_ready)
-            st.ttft.update(obs.remote_ttft_s, exp.remote_ttft_s)
-            st.tpot.update(obs.tpot_s, exp.tpot_s)
+        correct(self.sizer, obs, st.ttft, st.tpot)
         # 3. forecast over the horizon a pod started now needs
         st.forecaster.update(obs.load)
         peak = st.forecaster.peak(s.horizon) or obs.load
@@ -216,10 +213,7 @@ class ReactivePolicy:
         cur = {"prefill": obs.prefill_replicas, "decode": obs.decode_replicas}
         if obs.stale_reason or obs.load is None:
             return {n: Decision(n, c, c, None, "holding: no data") for n, c in _pools(cur)}
-        if obs.prefill_ready > 0 and obs.decode_ready > 0:
-            exp = self.sizer.expected(obs.load, obs.prefill_ready, obs.decode_ready)
-            self.ttft.update(obs.remote_ttft_s, exp.remote_ttft_s)
-            self.tpot.update(obs.tpot_s, exp.tpot_s)
+        correct(self.sizer, obs, self.ttft, self.tpot)
         thr_p, thr_d = self.sizer.per_replica(obs.load, self.ttft.value, self.tpot.value)
         need = {"prefill": math.ceil(obs.load.remote_rps / thr_p - 1e-9) if thr_p > 0 else cur["prefill"],
                 "decode": math.ceil(obs.load.rps / thr_d - 1e-9) if thr_d > 0 else cur["decode"]}
@@ -230,6 +224,20 @@ class ReactivePolicy:
                                  f"load {obs.load.rps:.2f} req/s ÷ {thr_p if name == 'prefill' else thr_d:.2f} "
                                  f"req/s per replica")
         return out
+
+
+def correct(sizer: Sizer, obs: Observation, ttft: Correction, tpot: Correction) -> None:
+    """Update the corrections from one interval — only when the ready pods hold its load in the model (the model
+    is compared with the engines, not with an overload it already predicts: a burst's queues would otherwise keep
+    the correction, and the pools, high long after it)."""
+    if obs.load is None or obs.prefill_ready <= 0 or obs.decode_ready <= 0:
+        return
+    need = sizer.size(obs.load, 1.0, 1.0, 1.0)
+    if need.prefill > obs.prefill_ready or need.decode > obs.decode_ready:
+        return
+    exp = sizer.expected(obs.load, obs.prefill_ready, obs.decode_ready)
+    ttft.update(obs.remote_ttft_s, exp.remote_ttft_s)
+    tpot.update(obs.tpot_s, exp.tpot_s)
 
 
 def _pools(cur: dict[str, int]) -> list[tuple[PoolName, int]]:

@@ -69,8 +69,8 @@ class ModelSizer:
         return q.p_wait_le(tau - fixed) >= QUANTILE
 
     def _decode_ok(self, dm: PoolModel, wl: Workload, d: int, tau_ttft: float, tau_tpot: float) -> bool:
-        side = decode_side(dm, d, wl, wl.mean_rps, (False, True), self.tpot_slo_s)
-        if side.saturated or side.tpot_mean_s > tau_tpot:
+        side = decode_side(dm, d, wl, wl.mean_rps, (False, True), tau_tpot)
+        if side.saturated or side.tpot_ok[0] < QUANTILE:
             return False
         if wl.in_weight[1] <= 0:
             return True
@@ -82,7 +82,8 @@ class ModelSizer:
         wl = self._workload(load)
         pm, dm = self._pools(wl)
         tau_ttft = headroom * self.ttft_slo_s / max(ttft_corr, 1e-3)
-        tau_tpot = headroom * self.tpot_slo_s / max(tpot_corr, 1e-3)
+        # TPOT has a floor (one decode step at batch 1 streams the weights): the headroom applies to half the SLO
+        tau_tpot = (1 + headroom) / 2 * self.tpot_slo_s / max(tpot_corr, 1e-3)
         d = _fewest(lambda n: self._decode_ok(dm, wl, n, tau_ttft, tau_tpot), self.max_replicas)
         side = decode_side(dm, d, wl, wl.mean_rps, (False, True), self.tpot_slo_s)
         step_s = side.step_s if math.isfinite(side.step_s) else 0.0

@@ -1,7 +1,7 @@
 """The twin connector: the operator's autoscaling policies driven in virtual time against a :class:`TwinCluster`.
 
 Dynamo's planner runs one scaling core over kubernetes / virtual / local connectors
-(https://docs.nvidia.com/dynamo/v1.6.0/knowledge-base/modular-components/planner/planner-examples, "VirtualConnector");
+(Dynamo docs v1.6.0, knowledge-base/modular-components/planner/planner-examples, "VirtualConnector");
 this is ours. Every ``interval_s`` of virtual time :class:`TwinAutoscaler`:
 
 1. **scrapes** (the twin's Prometheus): the router's decision counter (arrivals) and every ready worker's vLLM
@@ -47,6 +47,8 @@ from .cluster import TwinCluster
 STARTUP: dict[str, tuple[float, float]] = {"Llama-3.1-8B": (45.0, 8.0)}
 LOAD_BYTES_PER_S = 2e9  # ASSUMPTION: weights read at 2 GB/s (node-local NVMe cache); not a cited figure
 P95_OF_MEAN_WAIT = -math.log(0.05)  # exponential tail: p95 = ln(20) × mean ≈ 3.0 × mean
+GAUGE_EVERY_S = 5.0  # gauges are sampled this often within an interval and averaged
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 
 
 def pod_start_s(model_preset: str, compile_cache: bool = False, tp: int = 1) -> float:
@@ -104,6 +106,9 @@ class TwinAutoscaler:
     _prev: dict[str, dict[str, float]] = field(default_factory=dict)
     _prev_decisions: float = 0.0
     _leaving: set[str] = field(default_factory=set)
+    _gauge_sum: dict[str, float] = field(default_factory=dict)
+    _gauge_n: int = 0
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)  # removals in flight (a reference keeps them)
     _pending: dict[str, list[tuple[asyncio.Task[None], float]]] = field(
         default_factory=lambda: {"prefill": [], "decode": []})
 
@@ -111,7 +116,12 @@ class TwinAutoscaler:
         self.cluster = cluster
         self._snapshot(cluster)
         while self.until_s is None or cluster.now + self.interval_s <= self.until_s + 1e-9:
-            await asyncio.sleep(self.interval_s)
+            # gauges are averaged over the interval (as a PromQL avg_over_time would), from the router's scrapes
+            self._gauge_sum, self._gauge_n = {}, 0
+            steps = max(1, round(self.interval_s / GAUGE_EVERY_S))
+            for _ in range(steps):
+                await asyncio.sleep(self.interval_s / steps)
+                self._sample_gauges(cluster)
             obs, signals = self.observe(cluster)
             decisions = self.policy(obs, signals)
             self.samples.append({"t": round(cluster.now, 3), "ready": self._ready(cluster), "load": obs.load,
@@ -122,6 +132,14 @@ class TwinAutoscaler:
                     self.apply(cluster, name, d)
 
     # ----------------------------------------------------------------------------------------------- scrape
+    def _sample_gauges(self, cluster: TwinCluster) -> None:
+        for w in cluster.workers.values():
+            if w.role in ("prefill", "decode") and w.url not in self._leaving:
+                for k in GAUGES:
+                    key = f"{w.role}:{k}"
+                    self._gauge_sum[key] = self._gauge_sum.get(key, 0.0) + float(w.rw.scraped.get(k, 0.0))
+        self._gauge_n += 1
+
     def _snapshot(self, cluster: TwinCluster) -> None:
         self._prev = {w.url: w.scrape() for w in cluster.workers.values()}
         self._prev_decisions = float(sum(cluster.decisions.values()))
@@ -144,12 +162,13 @@ class TwinAutoscaler:
         cur = {w.url: w.scrape() for w in cluster.workers.values()}
         delta: dict[str, dict[str, float]] = {"prefill": {}, "decode": {}}
         gauges: dict[str, dict[str, float]] = {"prefill": {}, "decode": {}}
+        n = max(1, self._gauge_n)
+        for key, total in self._gauge_sum.items():
+            role, k = key.split(":", 1)
+            gauges[role][k] = total / n
         for w in cluster.workers.values():
             if w.role not in delta:
                 continue
-            g = gauges[w.role]
-            for k in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
-                g[k] = g.get(k, 0.0) + float(cur[w.url].get(k, 0.0))
             prev = self._prev.get(w.url)
             if prev is None or w.started_at > now - dt:  # joined during the interval: warming, no latency sample
                 continue
@@ -235,7 +254,7 @@ class TwinAutoscaler:
                 victim = min(ws, key=lambda w: (w.rw.inflight,
                                                 len(w.engine.sched.running) + len(w.engine.sched.waiting), w.url))
                 self._leaving.add(victim.url)
-                asyncio.create_task(self._remove(cluster, victim.url))
+                self._tasks.add(asyncio.create_task(self._remove(cluster, victim.url)))
         self.timeline.append(Event(round(cluster.now, 3), name, before, self._desired(cluster, name),
                                    len(cluster.pool(name)), d.reason))
 
