@@ -232,6 +232,18 @@ RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
     "ratio-min-le-max": (spec(autoscaling={"prefillDecodeRatio": {"min": 2, "max": 0.5}}),
                          "spec.autoscaling.prefillDecodeRatio"),
     "autoscaling-needs-prometheus": (spec(autoscaling={"enabled": True}), "spec.autoscaling"),
+    # issue 31: Prometheus as clusters run it (auth proxies, multi-tenant stores, private CAs)
+    "prometheus-one-auth": (spec(autoscaling={"prometheus": {**PROM, "authSecretRef": {"name": "t"},
+                                                             "basicAuthSecretRef": {"name": "b"}}}),
+                            "spec.autoscaling.prometheus"),
+    "prometheus-header-names": (spec(autoscaling={"prometheus": {**PROM, "headers": {"X Scope": "a"}}}),
+                                "spec.autoscaling.prometheus"),
+    "prometheus-headers-no-credentials": (
+        spec(autoscaling={"prometheus": {**PROM, "headers": {"authorization": "Bearer x"}}}),
+        "spec.autoscaling.prometheus"),
+    "prometheus-tls-ca-or-insecure": (
+        spec(autoscaling={"prometheus": {**PROM, "tls": {"caSecretRef": {"name": "ca"}, "insecureSkipVerify": True}}}),
+        "spec.autoscaling.prometheus.tls"),
     # issue 31: OTLP endpoints as collectors have them (gRPC host:port, or an OTLP/HTTP URL with its path)
     "tracing-grpc-no-path": (spec(observability={"tracing": {"endpoint": "http://otel-collector:4317/v1/traces",
                                                              "protocol": "grpc"}}), "spec.observability.tracing"),
@@ -242,7 +254,9 @@ RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
 # One spec breaking every rule at once, and the (rule, node path) pairs both the apiserver and spec_errors report.
 # Rules that no spec can break together with another rule of the table (they test the same fields the other way).
 MUTUALLY_EXCLUSIVE = {"rdma-transport-needs-rdma": "rdma-needs-rdma-transport",
-                      "tracing-http-needs-path": "tracing-grpc-no-path"}
+                      "tracing-http-needs-path": "tracing-grpc-no-path",
+                      # breaking the prometheus rules needs a spec.autoscaling.prometheus
+                      "autoscaling-needs-prometheus": "prometheus-one-auth"}
 ALL_RULES_BROKEN: dict[str, Any] = spec(
     model={"name": "m", "source": {"hub": {}, "pvc": {"claimName": "w"}}, "cache": {}},
     engine={"extraArgs": ["-dp", "2"]},
@@ -258,7 +272,10 @@ ALL_RULES_BROKEN: dict[str, Any] = spec(
                     {"name": "t", "match": {"values": ["y"]}}],
         "buckets": [{"name": "b", "minInputTokens": 10, "maxInputTokens": 5}, {"name": "b"}],
     },
-    autoscaling={"enabled": True, "prefillDecodeRatio": {"min": 5, "max": 1}},
+    autoscaling={"enabled": True, "prefillDecodeRatio": {"min": 5, "max": 1},
+                 "prometheus": {**PROM, "authSecretRef": {"name": "t"}, "basicAuthSecretRef": {"name": "b"},
+                                "headers": {"Authorization": "x", "bad name": "y"},
+                                "tls": {"caSecretRef": {"name": "ca"}, "insecureSkipVerify": True}}},
     modePolicy={"windowSeconds": 10, "probe": {"ratePerMinute": 1, "successesToReturn": 1}},
     observability={"tracing": {"endpoint": "https://otel-collector:4317/traces", "protocol": "grpc"}},
 )
@@ -281,8 +298,11 @@ ALL_RULES_BROKEN_AT: list[tuple[str, str]] = [
     ("tenant-max-queued-needs-queue", "spec.routing.tenants[0]"),
     ("tenant-max-queue-time-needs-queue", "spec.routing.tenants[0]"),
     ("bucket-max-above-min", "spec.routing.buckets[0]"),
-    ("autoscaling-needs-prometheus", "spec.autoscaling"),
     ("ratio-min-le-max", "spec.autoscaling.prefillDecodeRatio"),
+    ("prometheus-one-auth", "spec.autoscaling.prometheus"),
+    ("prometheus-header-names", "spec.autoscaling.prometheus"),
+    ("prometheus-headers-no-credentials", "spec.autoscaling.prometheus"),
+    ("prometheus-tls-ca-or-insecure", "spec.autoscaling.prometheus.tls"),
     ("mode-probes-reachable", "spec.modePolicy"),
     ("tracing-grpc-no-path", "spec.observability.tracing"),
 ]

@@ -33,6 +33,8 @@ from .spec import (
     ModePolicySpec,
     ParallelismSpec,
     PoolSpec,
+    PrometheusSpec,
+    PrometheusTLSSpec,
     PromptBucket,
     RatioBounds,
     RollingUpdateSpec,
@@ -164,6 +166,8 @@ def _layout(p: PoolSpec) -> int:
 # an OTLP endpoint with no path (http(s)://host[:port], a final / at most), and one on OTLP/HTTP's port 4318
 OTLP_NO_PATH = "^https?://[^/]+/?$"
 OTLP_HTTP_PORT_NO_PATH = "^https?://[^/]+:4318/?$"
+# an HTTP field name as multi-tenant stores use them (RFC 9110 token, narrowed to letters, digits and -)
+HEADER_NAME = "^[A-Za-z0-9][A-Za-z0-9-]*$"
 
 
 def _otlp_http_has_path(t: TracingSpec) -> bool:
@@ -407,6 +411,41 @@ RULES: tuple[Rule, ...] = (
         message="autoscaling.prometheus is required when autoscaling.enabled is true",
         field_path=".prometheus",
         holds=lambda a: not a.enabled or a.prometheus is not None,
+    ),
+    rule(
+        "prometheus-one-auth",
+        on=PrometheusSpec,
+        cel="!has(self.authSecretRef) || !has(self.basicAuthSecretRef)",
+        message="authSecretRef (a bearer token) and basicAuthSecretRef (user and password) are two ways to "
+                "authenticate: set one",
+        field_path=".basicAuthSecretRef",
+        holds=lambda p: p.auth_secret_ref is None or p.basic_auth_secret_ref is None,
+    ),
+    rule(
+        "prometheus-header-names",
+        on=PrometheusSpec,
+        cel=f"!has(self.headers) || self.headers.all(k, k.matches('{HEADER_NAME}'))",
+        message="headers: each name must be an HTTP header name (letters, digits and -, e.g. X-Scope-OrgID)",
+        field_path=".headers",
+        holds=lambda p: p.headers is None or all(_matches(HEADER_NAME, k) for k in p.headers),
+    ),
+    rule(
+        "prometheus-headers-no-credentials",
+        on=PrometheusSpec,
+        cel="!has(self.headers) || !self.headers.exists(k, k.lowerAscii() == 'authorization')",
+        message="headers must not carry Authorization (it would sit in the spec in clear): use authSecretRef "
+                "(bearer token) or basicAuthSecretRef",
+        field_path=".headers",
+        holds=lambda p: p.headers is None or all(k.lower() != "authorization" for k in p.headers),
+    ),
+    rule(
+        "prometheus-tls-ca-or-insecure",
+        on=PrometheusTLSSpec,
+        cel="!has(self.caSecretRef) || !self.insecureSkipVerify",
+        message="caSecretRef (verify against your CA) and insecureSkipVerify (verify nothing) contradict each other: "
+                "set one",
+        field_path=".insecureSkipVerify",
+        holds=lambda t: t.ca_secret_ref is None or not t.insecure_skip_verify,
     ),
     rule(
         "mode-probes-reachable",

@@ -634,6 +634,33 @@ class SLOSpec(ApiModel):
 # ---------------------------------------------------------------------------------------- autoscaling
 
 
+class BasicAuthSecretRef(ApiModel):
+    name: str = Field(min_length=1, max_length=253, description="Name of a Secret in the model's namespace.")
+    username_key: str = Field(default="username", min_length=1, max_length=253,
+                              description="Key of the user name within the Secret.")
+    password_key: str = Field(default="password", min_length=1, max_length=253,
+                              description="Key of the password within the Secret.")
+
+
+class CASecretRef(ApiModel):
+    name: str = Field(min_length=1, max_length=253, description="Name of a Secret in the model's namespace.")
+    key: str = Field(default="ca.crt", min_length=1, max_length=253,
+                     description="Key of the PEM bundle within the Secret (ca.crt, as cert-manager writes it).")
+
+
+class PrometheusTLSSpec(ApiModel):
+    """How the operator checks an https:// Prometheus: against the system's CAs (the default), a CA bundle of
+    your own, or not at all."""
+
+    ca_secret_ref: CASecretRef | None = Field(
+        default=None, description="Secret with the PEM CA bundle that signed Prometheus' certificate (a private CA)."
+    )
+    insecure_skip_verify: bool = Field(
+        default=False, description="Skip certificate verification (tests only: anyone on the path can read and "
+        "answer the queries the autoscaler acts on)."
+    )
+
+
 class PrometheusSpec(ApiModel):
     url: str = Field(
         min_length=1, max_length=2048, pattern=r"^https?://", description="Prometheus base URL (http or https)."
@@ -641,6 +668,17 @@ class PrometheusSpec(ApiModel):
     auth_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret with a bearer token for Prometheus."
     )
+    basic_auth_secret_ref: BasicAuthSecretRef | None = Field(
+        default=None, description="Secret with a user name and password for HTTP basic auth (an auth proxy in front "
+        "of Prometheus, Grafana Mimir's gateway). Instead of authSecretRef, not with it."
+    )
+    headers: dict[str, str] | None = Field(
+        default=None, max_length=16,
+        description="Extra HTTP headers on every query, e.g. the tenant of a multi-tenant store: "
+        "X-Scope-OrgID (Grafana Mimir, Cortex, Loki) or THANOS-TENANT (Thanos Receive's default). Not for "
+        "credentials: Authorization is refused here (authSecretRef, basicAuthSecretRef).",
+    )
+    tls: PrometheusTLSSpec | None = Field(default=None, description="Certificate checks for an https:// url.")
     timeout_seconds: int = Field(default=5, ge=1, le=120, description="Per-query timeout.")
 
 
