@@ -217,7 +217,7 @@ class ReactivePolicy:
         thr_p, thr_d = self.sizer.per_replica(obs.load, self.ttft.value, self.tpot.value)
         need = {"prefill": math.ceil(obs.load.remote_rps / thr_p - 1e-9) if thr_p > 0 else cur["prefill"],
                 "decode": math.ceil(obs.load.rps / thr_d - 1e-9) if thr_d > 0 else cur["decode"]}
-        out = {}
+        out: dict[str, Decision] = {}
         for i, (name, current) in enumerate(_pools(cur)):
             desired = _bound(current, need[name], self.s, i)
             out[name] = Decision(name, current, desired, None,

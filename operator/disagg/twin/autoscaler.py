@@ -76,7 +76,7 @@ def of(policy: Any) -> Policy:
     """A predictive or reactive policy (``step(Observation)``) as a connector policy."""
 
     def run(obs: Observation, _: Signals) -> dict[str, Decision]:
-        return policy.step(obs)  # type: ignore[no-any-return]
+        return policy.step(obs)
 
     return run
 
