@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -81,14 +82,17 @@ def free_port_block(n: int, host: str = HOST, attempts: int = 200) -> int:
 
 # ---------------------------------------------------------------------------------------------------- HTTP
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen[Any] | None = None,
-              interval: float = 0.05) -> None:
-    """Poll ``url`` until it answers 200; fail at once (RuntimeError) when ``proc`` exits first."""
+              interval: float = 0.05, context: ssl.SSLContext | None = None,
+              headers: dict[str, str] | None = None) -> None:
+    """Poll ``url`` until it answers 200; fail at once (RuntimeError) when ``proc`` exits first. ``context``: the
+    TLS context of an https:// URL (its CA); ``headers``: sent with each poll (credentials)."""
 
     def ok() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=2,
+                                        context=context) as r:
                 return bool(r.status == 200)
         except (OSError, http.client.HTTPException):  # refused, reset, an error status (HTTPError), a timeout
             return False

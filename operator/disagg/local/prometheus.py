@@ -10,10 +10,12 @@ import atexit
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -45,6 +47,12 @@ class LocalPrometheus:
     scrape_interval: str = "1s"
     evaluation_interval: str = "1s"
     rule_files: list[Path] = field(default_factory=list)
+    # Prometheus' own web configuration (--web.config.file: tls_server_config, basic_auth_users), for tests of
+    # clients that reach a secured Prometheus; with TLS the URL is https:// and ``ca_file`` verifies it, and
+    # ``ready_headers`` (credentials) go with the readiness polls.
+    web_config: dict[str, Any] | None = None
+    ca_file: Path | None = None
+    ready_headers: dict[str, str] | None = None
     url: str = ""
     _proc: subprocess.Popen[bytes] | None = None
     _tmp: Path | None = None
@@ -77,7 +85,10 @@ class LocalPrometheus:
         }
         (self._tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
         (port,) = free_ports(1)
-        self.url = f"http://127.0.0.1:{port}"
+        tls = bool(self.web_config and self.web_config.get("tls_server_config"))
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        if self.web_config is not None:
+            (self._tmp / "web.yml").write_text(yaml.safe_dump(self.web_config))
         self._launch(timeout)
 
     def _launch(self, timeout: float) -> None:
@@ -87,10 +98,13 @@ class LocalPrometheus:
             self._proc = subprocess.Popen(
                 [prometheus_binary(), f"--config.file={self._tmp / 'prometheus.yml'}",
                  f"--storage.tsdb.path={self._tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
-                 "--web.enable-lifecycle", "--log.level=warn", "--storage.tsdb.retention.time=2h"],
+                 "--web.enable-lifecycle", "--log.level=warn", "--storage.tsdb.retention.time=2h",
+                 *([f"--web.config.file={self._tmp / 'web.yml'}"] if self.web_config is not None else [])],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        context = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else None
         try:
-            wait_http(f"{self.url}/-/ready", timeout, self._proc, interval=0.2)
+            wait_http(f"{self.url}/-/ready", timeout, self._proc, interval=0.2, context=context,
+                      headers=self.ready_headers)
         except RuntimeError as e:
             raise RuntimeError(f"prometheus exited {self._proc.returncode}: {self.log_tail()}") from e
         except WaitTimeoutError as e:
