@@ -1,0 +1,62 @@
+"""A quick smoke of the virtual-day autoscale bench (bench/autoscale_day.py): a tiny day, every part, the tables."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from disagg.bench import autoscale_day as ad
+from disagg.results import results_doc, validate
+
+
+@pytest.fixture(autouse=True)
+def _quiet(caplog):
+    caplog.set_level(logging.ERROR)
+
+
+def test_day_shape_is_diurnal_with_bursts_and_a_shifting_mix() -> None:
+    s = ad.DaySettings(day_s=1000.0, peak_rps=10.0)
+    assert ad.diurnal_rate(0.0, s) == pytest.approx(1.0)  # the trough: 0.1 × peak at midnight
+    assert ad.diurnal_rate(500.0, s) == pytest.approx(10.0)  # noon
+    mean = sum(ad.diurnal_rate(t + 0.5, s) for t in range(1000)) / 1000
+    assert 2.0 <= 10.0 / mean <= 3.0  # peak ≈ 2–3 × mean (bursts included in the mean)
+    flat = ad.DaySettings(day_s=1000.0, peak_rps=10.0, burst_factor=1.0)
+    assert ad.diurnal_rate(305.0, s) == pytest.approx(1.8 * ad.diurnal_rate(305.0, flat))  # a burst at 30 %
+    assert ad.diurnal_rate(295.0, s) == pytest.approx(ad.diurnal_rate(295.0, flat))
+    assert ad.rag_share(0.0, s) == pytest.approx(0.2) and ad.rag_share(500.0, s) == pytest.approx(0.8)
+    arr = ad.day_arrivals(s)
+    noon = [a for a in arr if 400 <= a.at < 600]
+    night = [a for a in arr if a.at < 100 or a.at >= 900]
+    assert len(noon) > 3 * len(night)
+    assert sum(a.cls == "rag" for a in noon) / len(noon) > 0.6 > sum(a.cls == "rag" for a in night) / len(night)
+
+
+def test_oscillation_measures_reversals_within_the_window() -> None:
+    ev = [{"pool": "decode", "t": 0, "before": 2, "after": 5}, {"pool": "decode", "t": 100, "before": 5,
+                                                                  "after": 3},
+          {"pool": "decode", "t": 1000, "before": 3, "after": 6}]
+    assert ad.oscillation(ev, 300) == 2  # up 3 then down 2 within 300 s; the later rise is outside the window
+    assert ad.oscillation(ev[:1], 300) == 0
+
+
+def test_virtual_bench_smoke() -> None:
+    s = ad.DaySettings(day_s=240.0, peak_rps=2.0, bucket_s=120.0, probe_s=30.0, step_base_rps=1.0,
+                       step_pre_s=60.0, step_post_s=90.0, scalers=("predictive", "reactive"))
+    r = ad.run(s, jobs=1)
+    days = {d["scaler"]: d for d in r["days"]}
+    assert set(days) == {"static_peak", "predictive", "reactive"}
+    st = r["static_peak"]
+    assert days["static_peak"]["gpu_seconds"] == pytest.approx((st["prefill"] + st["decode"]) * 240.0)
+    assert 0 < r["oracle"]["gpu_seconds"] <= days["static_peak"]["gpu_seconds"]
+    assert all(b["met"] for b in r["oracle"]["buckets"])
+    for d in days.values():
+        assert d["requests"] == r["requests"] > 0
+        assert d["gpu_seconds"] > 0 and 0 <= d["attainment"] <= 1
+    assert 0 <= r["savings_ceiling"] < 1
+    assert r["step"]["bucket_s"] == s.interval_s
+    doc = results_doc("autoscale_day", "python -m disagg.bench.autoscale_day", r)
+    assert not validate(doc, "autoscale_day")
+    tables = ad.render_tables(doc)
+    assert set(tables) == {"day", "step"}
+    assert "| predictive |" in tables["day"] and "hindsight oracle" in tables["day"]
