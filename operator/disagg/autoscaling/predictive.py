@@ -158,7 +158,7 @@ class PredictivePolicy:
         if st.first_seen is None:
             st.first_seen = obs.time
         # 2. correct the model at the observed load on the ready pods (samples from warming pods are not in obs)
-        correct(self.sizer, obs, st.ttft, st.tpot)
+        correct(self.sizer, obs, st.ttft, st.tpot, s.headroom)
         # 3. forecast over the horizon a pod started now needs
         st.forecaster.update(obs.load)
         peak = st.forecaster.peak(s.horizon) or obs.load
@@ -213,7 +213,7 @@ class ReactivePolicy:
         cur = {"prefill": obs.prefill_replicas, "decode": obs.decode_replicas}
         if obs.stale_reason or obs.load is None:
             return {n: Decision(n, c, c, None, "holding: no data") for n, c in _pools(cur)}
-        correct(self.sizer, obs, self.ttft, self.tpot)
+        correct(self.sizer, obs, self.ttft, self.tpot, self.s.headroom)
         thr_p, thr_d = self.sizer.per_replica(obs.load, self.ttft.value, self.tpot.value)
         need = {"prefill": math.ceil(obs.load.remote_rps / thr_p - 1e-9) if thr_p > 0 else cur["prefill"],
                 "decode": math.ceil(obs.load.rps / thr_d - 1e-9) if thr_d > 0 else cur["decode"]}
@@ -226,13 +226,14 @@ class ReactivePolicy:
         return out
 
 
-def correct(sizer: Sizer, obs: Observation, ttft: Correction, tpot: Correction) -> None:
-    """Update the corrections from one interval — only when the ready pods hold its load in the model (the model
-    is compared with the engines, not with an overload it already predicts: a burst's queues would otherwise keep
-    the correction, and the pools, high long after it)."""
+def correct(sizer: Sizer, obs: Observation, ttft: Correction, tpot: Correction,
+            headroom: float = 0.8) -> None:
+    """Update the corrections from one interval — only when the ready pods hold its load with the sizing's headroom
+    in the model (the model is compared with the engines, not with an overload or a knee it already predicts: a
+    burst's queues would otherwise keep the correction, and the pools, high long after it)."""
     if obs.load is None or obs.prefill_ready <= 0 or obs.decode_ready <= 0:
         return
-    need = sizer.size(obs.load, 1.0, 1.0, 1.0)
+    need = sizer.size(obs.load, headroom, 1.0, 1.0)
     if need.prefill > obs.prefill_ready or need.decode > obs.decode_ready:
         return
     exp = sizer.expected(obs.load, obs.prefill_ready, obs.decode_ready)

@@ -224,18 +224,19 @@ def static_peak(s: DaySettings, probe: ProbeFn) -> dict[str, Any]:
     return {"rate": round(rate, 2), "rag_share": rag, "model_guess": [guess.prefill, guess.decode], **pick}
 
 
-def hindsight(s: DaySettings, probe: ProbeFn) -> dict[str, Any]:
-    sz = sizer(s)
-    buckets = []
-    n = math.ceil(s.day_s / s.bucket_s)
-    for i in range(n):
-        t0, t1 = i * s.bucket_s, min(s.day_s, (i + 1) * s.bucket_s)
-        ts = [t0 + (t1 - t0) * k / 50 for k in range(50)]
-        rate = sum(diurnal_rate(t, s) for t in ts) / len(ts)
-        rag = sum(rag_share(t, s) for t in ts) / len(ts)
-        g = sz.size(mix_load(rate, rag), 1.0, 1.0, 1.0)
-        pick = fewest_split(probe, rate, rag, (g.prefill, g.decode), TARGET, s.max_replicas)
-        buckets.append({"t0": t0, "t1": t1, "rate": round(rate, 2), "rag_share": round(rag, 3), **pick})
+def oracle_bucket(s: DaySettings, i: int, probe: ProbeFn | None = None) -> dict[str, Any]:
+    """The hindsight oracle's answer for bucket ``i`` of the day: its mean rate and mix, the fewest GPUs."""
+    probe = probe or probe_fn(s)
+    t0, t1 = i * s.bucket_s, min(s.day_s, (i + 1) * s.bucket_s)
+    ts = [t0 + (t1 - t0) * k / 50 for k in range(50)]
+    rate = sum(diurnal_rate(t, s) for t in ts) / len(ts)
+    rag = sum(rag_share(t, s) for t in ts) / len(ts)
+    g = sizer(s).size(mix_load(rate, rag), 1.0, 1.0, 1.0)
+    pick = fewest_split(probe, rate, rag, (g.prefill, g.decode), TARGET, s.max_replicas)
+    return {"t0": t0, "t1": t1, "rate": round(rate, 2), "rag_share": round(rag, 3), **pick}
+
+
+def oracle_total(buckets: list[dict[str, Any]]) -> dict[str, Any]:
     return {"buckets": buckets, "gpu_seconds": round(sum(b["gpus"] * (b["t1"] - b["t0"]) for b in buckets), 1)}
 
 
@@ -269,6 +270,16 @@ def _day_job(args: tuple[DaySettings, str, tuple[int, int]]) -> dict[str, Any]:
     out.pop("records")
     out.pop("per_interval")
     return out
+
+
+def _static_job(s: DaySettings) -> dict[str, Any]:
+    _quiet()
+    return static_peak(s, probe_fn(s))
+
+
+def _oracle_job(args: tuple[DaySettings, int]) -> dict[str, Any]:
+    _quiet()
+    return oracle_bucket(*args)
 
 
 def _step_job(s: DaySettings) -> dict[str, Any]:
@@ -317,15 +328,18 @@ def run(s: DaySettings, jobs: int = 2) -> dict[str, Any]:
 
     _quiet()
     wall0 = time.perf_counter()
-    probe = probe_fn(s)
-    static = static_peak(s, probe)
-    oracle = hindsight(s, probe)
     night = sizer(s).size(mix_load(diurnal_rate(0.0, s), rag_share(0.0, s)), 0.8, 1.0, 1.0)
     start = (night.prefill, night.decode)
-    work = [(s, "static_peak", (static["prefill"], static["decode"]))] + [(s, n, start) for n in s.scalers]
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        # the longest jobs first (the whole days), then the static peak's probes, the oracle's buckets, the step
+        day_fs = [pool.submit(_day_job, (s, n, start)) for n in s.scalers]
+        static_f = pool.submit(_static_job, s)
+        oracle_fs = [pool.submit(_oracle_job, (s, i)) for i in range(math.ceil(s.day_s / s.bucket_s))]
         step_f = pool.submit(_step_job, s)
-        days = list(pool.map(_day_job, work))
+        static = static_f.result()
+        static_day = pool.submit(_day_job, (s, "static_peak", (static["prefill"], static["decode"])))
+        oracle = oracle_total([f.result() for f in oracle_fs])
+        days = [static_day.result(), *(f.result() for f in day_fs)]
         step = step_f.result()
     arrivals = day_arrivals(s)
     ref = days[0]
