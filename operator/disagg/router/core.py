@@ -36,7 +36,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..api.contract import RouterConfig
@@ -177,23 +177,39 @@ class RequestCore(Generic[R]):
         if w is not None:
             w.down_until = self.clock() + self.down_seconds
 
-    def cached_tokens(self, url: str, hashes: tuple[int, ...], token_ids: tuple[int, ...] | None,
-                      exact: dict[str, int] | None = None) -> tuple[int, str]:
+    def exact_match(self, ctx: Ctx) -> dict[str, int]:
+        """The exact index's match of ``ctx``'s prompt on every worker holding a prefix of it ({} when the token
+        ids are unknown); the prompt's keys are computed once per request and block size (``ctx.token_keys``)."""
+        ids = ctx.token_ids
+        if ids is None:
+            return {}
+        keys = ctx.token_keys
+
+        def keys_of(bs: int) -> Sequence[int]:
+            k = keys.get(bs)
+            if k is None:
+                k = keys[bs] = features.token_block_keys(ids, bs)
+            return k
+
+        return self.kv.match(ids, keys_of=keys_of)
+
+    def cached_tokens(self, url: str, hashes: tuple[int, ...], ctx: Ctx) -> tuple[int, str]:
         """Prompt tokens ``url`` holds and where that comes from: ``events`` (the exact index, when the worker
         publishes KV events and the prompt's token ids are known), else ``estimate`` (prefix.py)."""
-        if token_ids is not None and self.kv.publishing(url):
-            return (exact if exact is not None else self.kv.match(token_ids)).get(url, 0), "events"
+        if ctx.token_ids is not None and self.kv.publishing(url):
+            return self.exact_match(ctx).get(url, 0), "events"
         return (self.prefix.match_tokens(url, hashes) if hashes else 0), "estimate"
 
     def snapshot(self, cfg: RouterConfig, hashes: tuple[int, ...], tenant: str,
-                 token_ids: tuple[int, ...] | None = None) -> LoadSnapshot:
+                 ctx: Ctx | None = None) -> LoadSnapshot:
         """The policy's view of the pools now: every ready worker's load (prefix matches: exact from the KV
         events where the worker publishes them, else the estimate on the serving pools), the tenant's average
         output, and what the circuit breakers block."""
         now = self.clock()
         prefix = self.prefix
         kv = self.kv
-        exact = kv.match(token_ids) if token_ids is not None else {}
+        token_ids = ctx.token_ids if ctx is not None else None
+        exact = self.exact_match(ctx) if ctx is not None and token_ids is not None else {}
         if cfg is not self._costs_of:  # each pool's engine priced once per config (perf/costs.py)
             self._costs_of = cfg
             self._costs = {r: EngineCost.from_profile(cfg.pools.engine(r), cfg.model) for r in WorkerSet.ROLES}
@@ -253,7 +269,7 @@ class RequestCore(Generic[R]):
                                 max_tokens=max_tokens, tenant=tenant,
                                 canary_fraction=features.request_hash_fraction(ctx.request_id))
         ctx.max_tokens = max_tokens
-        snap = self.snapshot(cfg, hashes, tenant or "default", ctx.token_ids)
+        snap = self.snapshot(cfg, hashes, tenant or "default", ctx)
         best = max((w.prefix_tokens for w in snap.decode + snap.aggregated), default=0)
         if best and hashes:  # the log's prefix family for replay: the longest run of full blocks some worker holds
             ctx.prefix_tokens = best
@@ -462,7 +478,7 @@ class RequestCore(Generic[R]):
         started = self.clock()
         pred = ctx.prediction if isinstance(ctx.prediction, Prediction) and ctx.prediction.worker == url else None
         # a local prefill: its uncached prompt tokens are ahead of the next prefill there until its first token
-        pending = (max(1, ctx.input_tokens - self.cached_tokens(url, hashes, ctx.token_ids)[0])
+        pending = (max(1, ctx.input_tokens - self.cached_tokens(url, hashes, ctx)[0])
                    if kv is None and w is not None else 0)
         if pending and w is not None:
             w.inflight_tokens += pending

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -138,7 +139,10 @@ def prefix_block_hashes(view: PromptView, chars_per_token: float = DEFAULT_CHARS
 
 
 def _token_bytes(ids: Sequence[int]) -> bytes:
-    return b"".join(t.to_bytes(4, "little", signed=False) if 0 <= t < 2**32 else str(t).encode() for t in ids)
+    try:
+        return array("I", ids).tobytes()  # 4 bytes little-endian each on every platform CPython runs on here
+    except OverflowError:  # an id outside 0 … 2**32-1 (not a real vocabulary's): spelled out
+        return b"".join(t.to_bytes(4, "little", signed=False) if 0 <= t < 2**32 else str(t).encode() for t in ids)
 
 
 def token_block_keys(token_ids: Sequence[int], block_tokens: int, parent: int | None = None,
@@ -153,11 +157,17 @@ def token_block_keys(token_ids: Sequence[int], block_tokens: int, parent: int | 
     out: list[int] = []
     prev = b"" if parent is None else parent.to_bytes(8, "little")
     n = min(len(token_ids) // block_tokens, max_blocks)
+    buf = _token_bytes(token_ids[:n * block_tokens])
+    step = len(buf) // n if n else 0  # 4 bytes per id (more when an id had to be spelled out: then per block)
+    blake = hashlib.blake2b
     for i in range(n):
-        data = _token_bytes(token_ids[i * block_tokens:(i + 1) * block_tokens])
+        if step == 4 * block_tokens:
+            data = buf[i * step:(i + 1) * step]
+        else:
+            data = _token_bytes(token_ids[i * block_tokens:(i + 1) * block_tokens])
         if extra is not None and i < len(extra) and extra[i] is not None:
             data += b"\x00extra" + repr(extra[i]).encode()
-        prev = hashlib.blake2b(prev + data, digest_size=8).digest()
+        prev = blake(prev + data, digest_size=8).digest()
         out.append(int.from_bytes(prev, "little"))
     return out
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,9 @@ class Ctx:
     # token ids; the twin's arrivals), the prompt tokens expected cached on the worker chosen and where that came
     # from ("events": the engines' own KV events; "estimate": prefix.py), and what the engine reported reusing
     token_ids: tuple[int, ...] | None = None
+    # its block keys per block size (features.token_block_keys), computed once per request; the router's estimate
+    # hashes of a token-id prompt are the 16-token keys already (features.prefix_block_hashes)
+    token_keys: dict[int, Sequence[int]] = field(default_factory=dict)
     expected_cached_tokens: int | None = None
     cache_source: str | None = None
     reused_tokens: int | None = None

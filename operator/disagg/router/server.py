@@ -243,9 +243,11 @@ class Router:
             ctx.outcome, ctx.status = "client_error", e.code
             return openai_error(e.code, e.message, e.type, e.param)
         ctx.stream = req.stream
-        ctx.token_ids = req.view.token_ids  # exact prefix matches (kvindex.py) need the prompt's token ids
         ctx.input_tokens = features.count_input_tokens(req.view, self.opts.chars_per_token, self.opts.tokenize)
         hashes = features.prefix_block_hashes(req.view, self.opts.chars_per_token)
+        if req.view.token_ids is not None:  # exact prefix matches (kvindex.py) need the prompt's token ids
+            ctx.token_ids = req.view.token_ids
+            ctx.token_keys[features.PREFIX_BLOCK_TOKENS] = hashes  # the same keys (features.token_block_keys)
         tenant = features.match_tenant(request.headers, cfg.routing.tenants)
         # the decision, and admission under overload (a wait in the router's queue counts in the TTFT: t0)
         d, ticket = await self.core.admit(ctx, cfg, tenant.name if tenant else None, req.max_tokens, hashes)
