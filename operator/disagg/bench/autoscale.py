@@ -1,4 +1,8 @@
-"""``disagg bench autoscale``: the SLO-driven autoscaler in the twin (issue 6, "Benchmark").
+"""``disagg bench autoscale``: the SLO-driven autoscaler on the local stack (issue 6, "Benchmark").
+
+Since issue 28 this real-time part is the small cross-check; the measurement at cluster scale is the virtual-time
+part, ``disagg bench autoscale --virtual`` (disagg.bench.autoscale_day: a compressed day in the twin, predictive vs
+proportional vs Dynamo-style reactive scaling, static peak and hindsight oracle).
 
 Everything runs on the local stack (``disagg.local.stack.LocalStack``: real control plane, the operator, pods as
 ``disagg sim`` processes on their own loopback IPs, a real Prometheus) with the demo model
