@@ -64,7 +64,7 @@ def test_a_follow_up_turn_goes_to_the_worker_that_holds_the_conversation(tmp_pat
             cfg = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{pub}",
                    "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": "kv-events"}
             w = procs.sim("aggregated", time_scale=SIM_TIME_SCALE, gpu=None, model_preset=None, wait=True,
-                          extra=["--kv-events-config", json.dumps(cfg)])
+                          extra=["--kv-events-config", json.dumps(cfg), "--enable-prompt-tokens-details"])
             workers.append(w)
             endpoints += ["--kv-events-endpoint", f"{w.url}=tcp://127.0.0.1:{pub},tcp://127.0.0.1:{replay}"]
         router = procs.router(decode=[w.url for w in workers], extra=[*ROUTER_ARGS, *endpoints], wait=True)
@@ -80,9 +80,29 @@ def test_a_follow_up_turn_goes_to_the_worker_that_holds_the_conversation(tmp_pat
             _until_sync(_at_least(indexed(holder.url), before + 40), "the router to index turn 1")
             hits_holder, hits_other = _hits(holder.url), _hits(other.url)
             follow = [*first, *range(5000, 5000 + 3 * BLOCK)]
-            _post(router.url, {"prompt": follow, "max_tokens": 2})
+            answer = _post(router.url, {"prompt": follow, "max_tokens": 2})
+            assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 40 * BLOCK}
             assert _hits(holder.url) - hits_holder >= 40 * BLOCK, f"turn {turn}: not served from the holder's cache"
             assert _hits(other.url) == hits_other
+        # the log line: what the router expected cached on the worker it chose, and what the engine reused
+        def request_lines() -> list[dict[str, Any]]:
+            out = []
+            for x in router.log_path.read_text(errors="replace").splitlines():
+                if '"request"' in x:
+                    try:
+                        obj = json.loads(x)
+                    except json.JSONDecodeError:
+                        continue
+                    if obj.get("event") == "request":
+                        out.append(obj)
+            return out
+
+        _until_sync(lambda: len(request_lines()) >= 4, "the router's request log lines")
+        lines = request_lines()
+        assert len(lines) == 4
+        for line in lines:
+            assert (line["expected_cached_tokens"], line["cache_source"], line["reused_tokens"]) == (
+                40 * BLOCK, "events", 40 * BLOCK)
         rm = _metrics(router.url)
         assert _value(rm, "disagg_prefix_expected_cached_tokens_total", source="events") >= 4 * 40 * BLOCK
         assert _value(rm, "disagg_kv_events_total", type="stored") > 0

@@ -90,8 +90,13 @@ def kv_events_config(spec: DisaggregatedModelSpec) -> dict[str, Any] | None:
 
 
 def kv_events_args(spec: DisaggregatedModelSpec) -> list[str]:
+    """``--kv-events-config`` and ``--enable-prompt-tokens-details`` (usage.prompt_tokens_details.cached_tokens:
+    what the engine reused, for the router's log line beside what it expected; FrontendArgs in
+    vllm/entrypoints/common/cli_args.py, 0.33.0, and vllm/entrypoints/launchers/cli_args.py, 0.32.0)."""
     cfg = kv_events_config(spec)
-    return [] if cfg is None else ["--kv-events-config", json.dumps(cfg, separators=(",", ":"))]
+    if cfg is None:
+        return []
+    return ["--kv-events-config", json.dumps(cfg, separators=(",", ":")), "--enable-prompt-tokens-details"]
 
 
 def kv_transfer_config_for(spec: DisaggregatedModelSpec, role: Role) -> dict[str, Any]:

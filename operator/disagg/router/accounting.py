@@ -206,7 +206,7 @@ class Accounting:
             log_schema=REQUEST_LOG_SCHEMA, arrival_unix=round(ctx.arrival_unix, 6), max_tokens=ctx.max_tokens,
             prefix_hash=ctx.prefix_hash, prefix_tokens=ctx.prefix_tokens,
             expected_cached_tokens=ctx.expected_cached_tokens, cache_source=ctx.cache_source,
-            reused_tokens=ctx.reused_tokens,
+            reused_tokens=ctx.prefill_reused_tokens if ctx.path == "remote" else ctx.reused_tokens,
             request_id=ctx.request_id, upstream_request_id=ctx.upstream_id, endpoint=ctx.endpoint,
             tenant=ctx.tenant, stream=ctx.stream, input_tokens=ctx.input_tokens, output_tokens=ctx.output_tokens,
             decision=ctx.decision, reason=ctx.reason, path=path, fallback=ctx.fallback, probe=ctx.probe,

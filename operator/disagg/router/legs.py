@@ -40,6 +40,7 @@ from .proxy import (
     is_generation_error,
     local_body,
     prefill_body,
+    usage_cached_tokens,
     usage_completion_tokens,
 )
 from .rawstream import RawConnectError, RawDisconnectedError, RawPool, RawResponse
@@ -241,6 +242,7 @@ class Upstream:
         if not kv:
             raise UpstreamError("prefill_no_kv_params", worker=url)
         q, compute = worker_request_metrics(resp_body)
+        ctx.prefill_reused_tokens = usage_cached_tokens(data)  # the prefill worker's prefix cache (issue 30)
         w = self.workers.get(url)
         if q is not None and compute is not None:  # the prefill worker's own numbers for this request: exact
             ctx.timings["prefill_queue"] = min(q, leg)
@@ -332,6 +334,7 @@ class Upstream:
             ctx.timings["decode_ttfb"] = t_first - t_send
             if not ctx.stream:
                 ctx.output_tokens = usage_completion_tokens(first)
+                ctx.reused_tokens = usage_cached_tokens(first)
                 if not remote and b'"queue_time_ms"' in first:  # the worker's per-request metrics
                     with contextlib.suppress(orjson.JSONDecodeError):
                         q, _ = worker_request_metrics(orjson.loads(first))
@@ -476,6 +479,7 @@ async def _finished_stream(ctx: Ctx, acct: StreamAccount, out: web.StreamRespons
     if (tpot := acct.tpot()) is not None:
         ctx.timings["tpot"] = tpot
     derive_phases(ctx, w, remote, ttfb=ctx.timings.get("decode_ttfb"))
+    ctx.reused_tokens = acct.cached_tokens
     ctx.outcome, ctx.status = ("ok" if acct.done and not acct.error else "upstream_error_mid_stream"), 200
     with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
         if not acct.done and not acct.error:  # the worker closed the stream without finishing it

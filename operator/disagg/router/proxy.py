@@ -66,6 +66,10 @@ class UpstreamError(Exception):
 
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# usage.prompt_tokens_details.cached_tokens: the prompt tokens the engine served from its prefix cache, reported
+# with vLLM's --enable-prompt-tokens-details (PromptTokenUsageInfo, vllm/entrypoints/serve/engine/protocol.py and
+# the flag in vllm/entrypoints/common/cli_args.py, 0.33.0)
+_CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 
 # Errors inside a 200 response. vLLM 0.33.0 (vllm/entrypoints/openai/chat_completion/serving.py:947-950,
 # completion/serving.py:552-553, generate/base/serving.py:183-213) ends a stream whose request finished with reason
@@ -175,7 +179,8 @@ class StreamAccount:
     ``usage.completion_tokens`` (stream_options.include_usage), which then wins.
     """
 
-    __slots__ = ("_etail", "_tail", "chat", "done", "error", "events", "first_at", "last_at", "usage_tokens")
+    __slots__ = ("_etail", "_tail", "cached_tokens", "chat", "done", "error", "events", "first_at", "last_at",
+                 "usage_tokens")
 
     def __init__(self, chat: bool) -> None:
         self.events = 0
@@ -183,6 +188,7 @@ class StreamAccount:
         self.first_at: float | None = None
         self.last_at: float | None = None
         self.usage_tokens: int | None = None
+        self.cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
         self._tail = b""
         self._etail = b""
         self.error = False  # an error event or finish_reason "error" was relayed
@@ -214,6 +220,7 @@ class StreamAccount:
                 self.events += n
             if b'"usage"' in data and (n_usage := usage_completion_tokens(data)) is not None:
                 self.usage_tokens = n_usage
+                self.cached_tokens = usage_cached_tokens(data)
         # What a later chunk could complete ("data:", "[DONE]", a usage field): nothing after a newline (none of
         # them contains one); else the last 5 bytes, less a "data:" already counted here.
         if data[-1:] == b"\n":
@@ -234,6 +241,11 @@ class StreamAccount:
         if self.first_at is None or self.last_at is None or n < 2:
             return None
         return (self.last_at - self.first_at) / (n - 1)
+
+
+def usage_cached_tokens(payload: bytes) -> int | None:
+    found = _CACHED_TOKENS.findall(payload)
+    return int(found[-1]) if found else None
 
 
 def usage_completion_tokens(payload: bytes) -> int | None:

@@ -76,7 +76,8 @@ class Ctx:
     token_keys: dict[int, Sequence[int]] = field(default_factory=dict)
     expected_cached_tokens: int | None = None
     cache_source: str | None = None
-    reused_tokens: int | None = None
+    reused_tokens: int | None = None  # the serving worker's usage.prompt_tokens_details.cached_tokens
+    prefill_reused_tokens: int | None = None  # the prefill worker's (remote path)
 
     def mark_upstream(self) -> None:
         if self.first_upstream_at is None:

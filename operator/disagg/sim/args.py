@@ -159,6 +159,8 @@ def _add_vllm_flags(v: argparse._ArgumentGroup) -> None:
     v.add_argument("--kv-transfer-config", type=_json_obj, default=None)
     # vLLM's KVEventsConfig (vllm/config/kv_events.py, 0.33.0): KV cache events over ZMQ (sim/kvevents.py)
     v.add_argument("--kv-events-config", type=_json_obj, default=None)
+    # vllm/entrypoints/common/cli_args.py (0.33.0) enable_prompt_tokens_details: usage.prompt_tokens_details
+    v.add_argument("--enable-prompt-tokens-details", action="store_true")
     v.add_argument("--shutdown-timeout", type=float, default=0.0)
     v.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     v.add_argument("--block-size", type=int, default=16)

@@ -217,6 +217,8 @@ class Api:
         self.engine = engines[0]  # the shared clock and the fault RNG
         self.tracing = _tracing(cfg)
         self.per_request_metrics = cfg.enable_per_request_metrics
+        # vLLM --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens (the prefix cache's reuse)
+        self.prompt_tokens_details = bool(getattr(cfg, "enable_prompt_tokens_details", False))
         self.release = cfg.release
 
     async def reset_prefix_cache(self, _: web.Request) -> web.Response:
@@ -430,7 +432,9 @@ class Api:
             "service_tier": None,
             "system_fingerprint": None,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                      "completion_tokens": completion_tokens, "prompt_tokens_details": None,
+                      "completion_tokens": completion_tokens,
+                      "prompt_tokens_details": {"cached_tokens": sum(r.num_cached for r in reqs)}
+                      if self.prompt_tokens_details else None,
                       "completion_tokens_details": None},
         }
         if chat:
@@ -512,6 +516,8 @@ class Api:
             if include_usage:
                 usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + req.num_output,
                          "completion_tokens": req.num_output}
+                if self.prompt_tokens_details:
+                    usage["prompt_tokens_details"] = {"cached_tokens": req.num_cached}
                 last: dict[str, Any] = {"id": request_id, "object": obj, "created": created, "model": model,
                                         "choices": [], "usage": usage}
                 if self.per_request_metrics:  # vLLM: on the final usage chunk (chat_completion/serving.py:883-911)
