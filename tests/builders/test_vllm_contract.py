@@ -171,6 +171,7 @@ def test_every_rendered_pool_means_the_same_to_vllm(vllm: Vllm, example: str, tr
         if _version(vllm) >= KV_EVENTS_SINCE:
             assert ev is not None and ev.enable_kv_cache_events and ev.publisher == "zmq", role
             assert ev.endpoint == f"tcp://*:{KV_EVENTS_PORT}" and ev.replay_endpoint == f"tcp://*:{KV_EVENTS_REPLAY_PORT}"
+            assert ns.enable_prompt_tokens_details, role  # the engine's reuse in usage, for the router's log line
         else:
             assert ev is None or not ev.enable_kv_cache_events, role
 
