@@ -67,7 +67,6 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.rollout.canary.endpoints[0]"),
     ("slo-ttft-zero", spec(slo={"ttftP95Ms": 0}), "spec.slo.ttftP95Ms"),
     ("slo-error-rate-over-1", spec(slo={"maxErrorRate": 2}), "spec.slo.maxErrorRate"),
-    ("autoscaling-without-prometheus", spec(autoscaling={"enabled": True}), "spec.autoscaling.prometheus"),
     ("prometheus-url-scheme", spec(autoscaling={"enabled": True, "prometheus": {"url": "ftp://prom:9090"}}),
      "spec.autoscaling.prometheus.url"),
     ("ratio-inverted", spec(autoscaling={"prefillDecodeRatio": {"min": 3, "max": 1}}),
@@ -231,7 +230,6 @@ RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
                                     "spec.routing"),
     "ratio-min-le-max": (spec(autoscaling={"prefillDecodeRatio": {"min": 2, "max": 0.5}}),
                          "spec.autoscaling.prefillDecodeRatio"),
-    "autoscaling-needs-prometheus": (spec(autoscaling={"enabled": True}), "spec.autoscaling"),
     # issue 31: Prometheus as clusters run it (auth proxies, multi-tenant stores, private CAs)
     "prometheus-one-auth": (spec(autoscaling={"prometheus": {**PROM, "authSecretRef": {"name": "t"},
                                                              "basicAuthSecretRef": {"name": "b"}}}),
@@ -254,9 +252,7 @@ RULE_CASES: dict[str, tuple[dict[str, Any], str]] = {
 # One spec breaking every rule at once, and the (rule, node path) pairs both the apiserver and spec_errors report.
 # Rules that no spec can break together with another rule of the table (they test the same fields the other way).
 MUTUALLY_EXCLUSIVE = {"rdma-transport-needs-rdma": "rdma-needs-rdma-transport",
-                      "tracing-http-needs-path": "tracing-grpc-no-path",
-                      # breaking the prometheus rules needs a spec.autoscaling.prometheus
-                      "autoscaling-needs-prometheus": "prometheus-one-auth"}
+                      "tracing-http-needs-path": "tracing-grpc-no-path"}
 ALL_RULES_BROKEN: dict[str, Any] = spec(
     model={"name": "m", "source": {"hub": {}, "pvc": {"claimName": "w"}}, "cache": {}},
     engine={"extraArgs": ["-dp", "2"]},

@@ -493,3 +493,35 @@ def test_packaged_chart_renders_the_same(tmp_path: Path) -> None:
         names = {f["name"] for f in packed.files} | {t["name"] for t in packed.templates}
         assert not any(n.startswith(("ci/", "dashboard/")) for n in names), names
         assert packed.render({}, name="disagg-operator", namespace="disagg-system") == render({})
+
+
+def test_prometheus_default_reaches_the_operator() -> None:
+    """The chart's prometheus.* values become the operator's DISAGG_PROMETHEUS_* settings, which the operator reads
+    back into the default Prometheus of models that name none; the CA bundle is mounted from its ConfigMap."""
+    from disagg.autoscaling.access import ENV_CA_FILE, ENV_URL, default_from_env
+
+    _, docs = rendered_for(None)
+    assert not any(e["name"].startswith("DISAGG_PROMETHEUS_") for e in _container(docs)["env"])  # off by default
+    values = {"prometheus": {"url": "https://mimir-query-frontend.mimir:8080/prometheus",
+                             "headers": {"X-Scope-OrgID": "llm"}, "tls": {"caConfigMap": {"name": "corp-ca"}},
+                             "bearerTokenFromServiceAccount": True}}
+    docs = documents(render(values))
+    c = _container(docs)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env[ENV_URL] == values["prometheus"]["url"] and env[ENV_CA_FILE] == "/etc/disagg/prometheus-ca/ca.crt"
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "prometheus-ca")
+    volume = next(v for v in _operator(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "prometheus-ca")
+    assert volume["configMap"]["name"] == "corp-ca" and env[ENV_CA_FILE].startswith(mount["mountPath"] + "/")
+    env_no_files = {k: v for k, v in env.items() if k not in (ENV_CA_FILE, "DISAGG_PROMETHEUS_BEARER_TOKEN_FILE")}
+    got = default_from_env({k: v for k, v in env_no_files.items() if v is not None})
+    assert got is not None and dict(got.headers) == {"X-Scope-OrgID": "llm"} and got.timeout_seconds == 5
+
+
+@pytest.mark.parametrize("values", [
+    {"prometheus": {"url": "prometheus:9090"}},
+    {"prometheus": {"url": "http://p", "headers": {"Authorization": "Bearer x"}}},
+    {"prometheus": {"url": "http://p", "headers": {"X Scope": "a"}}},
+])
+def test_prometheus_default_values_are_checked_by_the_schema(values: dict[str, Any]) -> None:
+    with pytest.raises(Exception, match="prometheus"):
+        render(values)

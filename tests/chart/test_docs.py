@@ -152,7 +152,7 @@ def test_values_keys_named_in_the_docs_exist() -> None:
     named |= {m for m in re.findall(r"`([a-zA-Z][\w]*(?:\.[a-zA-Z][\w]*)+)(?:\.\*)?`", text) if m.split(".")[0] in top}
     named = {n for n in named if not n.startswith(("rbac.authorization", "router.md", "operator.md"))}
     assert {"metrics.enabled", "monitoring.serviceMonitor.enabled", "monitoring.labels"} <= named
-    named = {n for n in named if not n.endswith((".yaml", ".md", ".json"))}
+    named = {n for n in named if not n.endswith((".yaml", ".yml", ".md", ".json"))}
     missing = sorted(n for n in named if n not in paths and not any(
         n.startswith(p[:-1]) for p in paths if p.endswith(".*")))
     assert not missing, f"values named in the docs but not in values.yaml: {missing}"
@@ -259,9 +259,11 @@ def test_mode_auto_without_prometheus_is_documented() -> None:
 
     from disagg.controller import handlers, status
 
-    assert "when=_has_prometheus" in inspect.getsource(handlers.register_autoscaler)
-    assert handlers._has_prometheus({"autoscaling": {}}) is False
+    assert "when=measured" in inspect.getsource(handlers.register_autoscaler)
+    assert handlers._measured({"autoscaling": {}}, has_default=False) is False
+    assert handlers._measured({"autoscaling": {}}, has_default=True) is True
     api = " ".join((DOCS / "api.md").read_text().split())
+    assert "`PrometheusNotConfigured`" in api and "`prometheus.url`" in api
     assert "### `mode: Auto` needs Prometheus" in (DOCS / "api.md").read_text()
     assert " ".join(status.INITIAL_REASON.split()) in api
     assert "`NotMeasured`" in api

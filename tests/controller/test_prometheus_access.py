@@ -7,17 +7,34 @@ from __future__ import annotations
 import base64
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import bcrypt
 import pytest
 import requests
+from kubernetes import client
 from prometheus_api_client import PrometheusApiClientException
 
-from disagg.autoscaling.access import PrometheusAccess, ca_file, connect
+from disagg.api.models import DisaggregatedModel
+from disagg.autoscaling.access import (
+    ENV_CA_FILE,
+    ENV_HEADERS,
+    ENV_INSECURE,
+    ENV_TIMEOUT,
+    ENV_TOKEN_FILE,
+    ENV_URL,
+    PrometheusAccess,
+    ca_file,
+    connect,
+    default_from_env,
+)
+from disagg.autoscaling.queries import NOT_CONFIGURED
+from disagg.controller import handlers
+from disagg.controller.autoscaler import Autoscaler
+from disagg.controller.kubeio import Kube
 from disagg.local.prometheus import LocalPrometheus
 
 USER, PASSWORD = "autoscaler", "s3cret-pass"
@@ -119,3 +136,100 @@ def test_ca_file_is_written_once_per_bundle_and_refuses_non_pem(tmp_path: Path, 
     assert len(list(tmp_path.iterdir())) == 1
     with pytest.raises(ValueError, match="PEM"):
         ca_file("not a certificate", tmp_path)
+
+
+# ------------------------------------------------------------------ the controller: which Prometheus a model uses
+
+
+def _model(prometheus: dict[str, Any] | None = None, enabled: bool = False) -> DisaggregatedModel:
+    auto: dict[str, Any] = {"enabled": enabled}
+    if prometheus is not None:
+        auto["prometheus"] = prometheus
+    return DisaggregatedModel.model_validate({
+        "apiVersion": "serving.disagg.dev/v1alpha1", "kind": "DisaggregatedModel",
+        "metadata": {"name": "m", "namespace": "ns"},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "autoscaling": auto}})
+
+
+def test_which_prometheus_a_model_is_measured_with() -> None:
+    """The model's own spec wins, whole; else the operator's default; else the tick says it is not configured."""
+    seen: list[PrometheusAccess] = []
+
+    def factory(access: PrometheusAccess) -> Callable[[str], list[dict[str, Any]]]:
+        seen.append(access)
+        return lambda _q: []
+
+    default = PrometheusAccess("http://default:9090", headers={"X-Scope-OrgID": "platform"})
+    scaler = Autoscaler(kube=Kube(client.ApiClient()), emit=lambda *_: None, query_factory=factory)
+    none = scaler.sample(_model(enabled=True), "ns", "m")
+    assert none.reason == NOT_CONFIGURED and "prometheus.url" in (none.error or "") and not seen
+    scaler.default_access = default
+    scaler.sample(_model(), "ns", "m")
+    assert seen[-1] is default
+    scaler.sample(_model({"url": "http://own:9090", "headers": {"THANOS-TENANT": "t"}}), "ns", "m")
+    assert seen[-1].url == "http://own:9090" and dict(seen[-1].headers) == {"THANOS-TENANT": "t"}
+
+
+def test_the_daemon_runs_for_measured_models_only() -> None:
+    assert handlers._measured({"autoscaling": {}}, has_default=False) is False
+    assert handlers._measured({"autoscaling": {}}, has_default=True) is True
+    assert handlers._measured({"autoscaling": {"enabled": True}}, has_default=False) is True  # says it is blind
+    assert handlers._measured({"autoscaling": {"prometheus": {"url": "http://p"}}}, has_default=False) is True
+
+
+@pytest.mark.apiserver
+def test_the_models_secrets_become_its_access(kube: client.ApiClient, namespace: str, pki: Path) -> None:
+    core = client.CoreV1Api(kube)
+    for name, data in (("prom-token", {"token": "tok\n"}), ("prom-basic", {"user": "u", "pass": "p"}),
+                       ("prom-ca", {"ca.crt": (pki / "ca.crt").read_text()})):
+        core.create_namespaced_secret(namespace, client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name),
+            data={k: base64.b64encode(v.encode()).decode() for k, v in data.items()}))
+    scaler = Autoscaler(kube=Kube(kube), emit=lambda *_: None)
+    spec = _model({"url": "https://p:9090", "basicAuthSecretRef": {"name": "prom-basic", "usernameKey": "user",
+                                                                    "passwordKey": "pass"},
+                   "tls": {"caSecretRef": {"name": "prom-ca"}}, "headers": {"X-Scope-OrgID": "a"}})
+    access = scaler.access(namespace, spec.spec.autoscaling.prometheus)  # type: ignore[arg-type]
+    assert access.basic_auth == ("u", "p") and access.token is None
+    assert access.ca_bundle == (pki / "ca.crt").read_text() and isinstance(access.verify(), str)  # its file
+    bearer = _model({"url": "http://p:9090", "authSecretRef": {"name": "prom-token"}})
+    assert scaler.access(namespace, bearer.spec.autoscaling.prometheus).token == "tok"  # type: ignore[arg-type]
+    missing = _model({"url": "http://p:9090", "authSecretRef": {"name": "absent"}})
+    assert scaler.access(namespace, missing.spec.autoscaling.prometheus).token is None  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ the operator-wide default (chart prometheus.*)
+
+
+def test_default_from_env(tmp_path: Path, pki: Path) -> None:
+    assert default_from_env({}) is None
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    got = default_from_env({ENV_URL: "https://mimir:8080/prometheus", ENV_HEADERS: '{"X-Scope-OrgID": "llm"}',
+                            ENV_TIMEOUT: "10", ENV_CA_FILE: str(pki / "ca.crt"), ENV_TOKEN_FILE: str(token)})
+    assert got is not None and got.url == "https://mimir:8080/prometheus" and got.timeout_seconds == 10
+    assert dict(got.headers) == {"X-Scope-OrgID": "llm"} and got.token == "sa-token"
+    assert got.ca_bundle == (pki / "ca.crt").read_text()
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({ENV_URL: "prometheus:9090"}, ENV_URL),
+    ({ENV_URL: "http://p", ENV_TIMEOUT: "0"}, ENV_TIMEOUT),
+    ({ENV_URL: "http://p", ENV_HEADERS: "X-Scope-OrgID=a"}, ENV_HEADERS),
+    ({ENV_URL: "http://p", ENV_HEADERS: '{"Authorization": "Bearer x"}'}, ENV_HEADERS),
+    ({ENV_URL: "http://p", ENV_INSECURE: "yes"}, ENV_INSECURE),
+    ({ENV_URL: "http://p", ENV_CA_FILE: "/nonexistent/ca.crt"}, ENV_CA_FILE),
+    ({ENV_URL: "http://p", ENV_TOKEN_FILE: "/nonexistent/token"}, ENV_TOKEN_FILE),
+])
+def test_a_wrong_default_names_its_variable(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        default_from_env(env)
+
+
+def test_the_operator_refuses_to_start_on_a_wrong_default() -> None:
+    import os
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "disagg.cli", "operator", "--standalone"],
+                         env={**os.environ, ENV_URL: "prometheus:9090"}, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and ENV_URL in res.stderr and "Traceback" not in res.stderr

@@ -24,7 +24,6 @@ from pydantic import BaseModel
 
 from .flags import RESERVED_ARG_PATTERN, RESERVED_FLAGS, RESERVED_SHORT_FLAGS, sets_reserved_flag
 from .spec import (
-    AutoscalingSpec,
     DisaggregatedModelSpec,
     EngineSpec,
     KVTransferSpec,
@@ -403,14 +402,6 @@ RULES: tuple[Rule, ...] = (
         message="prefillDecodeRatio.min must be less than or equal to max",
         field_path=".min",
         holds=lambda b: b.min <= b.max,
-    ),
-    rule(
-        "autoscaling-needs-prometheus",
-        on=AutoscalingSpec,
-        cel="!self.enabled || has(self.prometheus)",
-        message="autoscaling.prometheus is required when autoscaling.enabled is true",
-        field_path=".prometheus",
-        holds=lambda a: not a.enabled or a.prometheus is not None,
     ),
     rule(
         "prometheus-one-auth",

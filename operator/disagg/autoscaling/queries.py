@@ -12,13 +12,11 @@ retries), off the event loop.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from urllib3.util.retry import Retry
-
 from ..api.models import DisaggregatedModelSpec
+from . import access
 
 # name -> (PromQL template, description). {sel} is the model selector; {w} the window.
 QUERIES: dict[str, tuple[str, str]] = {
@@ -134,18 +132,13 @@ class Sample:
         return self.values.get(name)
 
 
-QueryFn = Callable[[str], list[dict[str, Any]]]
+QueryFn = access.QueryFn
 
 
 def connect(url: str, timeout_seconds: int = 5, token: str | None = None) -> QueryFn:
-    """A query function bound to one Prometheus (retries on connection errors and 5xx)."""
-    from prometheus_api_client import PrometheusConnect
-
-    headers = {"Authorization": f"Bearer {token}"} if token else None
-    prom = PrometheusConnect(url=url, headers=headers, disable_ssl=False, timeout=timeout_seconds,
-                             retry=Retry(total=2, backoff_factor=0.2, status_forcelist=[502, 503, 504]))
-    query: QueryFn = prom.custom_query
-    return query
+    """A query function bound to one Prometheus by URL (and a bearer token): :func:`disagg.autoscaling.access.connect`,
+    which also takes basic auth, headers and a CA bundle."""
+    return access.connect(access.PrometheusAccess(url, timeout_seconds, token=token))
 
 
 def collect(query: QueryFn, namespace: str, model: str, spec: DisaggregatedModelSpec) -> Sample:

@@ -38,9 +38,11 @@ from pydantic import ValidationError
 from .. import logs
 from ..api.contract import Role
 from ..api.models import ActiveMode, DisaggregatedModel, Mode
+from ..api.spec import PrometheusSpec
+from ..autoscaling.access import PrometheusAccess, QueryFn, connect
 from ..autoscaling.loop import LoopState, PoolReplicas, StepResult, step
 from ..autoscaling.mode import ModeState
-from ..autoscaling.queries import Sample, collect, connect
+from ..autoscaling.queries import NOT_CONFIGURED, Sample, collect
 from ..builders import parse_model
 from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, desired_replicas
 from .apply import replicas_managers
@@ -82,24 +84,47 @@ class Autoscaler:
     kube: Kube
     emit: Emit
     states: dict[tuple[str, str], LoopState] = field(default_factory=dict)
-    query_factory: Callable[..., Any] = connect
+    query_factory: Callable[[PrometheusAccess], QueryFn] = connect
     clock: Clock = field(default_factory=RealClock)
     skipped_writes: int = 0  # ticks whose outcome was already recorded (no status write)
+    # the operator-wide Prometheus (chart values prometheus.*) for models whose spec names none
+    default_access: PrometheusAccess | None = None
 
     # ------------------------------------------------------------------ one tick
     def sample(self, dm: DisaggregatedModel, namespace: str, name: str) -> Sample:
         prom = dm.spec.autoscaling.prometheus
-        if prom is None:
-            return Sample({}, error="spec.autoscaling.prometheus is not set: no metrics to act on")
-        token = self._token(namespace, prom.auth_secret_ref) if prom.auth_secret_ref else None
-        return collect(self.query_factory(prom.url, prom.timeout_seconds, token), namespace, name, dm.spec)
+        if prom is None and self.default_access is None:
+            return Sample({}, error="spec.autoscaling.prometheus is not set and the operator has no default "
+                          "(chart value prometheus.url): no metrics to act on", reason=NOT_CONFIGURED)
+        access = self.default_access if prom is None else self.access(namespace, prom)
+        assert access is not None
+        return collect(self.query_factory(access), namespace, name, dm.spec)
 
-    def _token(self, namespace: str, ref: Any) -> str | None:
+    def access(self, namespace: str, prom: PrometheusSpec) -> PrometheusAccess:
+        """The model's Prometheus with its Secrets read (a Secret that cannot be read is logged and left out: the
+        query then fails with Prometheus' own answer, which status reports)."""
+        token = self._secret(namespace, prom.auth_secret_ref.name, prom.auth_secret_ref.key) \
+            if prom.auth_secret_ref else None
+        basic = None
+        if prom.basic_auth_secret_ref is not None:
+            ref = prom.basic_auth_secret_ref
+            user, password = self._secret(namespace, ref.name, ref.username_key), \
+                self._secret(namespace, ref.name, ref.password_key)
+            basic = (user, password) if user is not None and password is not None else None
+        tls = prom.tls
+        ca = self._secret(namespace, tls.ca_secret_ref.name, tls.ca_secret_ref.key, strip=False) \
+            if tls is not None and tls.ca_secret_ref is not None else None
+        return PrometheusAccess(prom.url, prom.timeout_seconds, token=token, basic_auth=basic,
+                                headers=dict(prom.headers or {}), ca_bundle=ca,
+                                insecure_skip_verify=bool(tls and tls.insecure_skip_verify))
+
+    def _secret(self, namespace: str, name: str, key: str, strip: bool = True) -> str | None:
         try:
-            secret = client.CoreV1Api(self.kube.api).read_namespaced_secret(ref.name, namespace)
-            return base64.b64decode((secret.data or {})[ref.key]).decode().strip()
+            secret = client.CoreV1Api(self.kube.api).read_namespaced_secret(name, namespace)
+            value = base64.b64decode((secret.data or {})[key]).decode()
+            return value.strip() if strip else value
         except (client.ApiException, KeyError) as exc:
-            log.warning("prometheus auth secret unreadable", secret=f"{namespace}/{ref.name}", error=str(exc))
+            log.warning("prometheus secret unreadable", secret=f"{namespace}/{name}", key=key, error=str(exc))
             return None
 
     def tick(self, namespace: str, name: str) -> StepResult | None:

@@ -108,6 +108,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from .. import logs
+    from ..autoscaling.access import default_from_env
     from .handlers import ControllerConfig, operator_settings, register
     from .upgrade import UPGRADE_BOUND_SECONDS
 
@@ -116,8 +117,13 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     bound = args.upgrade_rollout_bound
     if bound is None:
         bound = float(os.environ.get("DISAGG_UPGRADE_ROLLOUT_BOUND_SECONDS") or UPGRADE_BOUND_SECONDS)
-    reconciler = register(registry, ControllerConfig(kubeconfig=args.kubeconfig, build=_build_settings(args),
-                                                     upgrade_bound=bound))
+    try:  # a wrong operator setting (DISAGG_ROUTER_*, DISAGG_TRACING_*, DISAGG_PROMETHEUS_*) stops it here, named
+        config = ControllerConfig(kubeconfig=args.kubeconfig, build=_build_settings(args), upgrade_bound=bound,
+                                  default_prometheus=default_from_env(os.environ))
+    except ValueError as e:
+        print(f"disagg operator: {e}", file=sys.stderr)
+        return 2
+    reconciler = register(registry, config)
     if args.metrics_port:
         from prometheus_client import REGISTRY, start_http_server
 

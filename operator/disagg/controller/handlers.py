@@ -38,6 +38,7 @@ import kopf
 from .. import logs
 from ..api.contract import LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from ..api.models import GROUP, PLURAL, VERSION
+from ..autoscaling.access import PrometheusAccess
 from ..builders import BuildSettings
 from ..kube import api_client
 from .apply import REJECTED
@@ -76,6 +77,9 @@ class ControllerConfig:
     # Run the autoscaler / mode controller daemon (disagg.controller.autoscaler) for models that name a
     # Prometheus (spec.autoscaling.prometheus). Off in tests of the reconciler alone.
     autoscaler: bool = True
+    # The operator-wide Prometheus (chart values prometheus.*, env DISAGG_PROMETHEUS_*) for models whose spec names
+    # none (disagg.autoscaling.access.default_from_env).
+    default_prometheus: PrometheusAccess | None = None
     # Operator upgrades: how long one model may hold the upgrade slot (upgrade.UPGRADE_BOUND_SECONDS), and how
     # often a model whose pod-template change is held (RolloutPending=True) checks whether its turn has come.
     upgrade_bound: float = UPGRADE_BOUND_SECONDS
@@ -263,7 +267,7 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     register_groups(registry, rec, _children_of, requeue)  # pods of multi-node groups (controller/groups.py)
 
     if config.autoscaler:
-        register_autoscaler(registry, rec)
+        register_autoscaler(registry, rec, config.default_prometheus)
     return rec
 
 
@@ -276,16 +280,28 @@ def _has_prometheus(spec: Mapping[str, Any], **_: Any) -> bool:
     return bool(((spec or {}).get("autoscaling") or {}).get("prometheus"))
 
 
-def register_autoscaler(registry: kopf.OperatorRegistry, rec: Reconciler) -> None:
-    """One daemon per model that names a Prometheus: every spec.autoscaling.intervalSeconds it measures, decides
+def _measured(spec: Mapping[str, Any], has_default: bool) -> bool:
+    """Does the model get the autoscaler's daemon: it names a Prometheus, the operator has a default one (chart
+    values prometheus.*), or it enables autoscaling with neither (the daemon then reports MetricsAvailable False,
+    PrometheusNotConfigured, rather than the model silently never scaling)."""
+    enabled = bool(((spec or {}).get("autoscaling") or {}).get("enabled"))
+    return _has_prometheus(spec) or has_default or enabled
+
+
+def register_autoscaler(registry: kopf.OperatorRegistry, rec: Reconciler,
+                        default_prometheus: PrometheusAccess | None = None) -> None:
+    """One daemon per measured model (:func:`_measured`): every spec.autoscaling.intervalSeconds it measures, decides
     pool sizes and the active mode, records them in status and writes pool sizes through /scale
     (disagg.controller.autoscaler); the status-event handler above then rewrites the router's ConfigMap. kopf holds
     a finalizer on such models so that the daemon stops cleanly."""
     from .autoscaler import Autoscaler
 
-    scaler = Autoscaler(kube=rec.kube, emit=_emit, clock=rec.clock)
+    scaler = Autoscaler(kube=rec.kube, emit=_emit, clock=rec.clock, default_access=default_prometheus)
 
-    @kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=_has_prometheus, cancellation_timeout=10,
+    def measured(spec: Mapping[str, Any], **_: Any) -> bool:
+        return _measured(spec, scaler.default_access is not None)
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, id="autoscaler", when=measured, cancellation_timeout=10,
                  registry=registry)
     async def autoscaler(namespace: str | None, name: str, spec: kopf.Spec, stopped: kopf.DaemonStopped,
                          **_: Any) -> None:
