@@ -514,8 +514,9 @@ class Api:
                     await resp.write(b"".join(pending) + chunk(c))
                     break
             if include_usage:
-                usage = {"prompt_tokens": req.prompt_len, "total_tokens": req.prompt_len + req.num_output,
-                         "completion_tokens": req.num_output}
+                usage: dict[str, Any] = {"prompt_tokens": req.prompt_len,
+                                         "total_tokens": req.prompt_len + req.num_output,
+                                         "completion_tokens": req.num_output}
                 if self.prompt_tokens_details:
                     usage["prompt_tokens_details"] = {"cached_tokens": req.num_cached}
                 last: dict[str, Any] = {"id": request_id, "object": obj, "created": created, "model": model,
