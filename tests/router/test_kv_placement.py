@@ -96,3 +96,15 @@ def test_the_twins_in_process_events_reach_the_oracle() -> None:
     assert events["ok"] == events["requests"] == len(arrivals)
     assert events["vs_oracle"] >= 0.95
     assert events["hit_tokens"] > blind["hit_tokens"]
+
+
+def test_the_remote_path_prefills_where_the_prompt_is_cached_unless_that_queue_costs_more() -> None:
+    from disagg.router.policy import choose_prefill
+
+    def p(url: str, wait_ms: float, cached: int) -> WorkerLoad:
+        return WorkerLoad(url=url, compat="c", role="prefill", cost=COST, est_wait_ms=wait_ms, prefix_tokens=cached)
+
+    saved_ms = COST.prefill(6000).seconds * 1000
+    assert choose_prefill((p("a", 0.0, 0), p("b", 0.0, 6000)), "c").url == "b"
+    assert choose_prefill((p("a", 0.0, 0), p("b", saved_ms * 0.5, 6000)), "c").url == "b"
+    assert choose_prefill((p("a", 0.0, 0), p("b", saved_ms * 2, 6000)), "c").url == "a"

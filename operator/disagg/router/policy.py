@@ -206,11 +206,19 @@ def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = Tuning()) ->
 
 
 def choose_prefill(workers: tuple[WorkerLoad, ...], compat: str | None) -> WorkerLoad | None:
-    """Least estimated queue wait among prefill workers with the given compat hash (None: any)."""
+    """Least estimated queue wait among prefill workers with the given compat hash (None: any), less the compute
+    of the prompt's prefix a worker holds (its own KV events: router/kvindex.py; 0 without them)."""
     pool = [w for w in workers if compat is None or w.compat == compat]
     if not pool:
         return None
-    return min(pool, key=lambda w: (w.est_wait_ms, w.inflight, w.url))
+    return min(pool, key=lambda w: (w.est_wait_ms - _saved_ms(w), w.inflight, w.url))
+
+
+def _saved_ms(w: WorkerLoad) -> float:
+    """The prefill compute a worker's cached prefix saves (its tokens' prefill alone on that engine)."""
+    if w.prefix_tokens <= 0 or w.cost is None:
+        return 0.0
+    return w.cost.prefill(w.prefix_tokens).seconds * 1000.0 * w.f_prefill
 
 
 def choose_pair(decodes: tuple[WorkerLoad, ...], snap: LoadSnapshot, tuning: Tuning = Tuning(),
