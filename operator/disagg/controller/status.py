@@ -1,13 +1,13 @@
 """Status of a DisaggregatedModel from its Deployments: pure functions, no I/O.
 
-The operator owns these parts of ``status``: observedGeneration, activeMode/modeReason/modeSince (only to pin
-them to spec.mode, or to set the initial mode), pools.<pool>.{replicas, readyReplicas, desiredReplicas, summary,
-starting}, and the conditions Ready, PrefillReady, DecodeReady, RouterReady, Progressing, VLLMVersionKnown,
-RolloutPending (reconcile.py) and PodSecurity (pod_security_condition), plus KVTransferHealthy until it is
-measured: KV transfer health is measured by the autoscaler from Prometheus (KV-transport fallbacks, transfer p95);
+The operator owns these parts of ``status``: observedGeneration, activeMode/modeReason/modeSince (only to pin them to
+spec.mode, or to set the initial mode), pools.<pool>.{replicas, readyReplicas, desiredReplicas, summary, starting}, and
+the conditions Ready, PrefillReady, DecodeReady, AggregatedReady (with spec.aggregated), RouterReady, Progressing,
+VLLMVersionKnown, RolloutPending (reconcile.py) and PodSecurity (pod_security_condition), plus KVTransferHealthy until
+it is measured: KV transfer health is measured by the autoscaler from Prometheus (KV-transport fallbacks, transfer p95);
 the reconciler writes it only as Unknown — ``NotMeasured`` when the model names no Prometheus, ``AwaitingMetrics``
-before the autoscaler's first measurement. Other writers (autoscaler, mode controller) own the rest; their
-conditions and fields are kept as they are.
+before the autoscaler's first measurement. Other writers (autoscaler, mode controller) own the rest; their conditions
+and fields are kept as they are.
 
 Starting is not failing (DESIGN.md §9). A pool with no ready replica is *starting* — not failed — when it has not
 been ready since it was created, scaled from zero or rolled to a new generation. The rule reads only the pool's
@@ -37,8 +37,8 @@ from .clock import rfc3339
 
 PSA_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 
-OWNED_CONDITIONS = ("Ready", "PrefillReady", "DecodeReady", "RouterReady", "Progressing", "VLLMVersionKnown",
-                    "RolloutPending", "PodSecurity")
+OWNED_CONDITIONS = ("Ready", "PrefillReady", "DecodeReady", "AggregatedReady", "RouterReady", "Progressing",
+                    "VLLMVersionKnown", "RolloutPending", "PodSecurity")
 # KVTransferHealthy reasons the reconciler writes (unmeasured); any other reason is the autoscaler's measurement.
 # TransportConfigured/SlowTransportTCP are what operators before issue 13 wrote from the configuration alone.
 UNMEASURED_REASONS = ("NotMeasured", "AwaitingMetrics", "TransportConfigured", "SlowTransportTCP")
@@ -198,6 +198,10 @@ def desired_status(dm: DisaggregatedModel, current: Mapping[str, Any],
                                 desired_replicas(dm, "prefill"), prefill_required, generation, starting["prefill"]))
     conds.append(pool_condition("DecodeReady", "decode", f"{model}-decode", deployments.get("decode"),
                                 desired_replicas(dm, "decode"), True, generation, starting["decode"]))
+    if dm.spec.aggregated is not None:  # the optional pool: watchable on its own (a migration waits on it)
+        conds.append(pool_condition("AggregatedReady", "aggregated", f"{model}-aggregated",
+                                    deployments.get("aggregated"), desired_replicas(dm, "aggregated"),
+                                    mode == ActiveMode.AGGREGATED, generation, starting["aggregated"]))
     router_live = deployments.get("router")
     router_desired = int(((router_live or {}).get("spec") or {}).get("replicas") or 1)
     router_prev = next((c for c in current.get("conditions") or [] if c.get("type") == "RouterReady"), None)
@@ -223,7 +227,8 @@ def desired_status(dm: DisaggregatedModel, current: Mapping[str, Any],
     else:
         conds.append(condition("Progressing", False, "PoolsStarted", "No pool is starting.", generation))
 
-    existing = list(current.get("conditions") or [])
+    existing = [c for c in current.get("conditions") or []  # a removed aggregated pool takes its condition along
+                if c.get("type") != "AggregatedReady" or dm.spec.aggregated is not None]
     conds.append(kv_transfer_unmeasured(dm, existing, generation))
     version = vllm_version_condition(dm.spec.engine)
     conds.append(condition(version["type"], version["status"] == "True", version["reason"], version["message"],
