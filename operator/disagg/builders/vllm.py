@@ -28,8 +28,11 @@ VERSION_CONDITION = "VLLMVersionKnown"
 # KV cache events (issue 30): every worker publishes its engine's block pool changes on these ports (PUB and the
 # replay ROUTER), and the router subscribes (router/kvsub.py). vLLM's default endpoint is ``tcp://*:5557``
 # (KVEventsConfig.endpoint, vllm/config/kv_events.py, 0.33.0); the replay endpoint has no default there.
+# vLLM offsets both by the data-parallel rank (ZmqEventPublisher.offset_endpoint_port: port + rank), so the replay
+# base sits 300 above the PUB base: ranks 0…299 of one pod never share a port (tests/builders/test_kv_events.py
+# checks them against the side-channel ports too).
 KV_EVENTS_PORT = 5557
-KV_EVENTS_REPLAY_PORT = 5558
+KV_EVENTS_REPLAY_PORT = 5857
 KV_EVENTS_TOPIC = "kv-events"
 # ``--kv-events-config`` (EngineArgs.kv_events_config, a KVEventsConfig: enable_kv_cache_events, publisher,
 # endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic) read in vllm/config/kv_events.py and
