@@ -92,14 +92,16 @@ def tpot_ms(batch: int, context: int) -> Callable[[PerfModel], float]:
 
 def closed_loop_tok_s(concurrency: int, prompt: int, output: int) -> Callable[[PerfModel], float]:
     """Output tokens/s of ``concurrency`` clients each sending the next request when the last one ends
-    (``--max-concurrency C``, fixed lengths): per request, its TTFT (request overhead + prefill while the others
-    decode) plus ``output − 1`` decode steps of the whole batch at the mean context."""
+    (``--max-concurrency C``, fixed lengths). In the steady state every client's cycle holds C prefills (its own
+    and one of each other client's) and ``output − 1`` decode steps of the batch; vLLM V1 (chunked prefill, the
+    default) runs each prompt inside a step of the others' decodes, so C of those steps are mixed steps (the
+    prompt plus C − 1 decodes) and the rest decode-only, at the mean context. Plus the request overhead."""
     def f(p: PerfModel) -> float:
         ctx = prompt + output // 2
-        step = p.decode_step_time(concurrency, ctx)
-        # each decode step of the batch also carries, on average, C/output prefills' worth of prompt tokens
-        prefill_share = concurrency / output * p.step([SeqWork(prompt, 0)]).total_s
-        per_request = p.request_overhead_s + p.prefill_time(prompt) + (output - 1) * (step + prefill_share)
+        decode = p.decode_step_time(concurrency, ctx)
+        mixed = p.step([SeqWork(prompt, 0)] + [SeqWork(1, ctx)] * (concurrency - 1)).total_s
+        n_mixed = min(concurrency, output - 1)
+        per_request = p.request_overhead_s + n_mixed * mixed + (output - 1 - n_mixed) * decode
         return concurrency * output / per_request
     return f
 
