@@ -18,11 +18,15 @@ GiB = 1024**3
 # --gpu-memory-utilization: vllm/v1/worker/utils.py request_memory, 0.33.0), from vLLM's own startup line
 # "total_gpu_memory (X GiB) x gpu_memory_utilization". An "80 GB" board reports ~79.2 GiB (85.1e9 bytes), not 80e9:
 # the datasheet's GB are GiB less the driver's reservation. Sources in docs/simulator.md §3.
-H100_TOTAL = 79.22 * GiB  # vLLM PR #10511 (2024-12-13), H100 80GB: "total_gpu_memory 79.22GiB"
-A100_80_TOTAL = 79.15 * GiB  # A100-SXM4-80GB startup logs: 79.15 GiB (same 81920 MiB board class as the H100)
-A100_40_TOTAL = 39.49 * GiB  # A100-SXM4-40GB startup logs: 39.39–39.56 GiB
-L40S_TOTAL = 44.39 * GiB  # L40S startup logs: 44.31–44.39 GiB
-H200_TOTAL = 139.81 * GiB  # H200 startup log: "total_gpu_memory (139.81GiB)"
+# H100 80GB: "total_gpu_memory 79.22GiB", vLLM PR #10511 (2024-12-13) and #12126 (2025-01-16), both on H100s:
+# https://github.com/vllm-project/vllm/pull/10511, https://github.com/vllm-project/vllm/pull/12126
+H100_TOTAL = 79.22 * GiB
+# The others from the same log line quoted in public repositories (found by text search; no URL recorded, so weaker
+# than the H100's): A100-SXM4-80GB 79.15 GiB, A100-SXM4-40GB 39.39–39.56, L40S 44.31–44.39, H200 139.81 GiB.
+A100_80_TOTAL = 79.15 * GiB
+A100_40_TOTAL = 39.49 * GiB
+L40S_TOTAL = 44.39 * GiB
+H200_TOTAL = 139.81 * GiB
 TFLOPS = 1e12
 
 
