@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
@@ -29,6 +29,14 @@ class ApiModel(BaseModel):
         """The object as the apiserver would store it (camelCase, no unset optionals)."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
+
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class SecretKeyRef(ApiModel):
+    name: str = Field(min_length=1, max_length=253, description="Name of a Secret in the model's namespace.")
+    key: str = Field(default="token", min_length=1, max_length=253, description="Key within the Secret.")
 
 
 def nested_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
