@@ -12,6 +12,7 @@ import pytest
 import yaml
 from tests.paths import REPO
 
+from disagg.bench import code_literals as lit
 from disagg.bench import reference as ref
 from disagg.controller.status import OWNED_CONDITIONS
 from disagg.router.core import REMOTE_PATH_CAUSES
@@ -116,7 +117,7 @@ def _operator_md_conditions() -> dict[str, set[str]]:
 
 
 def test_the_walker_finds_every_condition_and_reason_operator_md_names() -> None:
-    found = ref.conditions()
+    found = lit.conditions()
     assert set(OWNED_CONDITIONS) <= found.keys()
     assert {"SLOMet", "FallbackActive", "MetricsAvailable", "KVTransferHealthy"} <= found.keys()
     documented = _operator_md_conditions()
@@ -124,7 +125,7 @@ def test_the_walker_finds_every_condition_and_reason_operator_md_names() -> None
     for ctype, reasons in documented.items():
         written = set(found[ctype])
         # Ready's pool reasons are computed: "…Starting", "…NotReady" stand for Prefill/Decode/Router + the suffix
-        written |= {pool + r[1:] for r in written if r.startswith(ref.UNRESOLVED)
+        written |= {pool + r[1:] for r in written if r.startswith(lit.UNRESOLVED)
                     for pool in ("Prefill", "Decode", "Router")}
         # the prose names a ReplicaSet's Event (FailedCreate) and spec fields beside the reasons
         reasons = reasons - {"FailedCreate", "Aggregated"} - {c for c in reasons if c[0].islower()}
@@ -134,20 +135,20 @@ def test_the_walker_finds_every_condition_and_reason_operator_md_names() -> None
 
 
 def test_events_carry_their_reasons_and_types() -> None:
-    ev = ref.events()
+    ev = lit.events()
     assert ev["InvalidSpec"] == {"Warning"} and ev["ApplyFailed"] == {"Warning"}  # through invalid(reason=…)
     assert ev["Scaled"] == {"Normal"} and ev["ReplicasConflict"] == {"Warning"}
     assert {"Ready", "Starting", "NotReady", "GroupRestarted", "OperatorUpgradeRollout"} <= ev.keys()
-    assert not [r for r in ev if ref.UNRESOLVED in r]
+    assert not [r for r in ev if lit.UNRESOLVED in r]
 
 
 def test_decisions_cover_the_ladder_the_probes_and_the_slo_placements() -> None:
-    d = ref.decisions()
+    d = lit.decisions()
     assert d.keys() >= LADDER_REASONS
     assert PROBE_REASON in d
     assert {"slo_local", "slo_remote", "slo_prefill_worker", "no_decode_worker", "tenant_always"} <= d.keys()
     assert d["no_decode_worker"] == {"reject"} and d["prefill_queue_overload"] == {"local", "reject"}
-    assert not [r for r in d if ref.UNRESOLVED in r]
+    assert not [r for r in d if lit.UNRESOLVED in r]
     text = REFERENCE.read_text()
     for cause in REMOTE_PATH_CAUSES:
         assert f"| `{cause}` |" in text
