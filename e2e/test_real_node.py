@@ -42,15 +42,8 @@ from disagg.api.contract import LABEL_MODEL, LABEL_ROLE, ROUTER_PORT
 from disagg.kube import api_client
 from disagg.load import loadgen
 from disagg.load.workload import Mix, RequestClass, generate
-from disagg.local.cluster import (
-    CHART,
-    LocalCluster,
-    NodeUnsupportedError,
-    chart_values,
-    check_machine,
-    helm,
-    kubeconfig_from_env,
-)
+from disagg.local.cluster import LocalCluster, NodeUnsupportedError, check_machine
+from disagg.local.cluster_stack import CHART, chart_values, helm, kubeconfig_from_env
 from disagg.poll import wait_for
 
 pytestmark = pytest.mark.e2e

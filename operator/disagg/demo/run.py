@@ -3,7 +3,7 @@
 Traces (the process demo): the stack runs Jaeger, the model traces every request (``samplingRatio`` 1, see
 :data:`SAMPLING_RATIO`) to it, and the report shows the slowest traced request, its trace's waterfall and a link to
 it. The real-node demo (``--node real``) runs without traces: its pods are containers on the node's bridge, and
-Jaeger would have to be exposed there as Prometheus is (:class:`disagg.local.cluster.ClusterStack`).
+Jaeger would have to be exposed there as Prometheus is (:class:`disagg.local.cluster_stack.ClusterStack`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def run_demo(keep: bool = False, results_dir: Path | None = None, quick: bool = 
     results_dir.mkdir(parents=True, exist_ok=True)
     stack: LocalStack
     if node == "real":
-        from ..local.cluster import ClusterStack
+        from ..local.cluster_stack import ClusterStack
 
         stack = ClusterStack(log_dir=results_dir / "logs")
     else:
