@@ -93,9 +93,12 @@ def _controller(variant: str, oracle: dict[str, int], ids_of: dict[str, tuple[in
 
     async def ctl(cluster: Any) -> None:
         core = cluster.core
-        if variant == "events":  # the twin's in-process path (twin/cluster.py wiring, issue 30)
-            for url, w in cluster.workers.items():
+        for url, w in cluster.workers.items():
+            if variant == "events":  # the twin's in-process path (what twin/cluster.py wires, issue 30)
                 w.engine.enable_kv_events(sink_for(core.kv, url), clock=cluster.loop.time)
+            else:  # no events: the estimate (or nothing) is all the router has
+                w.engine.kv_sink, w.engine.pool.kv_events = None, None
+                core.kv.forget(url)
         if variant == "none":
             core.prefix.match_tokens = lambda _url, _hashes: 0
         admit = core.admit
