@@ -104,7 +104,12 @@ def test_the_remote_path_prefills_where_the_prompt_is_cached_unless_that_queue_c
     def p(url: str, wait_ms: float, cached: int) -> WorkerLoad:
         return WorkerLoad(url=url, compat="c", role="prefill", cost=COST, est_wait_ms=wait_ms, prefix_tokens=cached)
 
+    def chosen(*ws: WorkerLoad) -> str:
+        w = choose_prefill(ws, "c")
+        assert w is not None
+        return w.url
+
     saved_ms = COST.prefill(6000).seconds * 1000
-    assert choose_prefill((p("a", 0.0, 0), p("b", 0.0, 6000)), "c").url == "b"
-    assert choose_prefill((p("a", 0.0, 0), p("b", saved_ms * 0.5, 6000)), "c").url == "b"
-    assert choose_prefill((p("a", 0.0, 0), p("b", saved_ms * 2, 6000)), "c").url == "a"
+    assert chosen(p("a", 0.0, 0), p("b", 0.0, 6000)) == "b"
+    assert chosen(p("a", 0.0, 0), p("b", saved_ms * 0.5, 6000)) == "b"
+    assert chosen(p("a", 0.0, 0), p("b", saved_ms * 2, 6000)) == "a"
