@@ -103,7 +103,14 @@ def test_a_follow_up_turn_goes_to_the_worker_that_holds_the_conversation(tmp_pat
         for line in lines:
             assert (line["expected_cached_tokens"], line["cache_source"], line["reused_tokens"]) == (
                 40 * BLOCK, "events", 40 * BLOCK)
+        # vLLM's POST /reset_prefix_cache → AllBlocksCleared: the router forgets that worker's blocks
+        req = urllib.request.Request(workers[0].url + "/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+        _until_sync(lambda: indexed(workers[0].url)() == 0, "the cleared worker's entries to go")
+        assert indexed(workers[1].url)() > 0
         rm = _metrics(router.url)
+        assert _value(rm, "disagg_kv_events_total", type="cleared") == 1
         assert _value(rm, "disagg_prefix_expected_cached_tokens_total", source="events") >= 4 * 40 * BLOCK
         assert _value(rm, "disagg_kv_events_total", type="stored") > 0
         assert _value(rm, "disagg_kv_event_lag_seconds_count") > 0

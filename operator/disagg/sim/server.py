@@ -224,7 +224,9 @@ class Api:
     async def reset_prefix_cache(self, _: web.Request) -> web.Response:
         """vLLM's ``POST /reset_prefix_cache``: 200 when every engine dropped its cached blocks (an
         ``AllBlocksCleared`` event), 400 while blocks are in use."""
-        ok = all(e.pool.reset() for e in self.engines)
+        ok = all([e.pool.reset() for e in self.engines])  # every engine, not up to the first refusal
+        for e in self.engines:
+            e.wake()  # an idle engine's loop runs once: its AllBlocksCleared goes out now
         return web.Response(status=200 if ok else 400)
 
     def _wall_ns(self, t: float) -> int:
