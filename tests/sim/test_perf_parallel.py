@@ -13,7 +13,9 @@ L8B, L70B, QWEN_MOE = MODELS["Llama-3.1-8B"], MODELS["Llama-3.1-70B"], MODELS["Q
 
 def test_ring_allreduce_latency_and_bandwidth_terms() -> None:
     p = PerfModel(H100, L70B, tp=4)
-    nbytes = 8 * L70B.hidden * 2.0
+    # a 2048-token prefill chunk (32 MiB): above vLLM's custom all-reduce (8 MiB), so NCCL's ring (issue 26; the
+    # decode-sized messages this test used take the custom all-reduce now: tests/sim/test_collectives.py)
+    nbytes = 2048 * L70B.hidden * 2.0
     steps = 2 * (4 - 1)
     expect = H100.link_latency_s + steps * H100.link_hop_s + steps / 4 * nbytes / (H100.link_bw * p.eff.link)
     assert p.allreduce_time(nbytes) == pytest.approx(expect)
@@ -34,8 +36,10 @@ def test_tp_collectives_make_a_70b_decode_step_cost_what_published_tp4_runs_show
 
 
 def test_small_models_stop_gaining_from_tp_at_8() -> None:
+    # on GPUs whose collectives ring (PCIe: vLLM's custom all-reduce needs NVLink beyond 2 GPUs). On NVLink the
+    # custom all-reduce costs the same 2 hops at TP 8 as at TP 4 (issue 26), and TP 8 still gains there.
     def decode(tp: int) -> float:
-        return PerfModel(H100, L8B, tp=tp).decode_step_time(8, 500)
+        return PerfModel(GPUS["L40S"], L8B, tp=tp).decode_step_time(8, 500)
 
     assert decode(2) < decode(1)
     assert decode(4) < decode(2)

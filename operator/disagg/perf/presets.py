@@ -45,6 +45,8 @@ class GPUPreset:
     # measured on this GPU (0 = the engine's Efficiency.memory). docs/simulator.md §3.
     weight_stream_eff: float = 0.0
     kv_stream_eff: float = 0.0
+    # every GPU reaches every other over NVLink/NVSwitch/xGMI (vLLM's custom all-reduce needs it beyond 2 GPUs)
+    fully_connected: bool = True
 
 
 CPU_ENGINE = "vLLM-CPU-2core"
@@ -57,7 +59,7 @@ GPUS: dict[str, GPUPreset] = {
         GPUPreset("H100-SXM", 989.4 * TFLOPS, 1978.9 * TFLOPS, 3.35e12, H100_TOTAL, 450 * GB, 8e-6,
                   ("h100", "h100-sxm5", "h100-80gb-hbm3", "nvidia-h100-80gb-hbm3")),
         GPUPreset("H100-PCIe", 756.0 * TFLOPS, 1513.0 * TFLOPS, 2.0e12, H100_TOTAL, 300 * GB, 10e-6,
-                  ("h100-pcie", "nvidia-h100-pcie")),
+                  ("h100-pcie", "nvidia-h100-pcie"), fully_connected=False),  # NVLink bridges pair GPUs only
         GPUPreset("H200", 989.4 * TFLOPS, 1978.9 * TFLOPS, 4.8e12, H200_TOTAL, 450 * GB, 8e-6,
                   ("h200-sxm", "nvidia-h200", "h200-141gb"),
                   # MEASURED on this project's H200 (docs/results/h200-microbench.json, torch 2.11 cuBLAS, the GEMM
@@ -70,7 +72,7 @@ GPUS: dict[str, GPUPreset] = {
         GPUPreset("A100-40GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 1.555e12, A100_40_TOTAL, 300 * GB, 10e-6,
                   ("a100-sxm4-40gb", "nvidia-a100-sxm4-40gb")),
         GPUPreset("L40S", 362.05 * TFLOPS, 733.0 * TFLOPS, 0.864e12, L40S_TOTAL, 32 * GB, 20e-6,
-                  ("nvidia-l40s",), link_hop_s=5e-6),
+                  ("nvidia-l40s",), link_hop_s=5e-6, fully_connected=False),
         GPUPreset("B200", 2250.0 * TFLOPS, 4500.0 * TFLOPS, 8.0e12, 180 * GB, 900 * GB, 8e-6,
                   ("nvidia-b200", "b200-180gb")),
         GPUPreset("MI300X", 1307.4 * TFLOPS, 2614.9 * TFLOPS, 5.3e12, 192 * GB, 448 * GB, 10e-6,

@@ -26,6 +26,9 @@ from typing import Any
 
 from .presets import CPU_ENGINE, GiB, GPUPreset, ModelPreset, TransportPreset, human_bytes
 
+# vLLM's custom all-reduce handles messages below this (CustomAllreduce max_size=8192 * 1024, 0.33.0)
+CUSTOM_AR_MAX_BYTES = 8192 * 1024
+
 
 class KVCapacityError(ValueError):
     """The KV cache cannot hold one request of the model's max length (the engine fails to start)."""
@@ -243,14 +246,20 @@ class PerfModel:
         return (m.layers * (dense + experts) + head) * self.weight_bytes
 
     def allreduce_time(self, nbytes: float) -> float:
-        """Ring all-reduce of ``nbytes`` over the TP group: the preset's per-call latency, then 2(tp−1) ring steps
-        (reduce-scatter + all-gather), each paying one hop's latency and moving nbytes/tp over one link
+        """All-reduce of ``nbytes`` over the TP group. Small messages take vLLM's custom all-reduce
+        (vllm/distributed/device_communicators/custom_all_reduce.py, 0.33.0: ``should_custom_ar`` — TP ≤ 8,
+        2 GPUs or fully connected by NVLink, fewer than ``max_size`` = 8 MiB): every rank reads its peers' buffers
+        directly, a reduce-scatter and an all-gather of one hop each, so 2 hop latencies whatever the TP size.
+        Larger messages (prefill chunks), and PCIe-connected GPUs beyond 2, take NCCL's ring: 2(tp−1) steps.
+        Both pay the preset's per-call latency and move 2(tp−1)/tp of ``nbytes`` over one link
         (NVLink/xGMI/PCIe bandwidth × ``eff.link``)."""
         if self.tp == 1:
             return 0.0
-        steps = 2 * (self.tp - 1)
         g = self.gpu
-        return g.link_latency_s + steps * g.link_hop_s + steps / self.tp * nbytes / (g.link_bw * self.eff.link)
+        custom = self.tp <= 8 and (self.tp == 2 or g.fully_connected) and nbytes < CUSTOM_AR_MAX_BYTES
+        hops = 2 if custom else 2 * (self.tp - 1)
+        moved = 2 * (self.tp - 1) / self.tp * nbytes
+        return g.link_latency_s + hops * g.link_hop_s + moved / (g.link_bw * self.eff.link)
 
     def alltoall_time(self, nbytes: float) -> float:
         """MoE dispatch or combine over the EP group: the per-call latency, one hop per peer, and each GPU

@@ -33,7 +33,7 @@ from ..perf.roofline import Efficiency, PerfModel, SeqWork
 # 5 % above the largest error of its kind (the aim, ±15 % and ±20 % for the knee, is not reached: §8).
 FIGURE = {"TPOT ms": "TPOT", "batch latency ms": "TPOT", "TTFT ms": "TTFT under load", "output tok/s": "throughput",
           "KV cache GiB": "KV memory", "knee req/s": "knee rate"}
-TOLERANCES = {"TPOT": 0.30, "TTFT under load": 0.50, "throughput": 0.55, "KV memory": 0.05, "knee rate": 0.20}
+TOLERANCES = {"TPOT": 0.35, "TTFT under load": 0.50, "throughput": 0.55, "KV memory": 0.05, "knee rate": 0.20}
 AIM = 0.15  # the aim for every point (the knee's: 0.20); reported per point as "within the aim"
 
 RESULTS = Path("docs") / "results" / "sim.json"
