@@ -124,6 +124,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     a.add_argument("--out", type=Path, default=Path("docs/results/autoscale.json"),
                    help="results file (docs/results/autoscale.json: the docs' table comes from it; `make docs`)")
     a.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
+    a.add_argument("--virtual", action="store_true",
+                   help="the virtual-time part instead (issue 28): a compressed day in the twin, predictive vs "
+                   "proportional vs Dynamo-style reactive scaling; the same as python -m disagg.bench.autoscale_day "
+                   "(its flags: --virtual-args)")
+    a.add_argument("--virtual-args", default="", help="arguments for the virtual part, one string")
     a.set_defaults(func=_cmd_autoscale)
 
     k = sub.add_parser("soak", help="every component fails once under steady mixed load (local stack); issue 12 §7",
@@ -161,6 +166,18 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     help="the goodput sweep's mixes run past the knee with every tenant on Admit and on Shed "
                     "(default: short-chat long-rag mixed code-completion shifting; none given: skip them)")
     ov.set_defaults(func=_cmd_overload)
+
+    pc = sub.add_parser("prefix-cache", help="prefix-cache-aware placement from the engines' KV events vs the "
+                        "router's estimate vs none, in the twin; the index's CPU and memory "
+                        "(disagg.bench.prefix_cache)")
+    pc.add_argument("--seed", type=int, default=0)
+    pc.add_argument("--conversations", type=int, default=120, help="chat conversations (3-8 turns each)")
+    pc.add_argument("--agents", type=int, default=20, help="agent sessions (6-14 calls each)")
+    pc.add_argument("--decode", type=int, default=4, help="decode workers (H100, Llama-3.1-8B)")
+    pc.add_argument("--kv-blocks", type=int, default=3000, help="KV blocks per worker (--num-gpu-blocks-override)")
+    pc.add_argument("--out", type=Path, default=Path("docs/results/prefix-cache.json"),
+                    help="results file (docs/results/prefix-cache.json: the docs' tables come from it; `make docs`)")
+    pc.set_defaults(func=_cmd_prefix_cache)
 
     de = sub.add_parser("decision", help="CPU per routing decision per policy (Thresholds, SLO) at 64 workers "
                         "(disagg.bench.decision)")
@@ -276,6 +293,12 @@ def _cmd_router(args: argparse.Namespace) -> int:
 
 
 def _cmd_autoscale(args: argparse.Namespace) -> int:
+    if args.virtual:
+        import shlex
+
+        from . import autoscale_day
+
+        return autoscale_day.main(shlex.split(args.virtual_args))
     from . import autoscale
 
     s = autoscale.Settings(base_rate=args.base_rate, step_factor=args.step_factor, step_pre_s=args.step_pre,
@@ -324,6 +347,14 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
     return main((["--strict"] if args.strict else []) + (["--out", str(args.out)] if args.out else [])
                 + (["--no-write"] if args.no_write else []))
+
+
+def _cmd_prefix_cache(args: argparse.Namespace) -> int:
+    from . import prefix_cache
+
+    return _run_and_report(lambda: prefix_cache.run(args.seed, args.conversations, args.agents, args.decode,
+                                                    args.kv_blocks, out=args.out),
+                           lambda doc: prefix_cache.render_tables(doc)["placement"], args.out)
 
 
 def _cmd_decision(args: argparse.Namespace) -> int:

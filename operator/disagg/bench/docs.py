@@ -60,6 +60,7 @@ REGISTRY: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("router", "disagg.bench.router_bench", "make bench-router"),
     Benchmark("sim", "disagg.sim.bench", "make bench-sim"),
     Benchmark("autoscale", "disagg.bench.autoscale", "make bench-autoscale"),
+    Benchmark("autoscale_day", "disagg.bench.autoscale_day", "disagg bench autoscale --virtual"),
     Benchmark("operator", "disagg.bench.operator_bench", "make bench-operator"),
     Benchmark("soak", "disagg.bench.soak", "make bench-soak"),
     Benchmark("plan", "disagg.bench.plan_accuracy", "make bench-plan"),
@@ -67,6 +68,7 @@ REGISTRY: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("overload", "disagg.bench.overload", "make bench-overload"),
     Benchmark("real-engine", "disagg.bench.real_engine", "make bench-real-engine"),
     Benchmark("decision", "disagg.bench.decision", "make bench-decision"),
+    Benchmark("prefix-cache", "disagg.bench.prefix_cache", "disagg bench prefix-cache"),
     # measured on an H200 (torch, not vLLM); it feeds the twin's calibration, whose module renders it
     Benchmark("h200-microbench", "disagg.sim.bench", "make gpu-microbench (on an H200)"),
 )}

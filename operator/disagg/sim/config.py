@@ -102,6 +102,8 @@ class SimConfig:
     max_model_len_explicit: bool = False
     otlp_traces_endpoint: str | None = None  # --otlp-traces-endpoint (else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
     enable_per_request_metrics: bool = False  # --enable-per-request-metrics
+    kv_events: dict[str, Any] | None = None  # --kv-events-config (issue 30: sim/kvevents.py)
+    enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details (issue 30)
     expert_parallel: bool = False  # --enable-expert-parallel: MoE experts over tp × dp GPUs (perf/roofline.py ep)
     release: VllmProfile = field(default_factory=lambda: profile(parse_version(VLLM_VERSION) or (0, 0, 0)))
 
@@ -361,5 +363,7 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> SimConfig:
         max_model_len_explicit=ns.max_model_len is not None,
         otlp_traces_endpoint=ns.otlp_traces_endpoint,
         enable_per_request_metrics=ns.enable_per_request_metrics,
+        kv_events=ns.kv_events_config,
+        enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
         expert_parallel=ns.enable_expert_parallel,
     )
