@@ -87,7 +87,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                        "(disagg.sim.bench)")
     s.add_argument("--strict", action="store_true",
                    help="exit 1 when a fit/held-out vLLM point is outside the documented tolerance "
-                   "(disagg.sim.bench.TOLERANCE) or a torch bound is broken")
+                   "(its kind's tolerance, disagg.sim.bench.TOLERANCES) or a torch bound is broken")
     s.add_argument("--out", type=Path, default=None, help="results file (default docs/results/sim.json)")
     s.add_argument("--no-write", action="store_true", help="print only")
     s.set_defaults(func=_cmd_sim)

@@ -9,7 +9,7 @@ Three kinds of point (docs/simulator.md §8):
 
 * ``fit`` — published vLLM figures that ``Efficiency.step_overhead_s`` was fitted to (they cannot validate it);
 * ``held-out`` — published vLLM figures not used to set any constant; the twin must land within
-  :data:`TOLERANCE` of fit and held-out points alike (tests/sim/test_calibration.py);
+  :data:`TOLERANCES` (one per kind of figure) of fit and held-out points alike (tests/sim/test_calibration.py);
 * ``bound`` — this repository's own torch eager/SDPA measurements on an H200 (hack/gpu/measure_h200.py,
   docs/results/h200-microbench.json), **not vLLM**: unfused kernels and no paged attention make them an upper
   bound on vLLM's kernel time, so the twin (which models vLLM) must come out *at or below* them.
