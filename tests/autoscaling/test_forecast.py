@@ -30,9 +30,11 @@ def test_damped_trend_is_bounded() -> None:
     level, trend = h.level, h.trend
     assert level is not None
     # Σ φ^k ≤ φ / (1 − φ) = 4: a ramp's forecast stops growing however far ahead
-    assert h.forecast(100) == pytest.approx(level + trend * 0.8 * (1 - 0.8 ** 100) / 0.2)
-    assert h.forecast(100) < level + 4.01 * trend
-    assert h.forecast(1) < h.forecast(2) < h.forecast(100)
+    f1, f2, f100 = h.forecast(1), h.forecast(2), h.forecast(100)
+    assert f1 is not None and f2 is not None and f100 is not None
+    assert f100 == pytest.approx(level + trend * 0.8 * (1 - 0.8 ** 100) / 0.2)
+    assert f100 < level + 4.01 * trend
+    assert f1 < f2 < f100
 
 
 def test_no_sample_no_forecast_and_bad_parameters_are_named() -> None:

@@ -33,8 +33,8 @@ class LinearSizer:
 
 
 def settings(**kw) -> PredictiveSettings:
-    base = dict(interval_s=30.0, pod_start_s=60.0, scale_down_stabilization_s=300.0, max_step=10,
-                max_downs_per_hour=6)
+    base: dict = dict(interval_s=30.0, pod_start_s=60.0, scale_down_stabilization_s=300.0, max_step=10,
+                      max_downs_per_hour=6)
     base.update(kw)
     return PredictiveSettings(**base)
 

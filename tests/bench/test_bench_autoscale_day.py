@@ -54,7 +54,7 @@ def test_virtual_bench_smoke() -> None:
         assert d["requests"] == r["requests"] > 0
         assert d["gpu_seconds"] > 0 and 0 <= d["attainment"] <= 1
     assert 0 <= r["savings_ceiling"] < 1
-    assert r["step"]["bucket_s"] == s.interval_s
+    assert r["step"]["bucket_s"] == s.step_bucket_s
     doc = results_doc("autoscale_day", "python -m disagg.bench.autoscale_day", r)
     assert not validate(doc, "autoscale_day")
     tables = ad.render_tables(doc)

@@ -63,6 +63,7 @@ class DaySettings:
     step_factor: float = 3.0
     step_pre_s: float = 240.0
     step_post_s: float = 300.0
+    step_bucket_s: float = 10.0  # attainment buckets of the step (by arrival time): the recovery's resolution
     seed: int = 0
     scalers: tuple[str, ...] = ("predictive", "proportional", "reactive")
 
@@ -293,7 +294,7 @@ def _step_job(s: DaySettings) -> dict[str, Any]:
     end = s.step_pre_s + s.step_post_s
     out = run_scaler(s, "predictive", pre + post, (g.prefill, g.decode), end)
     m = mapped(s, 1, 1)
-    width = float(s.interval_s)
+    width = s.step_bucket_s
     buckets = _bucketed(out.pop("records"), m.slo, 0.0, end, width)
     k0 = int(s.step_pre_s // width)
     after = buckets[k0:]
