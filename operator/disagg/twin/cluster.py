@@ -24,6 +24,7 @@ from ..api.contract import EngineProfile, PoolEndpoint, RouterConfig
 from ..api.spec import priority_scheduling
 from ..router import features
 from ..router.core import RequestCore
+from ..router.kvindex import sink_for
 from ..router.load import GAUGES, HISTOGRAMS, Worker, WorkerSet
 from ..router.metrics import RouterMetrics
 from ..router.policy import Decision, Tuning
@@ -336,6 +337,8 @@ class TwinCluster:
             raise ValueError(f"{role}.extra_args: --data-parallel-size is not modelled by the twin; use count instead")
         link = LocalKVLink("", self.producers) if role == "decode" else None
         eng = Engine(cfg, clock=self.clock, kv_client=link, side_channel=False, record=SCRAPED)
+        # the engine's KV cache events straight into the router core's index (issue 30), as a subscriber would
+        eng.enable_kv_events(sink_for(self.core.kv, url), clock=self.loop.time)
         if link is not None:
             link.compat = eng.compat
         if role == "prefill":
@@ -404,6 +407,7 @@ class TwinCluster:
             raise ValueError(f"url: no worker {url!r}")
         self._sync_pool(w.role)
         self.core.prefix.forget(url)
+        self.core.kv.forget(url)
         while w.engine.busy or w.engine.sched.held or w.rw.inflight:
             await asyncio.sleep(self.spec.scrape_interval_s / 10)
         w.stopped_at = self.now
@@ -489,6 +493,9 @@ class TwinCluster:
         o.sent = self.now
         ctx = Ctx(request_id=p.request_id, endpoint=a.endpoint, stream=a.stream, t0=o.sent)
         ctx.input_tokens = p.router_input_tokens
+        if a.body is not None and (v := features.prompt_view(a.endpoint, dict(a.body))).token_ids is not None:
+            ctx.token_ids = v.token_ids  # as router/server.py: the prompt's token ids key the event index
+            ctx.token_keys[features.PREFIX_BLOCK_TOKENS] = p.hashes
         tenant = features.tenant_named(a.tenant, cfg.routing.tenants)
         d, ticket = await self.core.admit(ctx, cfg, tenant.name if tenant else None, p.max_tokens, p.hashes)
         o.decision = d

@@ -118,6 +118,7 @@ class EngineLegs(Legs[None]):
             ctx.timings["tpot"] = (leg.last - leg.first) / (leg.tokens - 1)
         o.kv_transfer_s = leg.req.ctx.xfer_s
         o.cached_tokens = leg.req.num_cached
+        ctx.reused_tokens = leg.req.num_cached
         if leg.reason in ("length", "stop"):
             o.status, o.error = 200, ""
             ctx.outcome, ctx.status = "ok", 200
