@@ -11,7 +11,7 @@ import pytest
 from disagg.api.models import DisaggregatedModelSpec
 from disagg.autoscaling.policy import Decision
 from disagg.autoscaling.predictive import Observation
-from disagg.twin import Arrival, ClusterSpec, PoolSpec, simulate
+from disagg.twin import SLO, Arrival, ClusterSpec, PoolSpec, simulate
 from disagg.twin.autoscaler import TwinAutoscaler, pod_start_s, proportional
 
 ROUTING = {"policy": "Thresholds",
@@ -135,3 +135,25 @@ def test_scale_down_removes_the_least_loaded_worker_and_drains_it() -> None:
     assert all(x.status == 200 and x.output_tokens == 800 for x in r.records)  # nothing dropped
     served = [x for x in r.records if x.decode_worker == gone.url]
     assert served and max(x.arrival_s for x in served) < 30.0  # no request sent to it after the decision
+
+
+def test_predictive_policy_through_the_connector_sizes_a_long_prompt_step_with_the_model() -> None:
+    from disagg.autoscaling.forecast import Load
+    from disagg.autoscaling.predictive import PredictivePolicy, PredictiveSettings
+    from disagg.perf.presets import get_gpu, get_model, get_transport
+    from disagg.plan.sizing import ModelSizer
+    from disagg.twin.autoscaler import of
+
+    sizer = ModelSizer(get_gpu("L40S"), get_model("Llama-3.1-8B"), get_transport("rdma"), 2.0, 0.05)
+    pol = PredictivePolicy(sizer, PredictiveSettings(interval_s=10.0, pod_start_s=10.0, max_step=4,
+                                                     scale_down_stabilization_s=60.0))
+    ctl = TwinAutoscaler(of(pol), interval_s=10.0, start_s=10.0, until_s=90.0)
+    r = simulate(cluster(1, 1), steady(2.0, 90, 8000, 64), controller=ctl, slo=SLO(ttft_ms=2000, tpot_ms=50))
+    # the model's own answer for this load (2 remote req/s of 8k tokens), which the policy must reach
+    need = sizer.size(Load(2.0, 0.0, 8000, 1, 64), 0.8, 1.0, 1.0)
+    assert need.prefill >= 2
+    assert peak(ctl, "prefill") >= need.prefill
+    assert peak(ctl, "decode") <= need.decode + 1  # no decode demand beyond the model's
+    assert any("forecast" in e.reason for e in ctl.timeline)
+    assert sum(x.meets(r.slo) for x in r.records if x.arrival_s >= 45) / max(
+        1, sum(1 for x in r.records if x.arrival_s >= 45)) >= 0.9  # held once the pods are in
