@@ -401,7 +401,8 @@ def render_tables(doc: dict[str, Any]) -> dict[str, str]:
     verdict = "n/a (never breached)" if p["met"] is None else ("met" if p["met"] else "MISSED")
     rec = "n/a" if p["recovery_s"] is None else f"{p['recovery_s']:.0f} s"
     step = "\n".join([
-        "| step | start | worst interval after | recovery (to ≥ 90 % for good) | target (interval + pod start) | |",
+        f"| step | start | worst {p['bucket_s']:.0f} s bucket after | recovery (to ≥ 90 % for good) | "
+        "target (interval + pod start) | |",
         "|---|---|---:|---:|---:|---|",
         f"| {p['base_rps']} → {p['base_rps'] * p['factor']:.1f} req/s at {p['step_at']:.0f} s (RAG share "
         f"{p['rag_share']:.0%}) | {p['start'][0]}P + {p['start'][1]}D → peak {p['peak']['prefill']}P + "
