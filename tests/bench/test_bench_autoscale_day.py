@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import structlog
 
 from disagg.bench import autoscale_day as ad
 from disagg.results import results_doc, validate
@@ -43,7 +44,10 @@ def test_oscillation_measures_reversals_within_the_window() -> None:
 def test_virtual_bench_smoke() -> None:
     s = ad.DaySettings(day_s=240.0, peak_rps=2.0, bucket_s=120.0, probe_s=30.0, step_base_rps=1.0,
                        step_pre_s=60.0, step_post_s=90.0, scalers=("predictive", "reactive"))
+    disabled, config = logging.root.manager.disable, structlog.get_config()
     r = ad.run(s, jobs=1)
+    # the bench quiets its own work only: the process's logging is as it was (a later test's log capture relies on it)
+    assert logging.root.manager.disable == disabled and structlog.get_config() == config
     days = {d["scaler"]: d for d in r["days"]}
     assert set(days) == {"static_peak", "predictive", "reactive"}
     st = r["static_peak"]

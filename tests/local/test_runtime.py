@@ -9,17 +9,30 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
-from disagg.local.controlplane import ControlPlane
+from disagg.api import DisaggregatedModel
+from disagg.builders.vllm import kv_events_args
+from disagg.local.controlplane import REPO_ROOT, ControlPlane
 from disagg.local.runtime import LocalRuntime
 from disagg.local.stack import pod_ip, pod_ready
 from disagg.poll import wait_for
+
+
+def _kv_events_args() -> list[str]:
+    """The KV-events flags as the operator renders them for a pool (``tcp://*:5557``: every pod binds the same port)."""
+    example = REPO_ROOT / "docs" / "examples" / "llama-8b-nvlink.yaml"
+    dm = DisaggregatedModel.model_validate(yaml.safe_load(example.read_text()))
+    args = kv_events_args(dm.spec)
+    assert "tcp://*:" in args[1]
+    return args
 
 
 def _deployment(name: str, replicas: int) -> Any:  # a JSON body: the client takes dicts as well as models
@@ -31,7 +44,7 @@ def _deployment(name: str, replicas: int) -> Any:  # a JSON body: the client tak
             "spec": {"terminationGracePeriodSeconds": 5, "containers": [{
                 "name": "vllm", "image": "vllm/vllm-openai:v0.11.2", "command": ["vllm", "serve"],
                 "args": ["meta-llama/Llama-3.1-8B-Instruct", "--port", "8000", "--served-model-name", "$(MODEL_NAME)",
-                         "--time-scale", "0.05"],
+                         "--time-scale", "0.05", *_kv_events_args()],
                 "env": [{"name": "MODEL_NAME", "value": "llama"},
                         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
                 "ports": [{"name": "http", "containerPort": 8000}],
@@ -59,9 +72,12 @@ def test_deployment_pods_run_with_their_own_ips(kube: client.ApiClient, namespac
     pods = wait_for(ready_pods, 60, "2 ready pods", interval=0.3)
     ips = {ip for p in pods if (ip := pod_ip(p))}
     assert len(ips) == 2 and all(ip.startswith(f"127.{runtime.ip_block}.") for ip in ips)
-    for ip in ips:  # each pod's process serves vLLM's API on its own IP, same port
+    # each pod's process serves vLLM's API on its own IP, same port; both bound the KV-events port (on their own IP)
+    for ip in ips:
         with urllib.request.urlopen(f"http://{ip}:8000/v1/models", timeout=5) as r:
             assert b'"llama"' in r.read()
+        with socket.create_connection((ip, 5557), timeout=5):
+            pass
 
     # a crashed container is restarted
     assert pods[0].metadata and pods[0].metadata.name

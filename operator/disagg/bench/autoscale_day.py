@@ -23,10 +23,12 @@ pod start and no transition (bench/oracle.py ``fewest_split``). **Step**: a 3× 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,7 +36,7 @@ from ..autoscaling.forecast import Load
 from ..autoscaling.predictive import PredictivePolicy, PredictiveSettings, ReactivePolicy
 from ..perf.presets import get_gpu, get_model, get_transport
 from ..plan.sizing import ModelSizer
-from ..plan.verify import Mapped, cluster_spec
+from ..plan.verify import Mapped, cluster_spec, quiet_logs
 from ..twin import SLO, Arrival, simulate
 from ..twin.autoscaler import TwinAutoscaler, of, pod_start_s, proportional
 from .oracle import ProbeFn, fewest_split
@@ -257,7 +259,6 @@ def _bucketed(records: list[Any], slo: SLO, t0: float, t1: float, width: float) 
 
 def _day_job(args: tuple[DaySettings, str, tuple[int, int]]) -> dict[str, Any]:
     s, name, start = args
-    _quiet()
     arrivals = day_arrivals(s)
     if name == "static_peak":
         m = mapped(s, *start)
@@ -274,18 +275,15 @@ def _day_job(args: tuple[DaySettings, str, tuple[int, int]]) -> dict[str, Any]:
 
 
 def _static_job(s: DaySettings) -> dict[str, Any]:
-    _quiet()
     return static_peak(s, probe_fn(s))
 
 
 def _oracle_job(args: tuple[DaySettings, int]) -> dict[str, Any]:
-    _quiet()
     return oracle_bucket(*args)
 
 
 def _step_job(s: DaySettings) -> dict[str, Any]:
     """A 3× step from a base the model sizes the pools for, with the predictive policy: recovery time."""
-    _quiet()
     rag = 0.5
     base = s.step_base_rps
     pre = steady_arrivals(base, rag, s.step_pre_s, s.seed)
@@ -314,24 +312,35 @@ def _step_job(s: DaySettings) -> dict[str, Any]:
             "peak": out["peak"], "timeline": out["timeline"]}
 
 
-def _quiet() -> None:
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Errors only while the day runs (thousands of twin decisions would log), then the caller's logging as it was:
+    a test process that runs the bench keeps its own levels and log captures (both are process-wide)."""
     import logging
 
-    import structlog
-
+    disabled = logging.root.manager.disable
     logging.disable(logging.WARNING)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    try:
+        with quiet_logs():
+            yield
+    finally:
+        logging.disable(disabled)
+
+
+def _quiet_worker() -> None:
+    """A pool process's initializer: errors only for its whole life (the context is never left)."""
+    _quiet().__enter__()
 
 
 def run(s: DaySettings, jobs: int = 2) -> dict[str, Any]:
     """Every part; ``jobs`` processes for the whole-day runs (each is one core's work)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    _quiet()
     wall0 = time.perf_counter()
-    night = sizer(s).size(mix_load(diurnal_rate(0.0, s), rag_share(0.0, s)), 0.8, 1.0, 1.0)
+    with _quiet():
+        night = sizer(s).size(mix_load(diurnal_rate(0.0, s), rag_share(0.0, s)), 0.8, 1.0, 1.0)
     start = (night.prefill, night.decode)
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, jobs), initializer=_quiet_worker) as pool:
         # the longest jobs first (the whole days), then the static peak's probes, the oracle's buckets, the step
         day_fs = [pool.submit(_day_job, (s, n, start)) for n in s.scalers]
         static_f = pool.submit(_static_job, s)

