@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge
+from tests.exporter import text_exporter
 
 from disagg.api.models import DisaggregatedModelSpec
-from disagg.autoscaling.queries import QUERIES, QueryFn, Sample, collect, connect, render
+from disagg.autoscaling.queries import POD_LOAD, QUERIES, QueryFn, Sample, collect, connect, pod_load, render, selector
 from disagg.local.procs import free_ports
 from disagg.local.prometheus import LocalPrometheus, Target
 from disagg.poll import wait_for
@@ -33,26 +32,6 @@ def _api(prom: LocalPrometheus, q: str) -> dict:
             return json.load(r)
     except urllib.error.HTTPError as e:
         return json.load(e)
-
-
-def _text_exporter(registry: CollectorRegistry) -> ThreadingHTTPServer:
-    """Serve the classic text format (as vLLM does: colons kept in names; OpenMetrics would escape them)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))
@@ -79,7 +58,7 @@ def test_collect_reads_the_named_series(prometheus) -> None:
     waiting = Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=registry)
     running.labels("m").set(7)
     waiting.labels("m").set(3)
-    server = _text_exporter(registry)
+    server = text_exporter(registry)
     port = server.server_address[1]
     try:
         base = {"namespace": "ns", "model": "m"}
@@ -95,6 +74,43 @@ def test_collect_reads_the_named_series(prometheus) -> None:
         assert other.error and "no scrape target" in other.error
     finally:
         server.shutdown()
+        prometheus.set_targets([])
+
+
+def pod_exporter(loads: dict[str, tuple[float, float]]) -> tuple[Any, list[Target]]:
+    """One exporter per pod (as each engine is scraped: its own target, labelled with its pod name), serving
+    ``{pod: (running, waiting)}``; returns the servers (to shut down) and their targets."""
+    servers, targets = [], []
+    for pod, (run, wait) in loads.items():
+        registry = CollectorRegistry()
+        Gauge("vllm:num_requests_running", "running", ["model_name"], registry=registry).labels("m").set(run)
+        Gauge("vllm:num_requests_waiting", "waiting", ["model_name"], registry=registry).labels("m").set(wait)
+        server = text_exporter(registry)
+        servers.append(server)
+        targets.append(Target(f"127.0.0.1:{server.server_address[1]}", {"pod": pod}))
+    return servers, targets
+
+
+def test_pod_load_is_each_pods_running_plus_waiting(prometheus) -> None:
+    assert _api(prometheus, POD_LOAD.format(sel=selector("ns", "m"), role="decode"))["status"] == "success"
+    servers, targets = pod_exporter({"d-0": (3, 2), "d-1": (0, 0), "p-0": (9, 9)})
+    base = {"namespace": "ns", "model": "m"}
+    labelled = [Target(t.address, {**base, **t.labels, "role": "prefill" if t.labels["pod"] == "p-0" else "decode"})
+                for t in targets]
+    try:
+        prometheus.set_targets(labelled)
+        query = connect(prometheus.url)
+
+        def both_scraped() -> dict[str, float] | None:
+            got = pod_load(query, "ns", "m", "decode")
+            return got if len(got) == 2 else None
+
+        load = wait_for(both_scraped, 30, "both decode pods scraped", interval=0.5)
+        assert load == {"d-0": 5.0, "d-1": 0.0}  # the prefill pod is another pool's
+        assert pod_load(query, "ns", "other", "decode") == {}
+    finally:
+        for server in servers:
+            server.shutdown()
         prometheus.set_targets([])
 
 
@@ -125,7 +141,7 @@ def test_kv_failure_rate_counts_transport_causes_only(prometheus) -> None:
     for cause in ("prefill_queue_timeout", "kv_load_failed", "kv_transfer_timeout"):
         fallbacks.labels(cause).inc(0)
     decisions.labels("remote").inc(0)
-    server = _text_exporter(registry)
+    server = text_exporter(registry)
     try:
         prometheus.set_targets([Target(f"127.0.0.1:{server.server_address[1]}",
                                        {"namespace": "ns", "model": "kv", "role": "decode"})])
@@ -160,7 +176,7 @@ def test_kv_failure_rate_sees_loads_the_decode_recomputed(prometheus) -> None:
     registry, fallbacks, decisions, failed = _kv_counters()
     fallbacks.labels("kv_transfer_timeout").inc(0)
     decisions.labels("remote").inc(0)
-    server = _text_exporter(registry)
+    server = text_exporter(registry)
     try:
         prometheus.set_targets([Target(f"127.0.0.1:{server.server_address[1]}",
                                        {"namespace": "ns", "model": "rc", "role": "decode"})])

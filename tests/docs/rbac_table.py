@@ -42,8 +42,10 @@ WHY: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {
     (("leaderworkerset.x-k8s.io",), ("leaderworkersets",)):
         "multi-node pools, LeaderWorkerSet back end (when its CRD is installed)",
     (("",), ("pods",)):
-        "a multi-node group whose member failed starts over: the operator deletes the group's pods (StatefulSet "
-        "back end) and its StatefulSets recreate them; it never creates pods",
+        "`delete`: a multi-node group whose member failed starts over: the operator deletes the group's pods "
+        "(StatefulSet back end) and its StatefulSets recreate them; `patch`: before a scale-down the autoscaler "
+        "sets each pool pod's `controller.kubernetes.io/pod-deletion-cost` (its in-flight requests), so the idlest "
+        "pods go; it never creates pods",
     (("apps",), ("deployments/scale",)): "the autoscaler sets pool sizes through the scale subresource",
     (("",), ("namespaces",)):
         "reads the model's namespace's `pod-security.kubernetes.io/enforce` label (the `PodSecurity` condition)",

@@ -3,12 +3,11 @@ workers' metric families (the names router/metrics.py and vLLM export)."""
 
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from tests.exporter import text_exporter
 
 from disagg.local.prometheus import LocalPrometheus, Target
 from disagg.plan.prom import (
@@ -24,24 +23,6 @@ from disagg.router.metrics import RouterMetrics
 
 # vLLM's request token buckets are 1-2-5 steps (vllm/v1/metrics/loggers.py build_1_2_5_buckets)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
-
-
-def _exporter(registry: CollectorRegistry) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def test_buckets_to_histogram() -> None:
@@ -61,7 +42,7 @@ def test_traffic_from_a_real_prometheus() -> None:
     gen = Histogram("vllm:request_generation_tokens", "generation tokens", registry=reg, buckets=TOKEN_BUCKETS)
     hits = Counter("vllm:prefix_cache_hits", "hits", registry=reg)
     queries = Counter("vllm:prefix_cache_queries", "queries", registry=reg)
-    server = _exporter(reg)
+    server = text_exporter(reg)
     with LocalPrometheus() as prom:
         prom.set_targets([Target(f"127.0.0.1:{server.server_address[1]}")])
         query, query_range = connect(prom.url)

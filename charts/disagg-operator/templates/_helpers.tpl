@@ -134,9 +134,11 @@ namespaceSelector:
   resources: [leaderworkersets]
   verbs: [get, list, watch, create, update, patch, delete]
 # A multi-node group whose member failed starts over: the operator deletes every pod of it (StatefulSet back end).
+# Before a scale-down the autoscaler patches each pool pod's controller.kubernetes.io/pod-deletion-cost (its
+# in-flight requests), so the ReplicaSet removes the idlest pods first.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [delete]
+  verbs: [delete, patch]
 # The autoscaler sets pool sizes through the scale subresource (field manager disagg-autoscaler), as HPA does.
 - apiGroups: [apps]
   resources: [deployments/scale]

@@ -107,6 +107,24 @@ QUERIES: dict[str, tuple[str, str]] = {
 }
 
 
+# Requests each pod of a pool holds now: the engines' own gauges (running + waiting), per pod label. Engines, not a
+# router: with several router replicas no router sees a worker's whole load. {role}: prefill, decode or aggregated.
+POD_LOAD = ('sum by (pod) (vllm:num_requests_running{{{sel},role="{role}"}}) + '
+            'sum by (pod) (vllm:num_requests_waiting{{{sel},role="{role}"}})')
+
+
+def pod_load(query: QueryFn, namespace: str, model: str, role: str) -> dict[str, float]:
+    """{pod name: requests running or waiting on it} for one pool; a pod Prometheus has not scraped is absent.
+    Raises what the query function raises (Prometheus unreachable)."""
+    out: dict[str, float] = {}
+    for series in query(POD_LOAD.format(sel=selector(namespace, model), role=role)):
+        pod = (series.get("metric") or {}).get("pod")
+        value = _scalar([series])
+        if pod and value is not None:
+            out[pod] = value
+    return out
+
+
 def selector(namespace: str, model: str) -> str:
     return f'namespace="{namespace}",model="{model}"'
 

@@ -17,7 +17,9 @@ What it writes (merge patch on the status subresource, guarded by resourceVersio
 
 With autoscaling enabled it is also the one writer of each pool Deployment's ``spec.replicas``: after recording a
 decision it server-side-applies the count through the Deployment's ``/scale`` subresource under its own field
-manager (``disagg-autoscaler``, HPA's pattern); the operator's own applies leave the field out. Every tick it also
+manager (``disagg-autoscaler``, HPA's pattern); the operator's own applies leave the field out. Before a scale-down
+it sets each pool pod's ``controller.kubernetes.io/pod-deletion-cost`` to its in-flight requests, so the idlest pods
+go (autoscaling/deletion.py). Every tick it also
 checks the Deployments against the record (level-triggered): a count someone else changed is set back, with a
 Warning Event ``ReplicasConflict`` naming the other field manager (never silently).
 Each scaling decision and mode flip is an Event and a metric. Time comes from an injectable clock.
@@ -36,13 +38,14 @@ from prometheus_client import Counter, Gauge
 from pydantic import ValidationError
 
 from .. import logs
-from ..api.contract import Role
+from ..api.contract import LABEL_MODEL, LABEL_ROLE, Role
 from ..api.models import ActiveMode, DisaggregatedModel, Mode
 from ..api.spec import PrometheusSpec
 from ..autoscaling.access import PrometheusAccess, QueryFn, connect
+from ..autoscaling.deletion import POD_DELETION_COST, deletion_costs
 from ..autoscaling.loop import LoopState, PoolReplicas, StepResult, step
 from ..autoscaling.mode import ModeState
-from ..autoscaling.queries import NOT_CONFIGURED, Sample, collect
+from ..autoscaling.queries import NOT_CONFIGURED, Sample, collect, pod_load
 from ..builders import parse_model
 from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, desired_replicas
 from .apply import replicas_managers
@@ -92,13 +95,20 @@ class Autoscaler:
 
     # ------------------------------------------------------------------ one tick
     def sample(self, dm: DisaggregatedModel, namespace: str, name: str) -> Sample:
-        prom = dm.spec.autoscaling.prometheus
-        if prom is None and self.default_access is None:
+        query = self.query_of(dm, namespace)
+        if query is None:
             return Sample({}, error="spec.autoscaling.prometheus is not set and the operator has no default "
                           "(chart value prometheus.url): no metrics to act on", reason=NOT_CONFIGURED)
+        return collect(query, namespace, name, dm.spec)
+
+    def query_of(self, dm: DisaggregatedModel, namespace: str) -> QueryFn | None:
+        """The model's Prometheus (its own block, else the operator's default) as a query function; None: neither."""
+        prom = dm.spec.autoscaling.prometheus
+        if prom is None and self.default_access is None:
+            return None
         access = self.default_access if prom is None else self.access(namespace, prom)
         assert access is not None
-        return collect(self.query_factory(access), namespace, name, dm.spec)
+        return self.query_factory(access)
 
     def access(self, namespace: str, prom: PrometheusSpec) -> PrometheusAccess:
         """The model's Prometheus with its Secrets read (a Secret that cannot be read is logged and left out: the
@@ -232,12 +242,43 @@ class Autoscaler:
             recorded = parse_model(body)
             for pool in POOLS:
                 decision = r.decisions.get(pool)
-                self.sync_replicas(body, pool, desired_replicas(recorded, pool),
-                                   decided=decision is not None and decision.changed)
+                decided = decision is not None and decision.changed
+                mark = (lambda p=pool: self.mark_idlest(dm, ns, name, p)) if decided else None
+                self.sync_replicas(body, pool, desired_replicas(recorded, pool), decided=decided, on_scale_down=mark)
 
-    def sync_replicas(self, body: Mapping[str, Any], pool: Role, target: int, decided: bool = False) -> None:
+    def mark_idlest(self, dm: DisaggregatedModel, ns: str, name: str, pool: Role) -> dict[str, int] | None:
+        """Before a scale-down the autoscaler decided: every pod of the pool gets its in-flight requests as its
+        ``controller.kubernetes.io/pod-deletion-cost`` (autoscaling/deletion.py), so the ReplicaSet removes the
+        idlest pods. Best effort: without a measurement (Prometheus unreadable) the ReplicaSet chooses by its own
+        ranks, and the scale-down goes ahead. Returns the costs set (None: not measured)."""
+        query = self.query_of(dm, ns)
+        if query is None:
+            return None
+        try:
+            load = pod_load(query, ns, name, pool)
+        except Exception as exc:  # noqa: BLE001 - any failure to reach Prometheus: the ReplicaSet's own ranking
+            log.warning("pod load unreadable: the ReplicaSet chooses the pods to remove", model=f"{ns}/{name}",
+                        pool=pool, error=f"{type(exc).__name__}: {exc}"[:300])
+            return None
+        core = client.CoreV1Api(self.kube.api)
+        annotations: dict[str, dict[str, str]] = {}  # pod name → its annotations, pods being deleted left out
+        for p in core.list_namespaced_pod(ns, label_selector=f"{LABEL_MODEL}={name},{LABEL_ROLE}={pool}").items:
+            meta = p.metadata
+            if meta is not None and meta.name and not meta.deletion_timestamp:
+                annotations[meta.name] = dict(meta.annotations or {})
+        costs = deletion_costs(annotations, load)
+        for pod, cost in costs.items():
+            if annotations[pod].get(POD_DELETION_COST) != str(cost):
+                core.patch_namespaced_pod(pod, ns, {"metadata": {"annotations": {POD_DELETION_COST: str(cost)}}},
+                                          field_manager=AUTOSCALER_FIELD_MANAGER)
+        log.info("deletion costs", model=f"{ns}/{name}", pool=pool, costs=costs)
+        return costs
+
+    def sync_replicas(self, body: Mapping[str, Any], pool: Role, target: int, decided: bool = False,
+                      on_scale_down: Callable[[], object] | None = None) -> None:
         """Make the pool's Deployment carry ``target`` replicas, written through /scale under the autoscaler's field
-        manager. A count another writer set is reported (Warning ReplicasConflict) before it is set back."""
+        manager. A count another writer set is reported (Warning ReplicasConflict) before it is set back.
+        ``on_scale_down`` runs first when the write removes pods (the deletion costs)."""
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         deployment = f"{name}-{pool}"
         live = self.kube.get("Deployment", ns, deployment)
@@ -255,6 +296,8 @@ class Autoscaler:
                       f"its replicas (spec.autoscaling.enabled): set back to {target}")
             log.warning("replicas conflict", model=f"{ns}/{name}", pool=pool, was=replicas, to=target,
                         managers=others)
+        if on_scale_down is not None and target < replicas:
+            on_scale_down()
         self.kube.apply_scale(ns, deployment, target, AUTOSCALER_FIELD_MANAGER)
 
     # ------------------------------------------------------------------ the daemon body
