@@ -139,8 +139,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _wire(args: argparse.Namespace) -> None:
+    """Parts a subcommand takes from a layer above its own, given here, at the top: the operator's predictive
+    autoscaler sizes pools with the capacity planner's performance model (disagg.plan sits above the controller)."""
+    if getattr(args, "needs_sizer", False):
+        from .plan.sizing import sizer_for_spec
+
+        args.sizer_for = sizer_for_spec
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _wire(args)
     return int(args.func(args))
 
 

@@ -111,3 +111,71 @@ def test_kv_transfer_health_is_measured() -> None:
     assert healthy.kv_transfer[:2] == ("True", "TransfersSucceeding") and "50 ms" in healthy.kv_transfer[2]
     idle = step(spec(), POOLS, Sample({"targets_up": 3}), LoopState(), 0, "t")
     assert idle.kv_transfer[:2] == ("Unknown", "NoRemoteTraffic")
+
+
+class _Sizer:
+    """Stand-in sizing: one replica per 2 req/s of each pool's traffic at the headroom."""
+
+    def size(self, load, headroom, ttft_corr, tpot_corr):  # noqa: ARG002
+        from disagg.autoscaling.predictive import Need
+
+        return Need(max(1, -(-load.remote_rps // (2 * headroom))), max(1, -(-load.rps // (2 * headroom))))
+
+    def expected(self, load, prefill, decode):  # noqa: ARG002
+        from disagg.autoscaling.predictive import Expected
+
+        return Expected(None, None)
+
+    def per_replica(self, load, ttft_corr, tpot_corr):  # noqa: ARG002
+        return 2.0, 2.0
+
+
+def _load_sample(remote: float, local: float) -> Sample:
+    """A predictive sample: ``remote`` and ``local`` requests in a 30-s interval (spec's intervalSeconds)."""
+    inc = {"prefill:vllm:request_prompt_tokens_sum": remote * 8000, "prefill:vllm:request_prompt_tokens_count": remote,
+           "decode:vllm:request_prompt_tokens_sum": remote * 8000 + local * 400,
+           "decode:vllm:request_prompt_tokens_count": remote + local,
+           "decode:vllm:nixl_xfer_time_seconds_count": remote, "arrivals": remote + local}
+    return Sample({"targets_up": 5, **{f"increase:{k}": v for k, v in inc.items()}})
+
+
+def _predictive_state(s: DisaggregatedModelSpec) -> LoopState:
+    from disagg.autoscaling.predictive import PredictivePolicy, PredictiveSettings
+
+    return LoopState(predictive=PredictivePolicy(_Sizer(), PredictiveSettings.from_spec(s, 60.0)))
+
+
+def test_the_predictive_policy_sizes_from_the_samples_increments() -> None:
+    s = spec(prefill={"replicas": 1, "maxReplicas": 10}, decode={"replicas": 1, "maxReplicas": 10},
+             autoscaling={"enabled": True, "prometheus": {"url": "http://p:9090"}, "policy": "Predictive",
+                          "maxStep": 10})
+    state = _predictive_state(s)
+    pools = {"prefill": PoolReplicas(1, 1), "decode": PoolReplicas(1, 1)}
+    out = step(s, pools, _load_sample(90, 210), state, 0, "t")  # 3 remote + 7 local req/s
+    assert out.decisions["prefill"].desired == 2 and out.decisions["decode"].desired == 7  # ⌈3/1.6⌉, ⌈10/1.6⌉
+    assert out.decisions["prefill"].reason.startswith("up: model needs 2")
+    assert state.last_load is not None and state.last_load.remote_rps == 3.0
+
+
+def test_the_predictive_policy_keeps_the_specs_shared_bounds() -> None:
+    s = spec(prefill={"replicas": 1, "maxReplicas": 10, "gpu": {"count": 1}},
+             decode={"replicas": 1, "maxReplicas": 10, "gpu": {"count": 1}},
+             autoscaling={"enabled": True, "prometheus": {"url": "http://p:9090"}, "policy": "Predictive",
+                          "maxStep": 10, "gpuBudget": 6})
+    out = step(s, {"prefill": PoolReplicas(1, 1), "decode": PoolReplicas(1, 1)}, _load_sample(90, 210),
+               _predictive_state(s), 0, "t")
+    assert out.decisions["prefill"].desired + out.decisions["decode"].desired == 6
+    assert any("gpuBudget 6" in d.reason for d in out.decisions.values())
+
+
+def test_a_failed_sample_holds_the_predictive_policy() -> None:
+    s = spec(autoscaling={"enabled": True, "prometheus": {"url": "http://p:9090"}, "policy": "Predictive"})
+    out = step(s, POOLS, Sample({}, error="Prometheus query arrivals failed"), _predictive_state(s), 0, "t")
+    assert all(not d.changed and "holding" in d.reason for d in out.decisions.values())
+
+
+def test_proportional_decisions_say_why_the_predictive_policy_is_not_running() -> None:
+    state = LoopState(predictive_unavailable="Predictive unavailable: spec.model.name 'm' matches no model")
+    sample = Sample({"prefill_queue_wait_p95": 0.9, "remote_ttft_p95": 1.5, "targets_up": 5})
+    out = step(spec(), POOLS, sample, state, 0, "t")
+    assert all("(proportional: Predictive unavailable: spec.model.name" in d.reason for d in out.decisions.values())

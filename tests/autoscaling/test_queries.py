@@ -9,11 +9,23 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from tests.exporter import text_exporter
 
 from disagg.api.models import DisaggregatedModelSpec
-from disagg.autoscaling.queries import POD_LOAD, QUERIES, QueryFn, Sample, collect, connect, pod_load, render, selector
+from disagg.autoscaling.observe import INCREASES
+from disagg.autoscaling.queries import (
+    LOAD_PREFIX,
+    POD_LOAD,
+    QUERIES,
+    QueryFn,
+    Sample,
+    collect,
+    connect,
+    pod_load,
+    render,
+    selector,
+)
 from disagg.local.procs import free_ports
 from disagg.local.prometheus import LocalPrometheus, Target
 from disagg.poll import wait_for
@@ -111,6 +123,45 @@ def test_pod_load_is_each_pods_running_plus_waiting(prometheus) -> None:
     finally:
         for server in servers:
             server.shutdown()
+        prometheus.set_targets([])
+
+
+@pytest.mark.parametrize("name", sorted(INCREASES))
+def test_predictive_increment_is_valid_promql(prometheus, name) -> None:
+    out = _api(prometheus, INCREASES[name].format(sel=selector("ns", "m"), w="30s"))
+    assert out["status"] == "success", out
+
+
+def test_a_predictive_model_collects_its_increments(prometheus) -> None:
+    """With policy Predictive the sample carries every increment over intervalSeconds (autoscaling/observe.py);
+    a proportional model's sample has none (no extra queries). Its own model name: the module's Prometheus still
+    holds the other tests' series of model m within the averaging window."""
+    registry = CollectorRegistry()
+    decisions = Counter("disagg_routing_decisions", "decisions", ["decision"], registry=registry)
+    Gauge("vllm:num_requests_running", "running", registry=registry).set(4)
+    server = text_exporter(registry)
+    autoscaling: dict[str, Any] = {"enabled": True, "prometheus": {"url": "http://p"}, "intervalSeconds": 10}
+    base = {"model": {"name": "m"}, "autoscaling": autoscaling}
+    try:
+        prometheus.set_targets([Target(f"127.0.0.1:{server.server_address[1]}",
+                                       {"namespace": "ns", "model": "pm", "role": "decode"})])
+        query = connect(prometheus.url)
+        predictive = DisaggregatedModelSpec.model_validate({**base, "autoscaling": {**autoscaling,
+                                                                                    "policy": "Predictive"}})
+
+        def counted() -> Sample | None:
+            decisions.labels("remote").inc()
+            sample = collect(query, "ns", "pm", predictive)
+            return sample if (sample.get(LOAD_PREFIX + "arrivals") or 0) > 0 else None
+
+        sample = wait_for(counted, 30, "routed requests counted in the interval", interval=0.5)
+        assert sample.error is None
+        assert set(INCREASES) <= {k.removeprefix(LOAD_PREFIX) for k in sample.values if k.startswith(LOAD_PREFIX)}
+        assert sample.get(LOAD_PREFIX + "decode:vllm:num_requests_running") == 4
+        proportional = collect(query, "ns", "pm", DisaggregatedModelSpec.model_validate(base))
+        assert not any(k.startswith(LOAD_PREFIX) for k in proportional.values)
+    finally:
+        server.shutdown()
         prometheus.set_targets([])
 
 

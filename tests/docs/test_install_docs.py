@@ -50,7 +50,8 @@ def _verbs(rules: dict[rbac_table.Rule, list[str]], resource: str) -> set[str]:
 
 
 CANNOT: dict[str, Any] = {
-    "creates no pods": lambda rules: not _verbs(rules, "pods") & {"create", "update", "patch", "*"},
+    # patch: the deletion-cost annotation before a scale-down (the prose says so); never create or update
+    "creates no pods": lambda rules: not _verbs(rules, "pods") & {"create", "update", "*"},
     "cannot list or watch Secrets": lambda rules: _verbs(rules, "secrets") <= {"get"},
     "cannot touch cluster roles or nodes": lambda rules: not any(
         _verbs(rules, r) for r in ("clusterroles", "clusterrolebindings", "nodes", "*")),

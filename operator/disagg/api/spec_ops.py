@@ -92,6 +92,23 @@ class AutoscalingSpec(ApiModel):
     prefill_decode_ratio: RatioBounds = Field(
         default_factory=RatioBounds, description="Bounds on prefill replicas ÷ decode replicas."
     )
+    policy: Literal["Proportional", "Predictive"] = Field(
+        default="Proportional",
+        description="Proportional: each pool moves by its most pressing signal ÷ its target (queue wait, TTFT, TPOT, "
+        "running sequences, KV-cache usage), HPA-style. Predictive: forecast the next intervals' arrival rate and "
+        "token mix (Holt's method) and size both pools for it with the capacity planner's performance model, "
+        "corrected by observed ÷ expected latency, with hysteresis and at most 6 scale-downs per pool per hour "
+        "(docs/autoscaling.md). Predictive needs a model and GPU the performance model knows (disagg plan's "
+        "presets); otherwise the model scales proportionally and each decision's reason says why.",
+    )
+    pod_start_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="Predictive policy: seconds from a scale-up to a serving pod (image pull, weight load, "
+        "compilation), which sets how far ahead it forecasts. Default: estimated from the model's size (a "
+        "compilation figure plus weights at 2 GB/s); measure yours (a pod's creation to Ready) and set it.",
+    )
 
 
 class ModeProbeSpec(ApiModel):

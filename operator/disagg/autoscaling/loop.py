@@ -8,12 +8,15 @@ ConfigMap from status). Keeping this step pure makes the whole loop table-testab
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..api.models import ActiveMode, DisaggregatedModelSpec, Mode, ObservedStatus
+from .forecast import Load
 from .mode import ModeSignals, ModeState, next_state
-from .policy import Decision, History, PoolSignals, Signals, decide
-from .queries import Sample
+from .observe import HISTOGRAMS, observation
+from .policy import Decision, History, PoolSignals, Signals, bounded, decide
+from .predictive import Observation, PredictivePolicy
+from .queries import LOAD_PREFIX, Sample
 
 
 @dataclass
@@ -22,6 +25,13 @@ class LoopState:
 
     history: History = field(default_factory=History)
     mode: ModeState | None = None
+    # spec.autoscaling.policy Predictive: the policy (its forecast, corrections and scale-down record), or why it
+    # cannot run for this model (the proportional policy then decides, and says so); ``predictive_key``: the spec
+    # it was built for (rebuilt when the spec changes)
+    predictive: PredictivePolicy | None = None
+    predictive_unavailable: str | None = None
+    predictive_key: str | None = None
+    last_load: Load | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,25 @@ def kv_transfer_condition(spec: DisaggregatedModelSpec, sample: Sample) -> tuple
     return "True", "TransfersSucceeding", figures
 
 
+def _observation(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: Sample, state: LoopState,
+                 now: float) -> Observation:
+    """The predictive policy's input from the sample's increments (autoscaling/observe.py: one derivation with the
+    twin's connector); the interval is spec.autoscaling.intervalSeconds. A failed sample holds."""
+    inc: dict[str, dict[str, float]] = {"prefill": {}, "decode": {}}
+    for pool, family in HISTOGRAMS:
+        for part in ("sum", "count"):
+            key = f"{family}_{part}"
+            inc[pool][key] = sample.get(f"{LOAD_PREFIX}{pool}:{key}") or 0.0
+    obs = observation(now, float(spec.autoscaling.interval_seconds), inc["prefill"], inc["decode"],
+                      sample.get(LOAD_PREFIX + "arrivals") or 0.0,
+                      sample.get(LOAD_PREFIX + "decode:vllm:num_requests_running") or 0.0,
+                      {n: p.ready for n, p in pools.items()}, {n: p.replicas for n, p in pools.items()},
+                      state.last_load)
+    if obs.load is not None:
+        state.last_load = obs.load
+    return replace(obs, stale_reason=sample.error) if sample.error else obs
+
+
 def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: Sample, state: LoopState,
          now: float, now_iso: str, current_mode: ActiveMode | None = None) -> StepResult:
     g = sample.get
@@ -134,7 +163,13 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
                                running_per_replica=g("decode_running_per_replica"),
                                kv_cache_usage=g("decode_kv_cache_usage")),
         )
-        decisions = decide(spec, signals, state.history)
+        if state.predictive is not None:
+            decisions = bounded(spec, state.predictive.step(_observation(spec, pools, sample, state, now)))
+        else:
+            decisions = decide(spec, signals, state.history)
+            if state.predictive_unavailable:
+                decisions = {n: replace(d, reason=f"{d.reason} (proportional: {state.predictive_unavailable})")
+                             for n, d in decisions.items()}
 
     before = state.mode or ModeState(active=current_mode or ActiveMode.DISAGGREGATED, since=now,
                                      reason="operator started")

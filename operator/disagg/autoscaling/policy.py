@@ -214,6 +214,18 @@ def decide(spec: DisaggregatedModelSpec, signals: Signals, history: History) -> 
             for name in pools}
 
 
+def bounded(spec: DisaggregatedModelSpec, decisions: dict[str, Decision]) -> dict[str, Decision]:
+    """Another policy's decisions (the predictive one's) under the spec's shared bounds: the prefill:decode ratio
+    and the GPU budget (growth taken back from prefill first: no pressure figure to order by)."""
+    desired: dict[PoolName, int] = {"prefill": decisions["prefill"].desired, "decode": decisions["decode"].desired}
+    reasons: dict[PoolName, str] = {"prefill": decisions["prefill"].reason, "decode": decisions["decode"].reason}
+    current: dict[PoolName, int] = {"prefill": decisions["prefill"].current, "decode": decisions["decode"].current}
+    _apply_ratio_bounds(spec, desired, reasons)
+    _apply_gpu_budget(spec, desired, {"prefill": None, "decode": None}, current, reasons)
+    return {name: Decision(name, current[name], desired[name], decisions[name].pressure, reasons[name])
+            for name in ("prefill", "decode")}
+
+
 def _apply_ratio_bounds(spec: DisaggregatedModelSpec, desired: dict[PoolName, int],
                         reasons: dict[PoolName, str]) -> None:
     bounds = spec.autoscaling.prefill_decode_ratio

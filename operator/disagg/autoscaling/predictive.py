@@ -30,6 +30,7 @@ with the constant predictor (next interval = this one) and no hysteresis beyond 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -83,6 +84,11 @@ class Sizer(Protocol):
     def per_replica(self, load: Load, ttft_corr: float, tpot_corr: float) -> tuple[float, float]:
         """Requests/s one prefill replica (of the remote share) and one decode replica (of all) hold at the SLA."""
         ...
+
+
+# A model's sizing and pod start (seconds), or why it has none (plan/sizing.sizer_for_spec; injected: the planner
+# is a layer above the operator)
+SizerFor = Callable[[DisaggregatedModelSpec], "tuple[Sizer, float] | str"]
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..api.models import DisaggregatedModelSpec
 from . import access
+from .observe import INCREASES
 
 # name -> (PromQL template, description). {sel} is the model selector; {w} the window.
 QUERIES: dict[str, tuple[str, str]] = {
@@ -172,7 +173,20 @@ def collect(query: QueryFn, namespace: str, model: str, spec: DisaggregatedModel
         values[name] = _scalar(result)
     if not values.get("targets_up"):
         return Sample(values, error="no scrape target of this model is up in Prometheus", reason=NO_SCRAPE_TARGETS)
+    if spec.autoscaling.enabled and spec.autoscaling.policy == "Predictive":
+        # the predictive policy's interval: increments over spec.autoscaling.intervalSeconds (autoscaling/observe.py)
+        w = f"{max(spec.autoscaling.interval_seconds, 2)}s"
+        for key, template in INCREASES.items():
+            try:
+                result = query(template.format(sel=selector(namespace, model), w=w))
+            except Exception as e:  # noqa: BLE001 - as above
+                return Sample(values, error=f"Prometheus query {key} failed: {type(e).__name__}: {e}"[:300],
+                              reason=PROMETHEUS_UNAVAILABLE)
+            values[LOAD_PREFIX + key] = _scalar(result)
     return Sample(values)
+
+
+LOAD_PREFIX = "increase:"  # Sample.values keys of the predictive policy's increments (observe.INCREASES' names)
 
 
 def _scalar(result: list[dict[str, Any]]) -> float | None:

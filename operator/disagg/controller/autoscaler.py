@@ -45,6 +45,7 @@ from ..autoscaling.access import PrometheusAccess, QueryFn, connect
 from ..autoscaling.deletion import POD_DELETION_COST, deletion_costs
 from ..autoscaling.loop import LoopState, PoolReplicas, StepResult, step
 from ..autoscaling.mode import ModeState
+from ..autoscaling.predictive import PredictivePolicy, PredictiveSettings, SizerFor
 from ..autoscaling.queries import NOT_CONFIGURED, Sample, collect, pod_load
 from ..builders import parse_model
 from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, desired_replicas
@@ -92,6 +93,8 @@ class Autoscaler:
     skipped_writes: int = 0  # ticks whose outcome was already recorded (no status write)
     # the operator-wide Prometheus (chart values prometheus.*) for models whose spec names none
     default_access: PrometheusAccess | None = None
+    # spec.autoscaling.policy Predictive: a model's sizing (plan/sizing.sizer_for_spec, given by disagg.cli)
+    sizer_for: SizerFor | None = None
 
     # ------------------------------------------------------------------ one tick
     def sample(self, dm: DisaggregatedModel, namespace: str, name: str) -> Sample:
@@ -166,10 +169,35 @@ class Autoscaler:
             starting = ps["starting"] if "starting" in ps else not ps.get("readyReplicas")
             pools[pool] = PoolReplicas(int(ps.get("desiredReplicas", spec_replicas)), int(ps.get("readyReplicas", 0)),
                                        starting=bool(starting))
+        self.predictive(state, dm)
         now_iso = rfc3339(self.clock.now())
         result = step(dm.spec, pools, sample, state, mono, now_iso, current_mode=current)
         self.apply(body, dm, result, now_iso)
         return result
+
+    def predictive(self, state: LoopState, dm: DisaggregatedModel) -> None:
+        """Keep the model's predictive policy in ``state`` for spec.autoscaling.policy Predictive: built once per
+        spec (its sizing, SLOs and bounds; a spec change starts it over), or the reason it cannot run, which the
+        proportional policy's decisions then carry."""
+        a = dm.spec.autoscaling
+        if not a.enabled or a.policy != "Predictive":
+            state.predictive, state.predictive_unavailable, state.predictive_key = None, None, None
+            return
+        key = dm.spec.model_dump_json(include={"model", "prefill", "decode", "slo", "autoscaling", "kv_transfer"})
+        if key == state.predictive_key:
+            return
+        state.predictive_key = key
+        made = self.sizer_for(dm.spec) if self.sizer_for is not None else \
+            "this operator runs without the performance model (started outside `disagg operator`)"
+        if isinstance(made, str):
+            state.predictive, state.predictive_unavailable = None, f"Predictive unavailable: {made}"
+            log.warning("predictive policy unavailable", model=dm.metadata.get("name"), reason=made)
+            return
+        sizer, pod_start = made
+        state.predictive = PredictivePolicy(sizer, PredictiveSettings.from_spec(dm.spec, pod_start))
+        state.predictive_unavailable = None
+        log.info("predictive policy", model=dm.metadata.get("name"), pod_start_s=round(pod_start, 1),
+                 horizon_intervals=state.predictive.s.horizon)
 
     def _patch(self, body: Mapping[str, Any], dm: DisaggregatedModel, r: StepResult, now: str) -> dict[str, Any]:
         """The status merge patch of one step (``unchanged_but_time`` tells whether it changes anything)."""

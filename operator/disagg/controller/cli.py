@@ -36,7 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="serve Prometheus metrics (disagg_operator_*) on this port")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=("json", "console"), default="json")
-    p.set_defaults(func=_cmd_operator)
+    p.set_defaults(func=_cmd_operator, needs_sizer=True)  # disagg.cli gives it args.sizer_for (plan/sizing.py)
 
     p = subparsers.add_parser("render", help="print the manifests the operator creates for a DisaggregatedModel")
     p.add_argument("file", nargs="?", type=Path, help="DisaggregatedModel YAML (multi-document allowed; - = stdin)")
@@ -119,7 +119,8 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         bound = float(os.environ.get("DISAGG_UPGRADE_ROLLOUT_BOUND_SECONDS") or UPGRADE_BOUND_SECONDS)
     try:  # a wrong operator setting (DISAGG_ROUTER_*, DISAGG_TRACING_*, DISAGG_PROMETHEUS_*) stops it here, named
         config = ControllerConfig(kubeconfig=args.kubeconfig, build=_build_settings(args), upgrade_bound=bound,
-                                  default_prometheus=default_from_env(os.environ))
+                                  default_prometheus=default_from_env(os.environ),
+                                  sizer_for=getattr(args, "sizer_for", None))
     except ValueError as e:
         print(f"disagg operator: {e}", file=sys.stderr)
         return 2

@@ -39,6 +39,7 @@ from .. import logs
 from ..api.contract import LABEL_MANAGED_BY, LABEL_MODEL, MANAGED_BY
 from ..api.models import GROUP, PLURAL, VERSION
 from ..autoscaling.access import PrometheusAccess
+from ..autoscaling.predictive import SizerFor
 from ..builders import BuildSettings
 from ..kube import api_client
 from .apply import REJECTED
@@ -84,6 +85,9 @@ class ControllerConfig:
     # often a model whose pod-template change is held (RolloutPending=True) checks whether its turn has come.
     upgrade_bound: float = UPGRADE_BOUND_SECONDS
     upgrade_poll_seconds: float = 15.0
+    # spec.autoscaling.policy Predictive: the performance model's sizing for a spec (plan/sizing.sizer_for_spec,
+    # given by disagg.cli: the planner is a layer above); None: predictive models scale proportionally, and say so
+    sizer_for: SizerFor | None = None
 
 
 def operator_settings(settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
@@ -267,7 +271,7 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     register_groups(registry, rec, _children_of, requeue)  # pods of multi-node groups (controller/groups.py)
 
     if config.autoscaler:
-        register_autoscaler(registry, rec, config.default_prometheus)
+        register_autoscaler(registry, rec, config.default_prometheus, config.sizer_for)
     return rec
 
 
@@ -289,14 +293,15 @@ def _measured(spec: Mapping[str, Any], has_default: bool) -> bool:
 
 
 def register_autoscaler(registry: kopf.OperatorRegistry, rec: Reconciler,
-                        default_prometheus: PrometheusAccess | None = None) -> None:
+                        default_prometheus: PrometheusAccess | None = None, sizer_for: SizerFor | None = None) -> None:
     """One daemon per measured model (:func:`_measured`): every spec.autoscaling.intervalSeconds it measures, decides
     pool sizes and the active mode, records them in status and writes pool sizes through /scale
     (disagg.controller.autoscaler); the status-event handler above then rewrites the router's ConfigMap. kopf holds
     a finalizer on such models so that the daemon stops cleanly."""
     from .autoscaler import Autoscaler
 
-    scaler = Autoscaler(kube=rec.kube, emit=_emit, clock=rec.clock, default_access=default_prometheus)
+    scaler = Autoscaler(kube=rec.kube, emit=_emit, clock=rec.clock, default_access=default_prometheus,
+                        sizer_for=sizer_for)
 
     def measured(spec: Mapping[str, Any], **_: Any) -> bool:
         return _measured(spec, scaler.default_access is not None)

@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..api.models import DisaggregatedModelSpec
 from ..autoscaling.forecast import Load
 from ..autoscaling.predictive import Expected, Need
 from ..perf.presets import GPUPreset, ModelPreset, TransportPreset, vllm_batch_defaults
@@ -143,3 +144,33 @@ def _fewest(ok: Callable[[int], bool], hi: int) -> int:
         else:
             lo = mid
     return hi
+
+
+def sizer_for_spec(spec: DisaggregatedModelSpec) -> tuple[ModelSizer, float] | str:
+    """The predictive autoscaler's sizing for a model (``spec.autoscaling.policy: Predictive``) and its pod start
+    (``spec.autoscaling.podStartSeconds``, else the twin's estimate from the model's size), or why the performance
+    model cannot size it (the operator then scales proportionally and says so in each decision's reason)."""
+    from ..perf.presets import PresetError, get_gpu, get_transport, infer_model
+    from ..plan.verify import TRANSPORTS
+    from ..twin.autoscaler import pod_start_s
+
+    model = infer_model(spec.model.name)
+    if model is None:
+        return f"spec.model.name {spec.model.name!r} matches no model of the performance model (disagg plan's presets)"
+    products = {spec.prefill.gpu.product, spec.decode.gpu.product}
+    if len(products) != 1 or None in products:
+        return ("spec.prefill.gpu.product and spec.decode.gpu.product must name the same GPU for the predictive "
+                f"sizing (got {spec.prefill.gpu.product!r} and {spec.decode.gpu.product!r})")
+    for where, pool in (("spec.prefill", spec.prefill), ("spec.decode", spec.decode)):
+        if pool.parallelism.pipeline != 1 or pool.parallelism.data != 1 or pool.nodes_per_replica != 1:
+            return f"{where}: the performance model sizes tensor-parallel single-node replicas only"
+    try:
+        gpu = get_gpu(str(spec.decode.gpu.product))
+        transport = get_transport(TRANSPORTS.get(str(spec.kv_transfer.transport), "rdma"))
+    except PresetError as e:
+        return f"spec.decode.gpu.product: {e}"
+    sizer = ModelSizer(gpu, model, transport, spec.slo.ttft_p95_ms / 1000.0, spec.slo.tpot_p95_ms / 1000.0,
+                       prefill_tp=spec.prefill.parallelism.tensor, decode_tp=spec.decode.parallelism.tensor,
+                       max_replicas=max(spec.prefill.max_replicas, spec.decode.max_replicas))
+    start = spec.autoscaling.pod_start_seconds
+    return sizer, float(start) if start is not None else pod_start_s(model.name, tp=spec.decode.parallelism.tensor)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.models import DisaggregatedModelSpec
-from ..autoscaling.forecast import Load
+from ..autoscaling.observe import observation
 from ..autoscaling.policy import Decision, History, PoolSignals, Signals, decide
 from ..autoscaling.predictive import Observation
 from ..perf.presets import get_model
@@ -60,6 +60,11 @@ def pod_start_s(model_preset: str, compile_cache: bool = False, tp: int = 1) -> 
 
 
 Policy = Callable[[Observation, Signals], dict[str, Decision]]
+
+
+def _mean(acc: dict[str, float], h: str) -> float | None:
+    c = acc.get(h + "_count", 0.0)
+    return acc.get(h + "_sum", 0.0) / c if c > 0 else None
 
 
 def proportional(spec: DisaggregatedModelSpec) -> Policy:
@@ -182,38 +187,11 @@ class TwinAutoscaler:
         ready = self._ready(cluster)
         desired = {n: self._desired(cluster, n) for n in ("prefill", "decode")}
         p, d = delta["prefill"], delta["decode"]
-
-        def mean(acc: dict[str, float], h: str) -> float | None:
-            c = acc.get(h + "_count", 0.0)
-            return acc.get(h + "_sum", 0.0) / c if c > 0 else None
-
-        remote = p.get("vllm:request_prompt_tokens_count", 0.0)
-        remote_in = mean(p, "vllm:request_prompt_tokens") or 1.0
-        # the decode engines count every request's prompt, the remote ones' too (those pulled their KV: the NIXL
-        # transfer count); what is left is the local requests'
-        pulled = d.get("vllm:nixl_xfer_time_seconds_count", 0.0)
-        local_n = d.get("vllm:request_prompt_tokens_count", 0.0) - pulled
-        local_sum = d.get("vllm:request_prompt_tokens_sum", 0.0) - remote_in * pulled
-        local = max(0.0, n_arr - remote)
-        local_in = local_sum / local_n if local_n >= 1 and local_sum > 0 else None
-        tpot = mean(d, "vllm:request_time_per_output_token_seconds")
         running = gauges["decode"].get("vllm:num_requests_running", 0.0)
-        done = d.get("vllm:request_time_per_output_token_seconds_count", 0.0) / dt
-        # Little's law on the decode pool: running = completions/s × E[out] × TPOT
-        out = running / (done * tpot) if done > 0 and tpot else None
-        load = None
-        if n_arr > 0:
-            last = self.samples[-1]["load"] if self.samples and self.samples[-1]["load"] else None
-            if local_in is None or local_in > remote_in:  # too few local requests to measure: keep the last mean
-                local_in = last.local_in if last is not None else 512.0
-            load = Load(remote / dt, local / dt, max(1.0, remote_in), max(1.0, local_in),
-                        min(8192.0, max(1.0, out)) if out else (last.out if last is not None else 256.0))
-        qwait, pfill = mean(p, "vllm:request_queue_time_seconds"), mean(p, "vllm:request_prefill_time_seconds")
-        xfer = mean(d, "vllm:nixl_xfer_time_seconds") or 0.0
-        ttft = qwait + pfill + xfer if qwait is not None and pfill is not None else None
-        obs = Observation(now, load, desired["prefill"], ready["prefill"], desired["decode"], ready["decode"],
-                          remote_ttft_s=ttft, tpot_s=tpot,
-                          stale_reason=None if ready["decode"] else "no ready decode worker")
+        last = self.samples[-1]["load"] if self.samples and self.samples[-1]["load"] else None
+        obs = observation(now, dt, p, d, n_arr, running, ready, desired, last)
+        qwait = _mean(p, "vllm:request_queue_time_seconds")
+        ttft, tpot = obs.remote_ttft_s, obs.tpot_s
         np_, nd = max(1, ready["prefill"]), max(1, ready["decode"])
         signals = Signals(
             time=now, stale_reason=obs.stale_reason,
