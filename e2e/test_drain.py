@@ -27,8 +27,8 @@ from kubernetes import client
 
 from disagg.load import loadgen
 from disagg.load.workload import Mix, RequestClass, generate
-from disagg.local.harness import ModelHarness, requests_running_at, router_workers_at
-from disagg.local.stack import LocalStack, pod_ip, pod_ready
+from disagg.local.harness import REAL_TIME, ModelHarness, requests_running_at, router_workers_at, started_stack
+from disagg.local.stack import pod_ip, pod_ready
 from disagg.poll import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -56,19 +56,16 @@ MODELS: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ModelHarness]]:
     logs = tmp_path_factory.mktemp("drain-logs")
-    stack = LocalStack(namespace=NS, log_dir=logs, sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
-    try:
-        stack.start()
-        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
+    with started_stack(NS, logs, sim_env=REAL_TIME) as stack:
         harnesses = {name: ModelHarness(stack, name=name) for name in MODELS}
         with ThreadPoolExecutor(len(MODELS)) as ex:  # both models start at once
             for f in [ex.submit(h.deploy, MODELS[name]) for name, h in harnesses.items()]:
                 f.result()
-        yield harnesses
-        for h in harnesses.values():
-            h.stop()
-    finally:
-        stack.stop()
+        try:
+            yield harnesses
+        finally:
+            for h in harnesses.values():
+                h.stop()
 
 
 @dataclass

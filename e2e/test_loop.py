@@ -7,28 +7,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from kubernetes import client
 
 from disagg.demo.acts import run_loop
-from disagg.local.harness import ModelHarness
-from disagg.local.stack import LocalStack
+from disagg.local.harness import REAL_TIME, ModelHarness, serving, started_stack
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelHarness]:
-    logs = tmp_path_factory.mktemp("e2e-logs")
-    stack = LocalStack(namespace="e2e", log_dir=logs, sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
-    try:
-        stack.start()
-        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="e2e")))
-        d = ModelHarness(stack)
-        d.deploy()
-        yield d
-        d.stop()
-    finally:
-        stack.stop()
+    with (started_stack("e2e", tmp_path_factory.mktemp("e2e-logs"), sim_env=REAL_TIME) as stack,
+          serving(stack) as model):
+        yield model
 
 
 def test_the_loop(demo: ModelHarness) -> None:

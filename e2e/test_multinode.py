@@ -26,8 +26,8 @@ from kubernetes import client
 from disagg.builders import multinode as mn
 from disagg.load import loadgen
 from disagg.load.workload import Mix, RequestClass, generate
-from disagg.local.harness import ModelHarness, requests_running_at, router_workers_at
-from disagg.local.stack import LocalStack, pod_ip, pod_ready
+from disagg.local.harness import ModelHarness, requests_running_at, router_workers_at, serving, started_stack
+from disagg.local.stack import pod_ip, pod_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -49,16 +49,9 @@ LONG = Mix("mn", "long prompts, short whole answers",
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelHarness]:
-    stack = LocalStack(namespace=NS, log_dir=tmp_path_factory.mktemp("multinode-logs"))
-    try:
-        stack.start()
-        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
-        h = ModelHarness(stack, name=NAME)
-        h.deploy(OVERRIDES, timeout=90)
+    with (started_stack(NS, tmp_path_factory.mktemp("multinode-logs")) as stack,
+          serving(stack, OVERRIDES, timeout=90, name=NAME) as h):
         yield h
-        h.stop()
-    finally:
-        stack.stop()
 
 
 def pool_pods(h: ModelHarness, role: str) -> list[client.V1Pod]:

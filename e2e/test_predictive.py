@@ -8,29 +8,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from kubernetes import client
 
 from disagg.demo.acts import LONG_PROMPTS
-from disagg.local.harness import ModelHarness
-from disagg.local.stack import LocalStack
+from disagg.local.harness import REAL_TIME, ModelHarness, serving, started_stack
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelHarness]:
-    logs = tmp_path_factory.mktemp("predictive-logs")
-    stack = LocalStack(namespace="predictive", log_dir=logs, sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
-    try:
-        stack.start()
-        client.CoreV1Api(stack.api).create_namespace(
-            client.V1Namespace(metadata=client.V1ObjectMeta(name="predictive")))
-        m = ModelHarness(stack)
-        m.deploy({"autoscaling": {"policy": "Predictive", "podStartSeconds": 10}})
+    with (started_stack("predictive", tmp_path_factory.mktemp("predictive-logs"), sim_env=REAL_TIME) as stack,
+          serving(stack, {"autoscaling": {"policy": "Predictive", "podStartSeconds": 10}}) as m):
         yield m
-        m.stop()
-    finally:
-        stack.stop()
 
 
 def _prefill_reason(model: ModelHarness) -> str:

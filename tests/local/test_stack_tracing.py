@@ -8,14 +8,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
 from disagg import tracing
 from disagg.demo.run import trace_section
 from disagg.load.workload import MIXES
-from disagg.local.harness import ModelHarness
+from disagg.local.harness import REAL_TIME, serving, started_stack
 from disagg.local.jaeger import spans_by_name
-from disagg.local.stack import LocalStack
 
 pytestmark = pytest.mark.apiserver
 
@@ -23,14 +21,9 @@ NS = "tracing"
 
 
 def test_the_demo_model_traces_to_the_stacks_jaeger(tmp_path: Path) -> None:
-    stack = LocalStack(namespace=NS, log_dir=tmp_path / "logs", sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"},
-                       tracing=True)
-    assert stack.jaeger is not None
-    try:
-        stack.start()
-        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=NS)))
-        model = ModelHarness(stack)
-        model.deploy({"observability": stack.tracing_spec(1.0)})
+    with (started_stack(NS, tmp_path / "logs", sim_env=REAL_TIME, tracing=True) as stack,
+          serving(stack, {"observability": stack.tracing_spec(1.0)}) as model):
+        assert stack.jaeger is not None
         # long RAG prompts: the remote path, so one trace spans the router and both pools
         phase = model.drive("traced", MIXES["long-rag"], rate=1.0, seconds=4, seed=1, progress=False)
         assert phase.results and all(r.ok for r in phase.results), [r.error for r in phase.results]
@@ -48,7 +41,5 @@ def test_the_demo_model_traces_to_the_stacks_jaeger(tmp_path: Path) -> None:
         assert f" {tracing.ROUTER_SPAN} [disagg-router]" in section.waterfall[0]
         assert len(section.waterfall) == len(section.trace["spans"])
         url = stack.jaeger.url
-    finally:
-        stack.stop()
     with pytest.raises(OSError):  # stopped with the stack
         urllib.request.urlopen(url + "/api/services", timeout=2)

@@ -19,24 +19,14 @@ def run(rate: float = 1.5, seed: int = 7, out: Path | None = None, log_dir: Path
         say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """A fresh local stack, the demo model with :data:`~disagg.local.soak.SOAK_OVERRIDES`, the soak; returns the
     results document (settings, figures, faults, losses) and writes it to ``out``. Stops everything it started."""
-    from kubernetes import client
-
-    from ..local.harness import ModelHarness
+    from ..local.harness import REAL_TIME, serving, started_stack
     from ..local.soak import SOAK_OVERRIDES, Settings, Soak
-    from ..local.stack import LocalStack
 
-    stack = LocalStack(namespace="soak", log_dir=log_dir, sim_env={"DISAGG_SIM_TIME_SCALE": "1.0"})
-    try:
-        say("starting the local stack")
-        stack.start(say)
-        client.CoreV1Api(stack.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="soak")))
-        model = ModelHarness(stack)
+    say("starting the local stack")
+    with started_stack("soak", log_dir, say, sim_env=REAL_TIME) as stack:
         say("deploying the model; waiting until both pools serve")
-        model.deploy(SOAK_OVERRIDES)
-        report = Soak(model, Settings(rate=rate, seed=seed), say=say).run()
-        model.stop()
-    finally:
-        stack.stop()
+        with serving(stack, SOAK_OVERRIDES) as model:
+            report = Soak(model, Settings(rate=rate, seed=seed), say=say).run()
     doc = results_doc("soak", invoked_command(command_line(rate, seed)), report.to_json(), machine_facts())
     if out is not None:
         write_results(out, doc)

@@ -7,12 +7,13 @@ Used by ``disagg demo``, ``disagg bench autoscale`` and the e2e tests (:class:`M
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,35 @@ from .stack import LocalStack
 
 DEMO_MODEL = REPO_ROOT / "docs" / "examples" / "local-demo.yaml"
 POOLS = ("prefill", "decode")
+REAL_TIME = {"DISAGG_SIM_TIME_SCALE": "1.0"}  # the sims at the speed they model (the e2e tests' timing)
+
+
+@contextlib.contextmanager
+def started_stack(namespace: str, log_dir: Path | None, say: Callable[[str], None] = lambda _: None,
+                  **stack: Any) -> Iterator[LocalStack]:
+    """A started :class:`LocalStack` (``stack``: its options) with ``namespace`` created; stopped on exit."""
+    from kubernetes import client
+
+    local = LocalStack(namespace=namespace, log_dir=log_dir, **stack)
+    try:
+        local.start(say)
+        client.CoreV1Api(local.api).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+        yield local
+    finally:
+        local.stop()
+
+
+@contextlib.contextmanager
+def serving(stack: LocalStack, overrides: dict[str, Any] | None = None, timeout: float = 120,
+            **harness: Any) -> Iterator[ModelHarness]:
+    """One model (``harness``: :class:`ModelHarness` options) deployed on ``stack`` with ``overrides`` and serving
+    (:meth:`ModelHarness.deploy`); its sampler stopped on exit."""
+    model = ModelHarness(stack, **harness)
+    try:
+        model.deploy(overrides, timeout=timeout)
+        yield model
+    finally:
+        model.stop()
 
 
 @dataclass

@@ -368,7 +368,7 @@ class LocalRuntime:
             argv = [self.python, "-m", "disagg.cli", *argv[1:]]
         else:
             raise RuntimeError(f"local runtime runs `vllm serve` and `disagg` containers only, not {argv[:2]}")
-        return [*_bound_to(argv, local.ip), "--host", local.ip]
+        return [*bound_to(argv, local.ip), "--host", local.ip]
 
     def _supervise(self, pod: client.V1Pod, local: LocalPod) -> None:
         mounts = self._mounts(pod, local)
@@ -470,7 +470,7 @@ class LocalRuntime:
         log.info("container stopped", pod=f"{local.namespace}/{local.name}", code=code)
 
 
-def _bound_to(argv: list[str], ip: str) -> list[str]:
+def bound_to(argv: list[str], ip: str) -> list[str]:
     """The KV-events sockets of ``--kv-events-config`` bound on the pod's address, not every interface: in a pod
     ``tcp://*:5557`` is the pod's own network namespace; here every pod shares the machine's, and the second worker's
     bind of ``*:5557`` would fail (EADDRINUSE). The router subscribes at ``tcp://<pod IP>:5557`` either way."""

@@ -40,6 +40,14 @@ ENGINE_KEY = web.AppKey("engine", Engine)
 CFG_KEY = web.AppKey("cfg", SimConfig)
 
 
+
+def prompt_tokens_details(cached: int) -> dict[str, Any]:
+    """``usage.prompt_tokens_details`` as vLLM writes it (PromptTokenUsageInfo in
+    vllm/entrypoints/serve/engine/protocol.py, the same in 0.32.0 and 0.33.0: cached_tokens, created_cache_tokens,
+    multimodal_tokens); only the prefix cache's reuse is simulated, the others are null as for a text prompt
+    without cache-creation accounting."""
+    return {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
+
 class ApiError(Exception):
     def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError",
                  param: str | None = None) -> None:
@@ -435,7 +443,7 @@ class Api:
             "system_fingerprint": None,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
                       "completion_tokens": completion_tokens,
-                      "prompt_tokens_details": {"cached_tokens": sum(r.num_cached for r in reqs)}
+                      "prompt_tokens_details": prompt_tokens_details(sum(r.num_cached for r in reqs))
                       if self.prompt_tokens_details else None,
                       "completion_tokens_details": None},
         }
@@ -520,7 +528,7 @@ class Api:
                                          "total_tokens": req.prompt_len + req.num_output,
                                          "completion_tokens": req.num_output}
                 if self.prompt_tokens_details:
-                    usage["prompt_tokens_details"] = {"cached_tokens": req.num_cached}
+                    usage["prompt_tokens_details"] = prompt_tokens_details(req.num_cached)
                 last: dict[str, Any] = {"id": request_id, "object": obj, "created": created, "model": model,
                                         "choices": [], "usage": usage}
                 if self.per_request_metrics:  # vLLM: on the final usage chunk (chat_completion/serving.py:883-911)
