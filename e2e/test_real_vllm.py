@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -411,3 +413,43 @@ def test_prefill_engine_killed_the_client_gets_a_clean_answer(model: ModelHarnes
     line = logged(model, "real-killed-1")
     assert text(got) == text(plain)
     assert line["path"] in ("fallback", "local"), line
+
+
+def test_a_scaled_down_decode_engine_finishes_its_stream_then_exits(model: ModelHarness) -> None:
+    """Last (it takes the decode engine down): the decode pod is deleted as a scale-down deletes it — SIGTERM, then
+    the grace period the operator renders (longer than spec.engine.shutdownTimeoutSeconds) — while a stream runs on
+    the real engine: vLLM's --shutdown-timeout drain lets it finish, every token and a clean end, and the engine
+    exits on its own within the grace period."""
+    stack = model.stack
+    assert stack.runtime is not None
+    (pod,) = [p for p in stack.pods(model.name, "decode") if pod_ready(p)]
+    ip, name = worker_ip(model, "decode"), _name(pod)
+    proc = stack.runtime.process(NS, name)
+    assert proc is not None and proc.poll() is None
+    tokens = 400
+    body = {**completion(SHORT, max_tokens=tokens), "stream_options": {"include_usage": True}}
+    got: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            got["chunks"] = stream(f"http://{ip}:8000/v1/completions", body, rid="real-drain-1", timeout=120)
+        except Exception as e:  # noqa: BLE001 - reported below
+            got["error"] = e
+        got["done"] = time.monotonic()
+
+    client_thread = threading.Thread(target=run, daemon=True)
+    client_thread.start()
+    wait_for(lambda: metrics(ip).get("vllm:num_requests_running{}", 0.0) >= 1, 30, "the stream on the decode engine",
+             interval=0.05)
+    deleted = time.monotonic()
+    client.CoreV1Api(stack.api).delete_namespaced_pod(name, NS)
+    client_thread.join(120)
+    assert "error" not in got, got.get("error")
+    assert got["done"] > deleted, "the stream ended before the pod was deleted: the test proves nothing (longer)"
+    chunks = got["chunks"]
+    finishes = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
+    assert finishes[-1] == "length", finishes[-3:]
+    assert chunks[-1]["usage"]["completion_tokens"] == tokens
+    grace = (pod.spec.termination_grace_period_seconds if pod.spec else None) or 30
+    wait_for(lambda: proc.poll() is not None, grace + 10, "the engine to exit after its drain")
+    assert proc.returncode != -signal.SIGKILL, "the engine outlived its grace period and was killed"
