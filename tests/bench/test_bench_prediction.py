@@ -1,0 +1,54 @@
+"""disagg bench prediction: which cells are below the knee, the error figures, the table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from disagg.bench import prediction
+from disagg.results import results_doc, validate
+
+
+def _row(mix: str, rate: float, prefill: int, att: float, slo: str = "1000/50", variant: str = "c-default",
+         gpus: int = 4) -> dict:
+    return {"variant": variant, "gpus": gpus, "mix": mix, "rate": rate, "prefill": prefill, "workers": 4 - prefill,
+            "duration_s": 6.0, "deployed_slo": slo, "slos": {slo: {"attainment": att}}}
+
+
+def test_below_knee_takes_each_rates_best_split_while_it_holds() -> None:
+    rows = [_row("m", 10, 1, 0.99), _row("m", 10, 2, 0.97), _row("m", 20, 1, 0.80), _row("m", 20, 2, 0.93),
+            _row("m", 30, 1, 0.50), _row("m", 10, 1, 1.0, variant="a"), _row("m", 10, 1, 1.0, gpus=8)]
+    cells = prediction.below_knee({"results": {"rows": rows}})
+    assert [(c["rate"], c["prefill"]) for c in cells] == [(10, 1), (20, 2)]  # 30 req/s: past the knee
+
+
+@dataclass
+class _Rec:
+    ttft_s: float | None
+    tpot_s: float | None
+    predicted_ttft_s: float | None
+    predicted_tpot_s: float | None
+    ok: bool = True
+
+
+def test_errors_are_per_request_actual_over_predicted() -> None:
+    recs = [_Rec(1.2, 0.02, 1.0, 0.02), _Rec(0.9, 0.03, 1.0, 0.02), _Rec(1.0, 0.02, 1.0, 0.02),
+            _Rec(5.0, 0.5, 1.0, 0.02, ok=False), _Rec(1.0, None, None, None)]
+    e = prediction.errors(recs)
+    assert e["ttft"]["n"] == 3 and e["ttft"]["median_abs_error"] == pytest.approx(0.1)
+    assert e["ttft"]["median_ratio"] == pytest.approx(1.0)
+    assert e["tpot"]["median_abs_error"] == 0.0 and e["tpot"]["p90_abs_error"] == pytest.approx(0.5)
+    assert prediction.errors([])["ttft"] is None
+
+
+def test_table_marks_misses_and_summarises() -> None:
+    cell = {"mix": "m", "slo": "1000/50", "rate": 10, "prefill": 1, "workers": 3,
+            "ttft": {"n": 3, "median_abs_error": 0.1, "p90_abs_error": 0.3, "median_ratio": 1.0},
+            "tpot": {"n": 3, "median_abs_error": 0.4, "p90_abs_error": 0.9, "median_ratio": 0.7}}
+    doc = results_doc("prediction", prediction.COMMAND, {"target": 0.15, "cells": [cell],
+                                                          "summary": prediction.summary([cell])})
+    assert not validate(doc, "prediction")
+    table = prediction.render_tables(doc)["accuracy"]
+    assert "| m | 1000/50 | 10 | 1P+3D | 10.0 % | 30.0 % | ×1.00 | 40.0 % ✗ | 90.0 % | ×0.70 |" in table
+    assert "TTFT 1/1 cells, TPOT 0/1 cells" in table
