@@ -165,7 +165,8 @@ def test_the_cause_list_is_what_the_legs_raise() -> None:
                                                                                            n.value):
                 found.add(n.value)
 
-    for path in (pkg / "router" / "core.py", pkg / "router" / "legs.py", pkg / "twin" / "legs.py"):
+    for path in (pkg / "router" / "core.py", pkg / "router" / "paths.py", pkg / "router" / "legs.py",
+                 pkg / "twin" / "legs.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "UpstreamError" and node.args:
                 named(node.args[0])

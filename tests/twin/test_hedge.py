@@ -1,4 +1,4 @@
-"""A slow KV transfer is a routing event (router/core.py ``RequestCore._hedged``), in the twin (virtual time).
+"""A slow KV transfer is a routing event (router/paths.py ``_hedged``), in the twin (virtual time).
 
 Healthy remote streams teach the router what a KV hand-off takes on each decode worker; then every KV pull stalls,
 with the stalled streams overlapping (a decode worker then shows them waiting for their KV: no queue, still a hedge)

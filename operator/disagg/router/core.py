@@ -9,10 +9,11 @@ breakers and the mode-probe limiter — and runs one request through it against 
 * the discrete-event twin (twin/cluster.py): engine legs that call the simulated engines in process (the KV
   hand-off through the in-process NIXL link).
 
-So a benchmark in the twin measures what ships: the same snapshot, the same decision and probe, the same admission
-under overload (``admit``: admission.py's queue on the transport's clock), the same breaker tickets, the same
-fallback causes and the same one local retry. A transport only moves bytes (or tokens) and says how a leg failed,
-with the cause names of docs/router.md ("Fallbacks"):
+The paths themselves — remote with its hedge and its fallbacks, local with its one retry, and the cause mapping of
+a failed leg — are paths.py's, run from :meth:`RequestCore.serve`. So a benchmark in the twin measures what ships:
+the same snapshot, the same decision and probe, the same admission under overload (``admit``: admission.py's queue
+on the transport's clock), the same breaker tickets, the same fallback causes and the same one local retry. A
+transport only moves bytes (or tokens) and says how a leg failed, with the cause names of docs/router.md ("Fallbacks"):
 
 * ``prefill(ctx, worker, deadline)`` → the prefill response's ``kv_transfer_params`` (opaque), or raises
   ``UpstreamError`` with a ``prefill_*`` cause (``prefill_timeout`` when the deadline passed: the core tells a
@@ -31,13 +32,12 @@ KV params) falls under the remote path's fallback policy like a ``kv_*`` cause.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..api.contract import RouterConfig
 from ..api.spec import (
@@ -48,13 +48,17 @@ from ..api.spec import (
     priority_scheduling,
 )
 from ..perf.costs import EngineCost
-from . import features
+from . import features, paths
 from . import placement as pl
 from .admission import AdmissionQueue, QueueTimeoutError
 from .breaker import Breakers, Ticket
 from .kvindex import KVIndex
 from .load import TenantStats, Worker, WorkerSet
 from .metrics import RouterMetrics
+from .paths import (  # the transport contract and the cause mapping live with the paths; imported from here too
+    Legs,
+    OnCommit,
+)
 from .placement import Prediction
 from .policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide, find_tenant
 from .prefix import PrefixIndex
@@ -72,9 +76,6 @@ KV_CAUSES = ("kv_transfer_timeout", "kv_load_failed", "kv_transfer_slow")
 REMOTE_PATH_CAUSES = (*PREFILL_CAUSES, *KV_CAUSES, "decode_rejected")
 
 R = TypeVar("R")
-R_co = TypeVar("R_co", covariant=True)
-
-OnCommit = Callable[[], None]
 
 # Admission (admit): a request is past the knee when its predicted TTFT exceeds the SLO (or, for a prompt that
 # cannot make the SLO even on an idle engine, that idle TTFT) by more than this share of it. Negative: the
@@ -85,46 +86,6 @@ OnCommit = Callable[[], None]
 # -0.7: 12.6 / 13.1 (chat 100 % in every case).
 ADMISSION_MARGIN = -0.5
 IDLE_FACTOR = 2.0  # … and beyond twice what it would take on an idle engine (a long prompt is not an overload)
-
-
-class Legs(Protocol[R_co]):
-    """One request's transport (see the module docstring)."""
-
-    async def prefill(self, ctx: Ctx, worker: str, deadline: float) -> Any: ...
-
-    async def relay(self, ctx: Ctx, worker: str, kv: Any | None, deadline: float | None, remote: bool,
-                    on_commit: OnCommit) -> R_co: ...
-
-    def error(self, ctx: Ctx, status: int, message: str, type_: str) -> R_co: ...
-
-    def passthrough(self, ctx: Ctx, e: UpstreamError) -> R_co: ...
-
-    def give_up(self, ctx: Ctx, e: UpstreamError) -> R_co: ...
-
-
-def remote_decode_cause(e: UpstreamError) -> str:
-    """The fallback cause of a failed decode leg on the remote path."""
-    if e.cause == "timeout":
-        return "kv_transfer_timeout"  # the prefill leg finished; the KV hand-off did not start in time
-    if e.cause == "generation_error":
-        return "kv_load_failed"  # vLLM's request-level error before the first token: the KV pull failed
-    if e.status is not None and 400 <= e.status < 500:
-        return "decode_rejected"
-    return decode_cause(e.cause)
-
-
-def decode_cause(cause: str) -> str:
-    return cause if cause.startswith("decode") else "decode_" + cause
-
-
-def remote_policy_applies(cause: str) -> bool:
-    """Whether ``routing.fallback.onKVTransferTimeout`` governs a failed remote path with this cause: everything
-    but the decode worker's own failures (those are served elsewhere), and ``decode_rejected`` (the KV params)."""
-    return not cause.startswith("decode_") or cause == "decode_rejected"
-
-
-def give_up_status(e: UpstreamError) -> int:
-    return e.status if e.status and e.status >= 500 else (504 if e.cause.endswith("timeout") else 502)
 
 
 class RequestCore(Generic[R]):
@@ -523,177 +484,15 @@ class RequestCore(Generic[R]):
     # ------------------------------------------------------------------------------------ the paths
     async def serve(self, ctx: Ctx, cfg: RouterConfig, d: Decision, hashes: tuple[int, ...], ticket: Ticket | None,
                     legs: Legs[R]) -> R:
-        """Serve a decision; a remote one comes with the breaker ticket it was admitted with. Its end releases
-        the next request of the admission queue to be checked again (admit)."""
+        """Serve a decision (paths.py: remote with its hedge and fallbacks, local with its one retry); a remote one
+        comes with the breaker ticket it was admitted with. Its end releases the next request of the admission
+        queue to be checked again (admit)."""
         self.serving += 1
         try:
-            if d.decision == "remote" and ticket is not None:
-                ctx.path = "remote"
-                return await self._remote(ctx, cfg, d, hashes, ticket, legs)
-            ctx.path = "local"
-            return await self._local(ctx, legs, d.decode, hashes, exclude=set())
+            return await paths.serve(self, ctx, cfg, d, hashes, ticket, legs)
         finally:
             self.serving -= 1
             self.admission.release(newest_first_after(cfg))
-
-    async def _remote(self, ctx: Ctx, cfg: RouterConfig, d: Decision, hashes: tuple[int, ...], ticket: Ticket,
-                      legs: Legs[R]) -> R:
-        assert d.prefill and d.decode
-        deadline = self.clock() + cfg.transfer_timeout_ms / 1000.0
-        ctx.prefill_worker = d.prefill
-        try:
-            try:
-                kv = await self.prefill(ctx, legs, d.prefill, deadline)
-            except UpstreamError as e:
-                ticket.release()  # the prefill side: no evidence about the KV path
-                return await self._after_remote_failure(ctx, cfg, legs, hashes, e, exclude=set())
-            try:
-                if ctx.stream and (delay := self._hedge_delay(ctx, d.decode)) is not None:
-                    return await self._hedged(ctx, legs, d.decode, kv, hashes, deadline, ticket, delay)
-                return await self.relay(ctx, legs, d.decode, kv, hashes,
-                                        deadline=deadline if ctx.stream else None, on_commit=ticket.success)
-            except UpstreamError as e:
-                e.cause = remote_decode_cause(e)
-                if e.cause.startswith("kv_"):
-                    ticket.failure(e.cause)
-                return await self._after_remote_failure(ctx, cfg, legs, hashes, e, exclude={d.decode})
-        finally:
-            ticket.release()  # cancelled, or no evidence: free a half-open slot (no-op after an outcome)
-
-    def _hedge_delay(self, ctx: Ctx, decode: str) -> float | None:
-        """How long a remote stream's decode leg may go without its first token before a local prefill races it:
-        ``hedge_factor`` × what the decode worker's healthy remote first tokens took for this many prompt tokens
-        (load.py ``observe_remote_ttfb``: a floor; its pool's slowest such worker when it has none on record yet),
-        at least ``hedge_min_s``, stretched by the
-        requests queued there for room at its last scrape (a queue delays the first token too; requests waiting for
-        their KV are no queue). None (no hedge) when hedging is off or no worker of the pool has a remote first
-        token on record yet."""
-        w = self.workers.get(decode)
-        if self.tuning.hedge_factor <= 0 or w is None:
-            return None
-        per_token = w.remote_ttfb_per_token
-        if per_token is None:  # a worker not yet used remotely: what its pool's workers took
-            known = [x.remote_ttfb_per_token for x in self.workers.pools[w.role].values()
-                     if x.remote_ttfb_per_token is not None]
-            if not known:
-                return None
-            per_token = max(known)
-        # a queue on the decode worker delays the first token too: each request waiting for room there (not those
-        # waiting for their KV) adds as much again before the race starts
-        return max(self.tuning.hedge_min_s, self.tuning.hedge_factor * per_token * ctx.input_tokens) * (1 + w.queued)
-
-    async def _hedged(self, ctx: Ctx, legs: Legs[R], decode: str, kv: Any, hashes: tuple[int, ...],
-                      deadline: float, ticket: Ticket, delay: float) -> R:
-        """A slow KV transfer is a routing event (DESIGN §10): the remote stream's decode leg runs; when its first
-        token is ``delay`` late, a local prefill starts on another worker beside it. The first leg to commit serves
-        (a commit gate: the other one raises before it records or sends anything) and the other is cancelled (its
-        worker aborts the request, as after any cancelled leg). A local win is the fallback ``kv_transfer_slow``,
-        transport evidence for the breakers like a timeout; a remote win is the remote path's success. When both
-        fail, the remote leg's failure goes on to the normal fallback."""
-        winner: list[str] = []
-        decided = asyncio.Event()
-
-        def gate(name: str, url: str, then: OnCommit | None = None) -> OnCommit:
-            def commit() -> None:
-                if winner:
-                    raise UpstreamError("lost_race", worker=url)
-                winner.append(name)
-                decided.set()
-                ctx.decode_worker = url
-                if then is not None:
-                    then()
-            return commit
-
-        remote = asyncio.create_task(self.relay(ctx, legs, decode, kv, hashes, deadline=deadline,
-                                                on_commit=gate("remote", decode, ticket.success)))
-        local: asyncio.Task[R] | None = None
-        try:
-            await asyncio.wait({remote}, timeout=delay)
-            other = None if remote.done() or winner else self.fallback_worker({decode})
-            if other is None:
-                return await remote
-            def local_won() -> None:
-                # the remote leg's own failure when it had one by then, else it was only slow; set before the
-                # answer's headers are written (X-Disagg-Path, X-Disagg-Reason are the commit's)
-                failed = remote.exception() if remote.done() and not remote.cancelled() else None
-                cause = remote_decode_cause(failed) if isinstance(failed, UpstreamError) else "kv_transfer_slow"
-                ctx.path, ctx.fallback = "fallback", cause
-                self.metrics.fallbacks.labels(cause).inc()
-                if cause.startswith("kv_"):
-                    ticket.failure(cause)
-
-            local = asyncio.create_task(self.relay(ctx, legs, other, None, hashes,
-                                                   on_commit=gate("local", other, local_won)))
-            while not winner and not (remote.done() and local.done()):
-                racing = [t for t in (remote, local) if not t.done()]
-                committed = asyncio.ensure_future(decided.wait())
-                try:
-                    await asyncio.wait({committed, *racing}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    committed.cancel()
-            if not winner:
-                self.metrics.hedges.labels("none").inc()
-                return await remote  # raises its failure: the caller falls back as for any remote failure
-            self.metrics.hedges.labels(winner[0]).inc()
-            if winner[0] == "remote":
-                await _cancel(local)
-                return await remote
-            await _cancel(remote)
-            return await local
-        finally:
-            for t in (remote, local):
-                if t is not None and not t.done():
-                    await _cancel(t)
-
-    async def _after_remote_failure(self, ctx: Ctx, cfg: RouterConfig, legs: Legs[R], hashes: tuple[int, ...],
-                                    e: UpstreamError, exclude: set[str]) -> R:
-        ctx.fallback = e.cause
-        self.metrics.fallbacks.labels(e.cause).inc()
-        if remote_policy_applies(e.cause) and cfg.routing.fallback.on_kv_transfer_timeout == "Fail":
-            status = 504 if "timeout" in e.cause else 502
-            ctx.outcome, ctx.status = "upstream_error", status
-            return legs.error(ctx, status, f"remote prefill failed: {e.cause}", "upstream_error")
-        ctx.path = "fallback"
-        worker = self.fallback_worker(exclude) or self.fallback_worker(set())
-        if worker is None:
-            ctx.outcome, ctx.status = "upstream_error", 503
-            return legs.error(ctx, 503, "no worker available for the fallback path", "service_unavailable")
-        return await self._local(ctx, legs, worker, hashes, exclude=exclude, retried=bool(exclude))
-
-    async def _local(self, ctx: Ctx, legs: Legs[R], worker: str | None, hashes: tuple[int, ...], exclude: set[str],
-                     retried: bool = False) -> R:
-        worker = worker or self.fallback_worker(exclude)
-        if worker is None:
-            ctx.outcome, ctx.status = "upstream_error", 503
-            return legs.error(ctx, 503, "no ready worker for this model", "service_unavailable")
-        try:
-            return await self.relay(ctx, legs, worker, None, hashes)
-        except UpstreamError as e:
-            if e.status is not None and 400 <= e.status < 500 and e.status not in (408, 429):
-                # the worker refused the request itself: the client's error, pass it through
-                ctx.outcome, ctx.status = "client_error", e.status
-                return legs.passthrough(ctx, e)
-            if retried:
-                return self._give_up(ctx, legs, e)
-            cause = decode_cause(e.cause)
-            ctx.fallback = ctx.fallback or cause
-            self.metrics.fallbacks.labels(cause).inc()
-            ctx.path = "fallback"
-            exclude = exclude | {worker}
-            other = self.fallback_worker(exclude) or worker  # one retry, on another worker when there is one
-            try:
-                return await self.relay(ctx, legs, other, None, hashes)
-            except UpstreamError as e2:
-                if e2.status is not None and 400 <= e2.status < 500:
-                    ctx.outcome, ctx.status = "client_error", e2.status
-                    return legs.passthrough(ctx, e2)
-                return self._give_up(ctx, legs, e2)
-
-    @staticmethod
-    def _give_up(ctx: Ctx, legs: Legs[R], e: UpstreamError) -> R:
-        ctx.outcome, ctx.status = "upstream_error", give_up_status(e)
-        return legs.give_up(ctx, e)
-
 
 ROOM_FULL_KV = 0.9  # a worker this full of KV blocks admits new streams only as others finish
 
@@ -715,14 +514,3 @@ def room_wait(w: WorkerLoad, out_tokens: float, tpot_s: float) -> float:
     # the scrape is up to an interval old: on a full worker the router's own requests beyond those running wait too
     queued = max(w.queued, w.inflight - w.running) if w.kv_usage >= ROOM_FULL_KV else w.queued
     return max(0.0, queued) * out_tokens * tpot_s / w.running
-
-
-async def _cancel(task: asyncio.Task[Any] | None) -> None:
-    """Cancel a raced leg and wait until it has cleaned up (its connection closed, its engine request aborted)."""
-    if task is None:
-        return
-    task.cancel()
-    await asyncio.wait({task})  # (unlike awaiting the task, lets a cancellation of the caller itself through)
-    if not task.cancelled():
-        task.exception()  # retrieved: its failure is the race's business, not a stray "never retrieved" warning
-
