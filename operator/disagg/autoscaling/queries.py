@@ -161,29 +161,31 @@ def connect(url: str, timeout_seconds: int = 5, token: str | None = None) -> Que
 
 
 def collect(query: QueryFn, namespace: str, model: str, spec: DisaggregatedModelSpec) -> Sample:
-    """Run every named query once. A transport error makes the whole sample an error (the caller holds)."""
-    window = max(spec.mode_policy.window_seconds, 2 * 1)
+    """Run every named query once (and, for the predictive policy, every increment over
+    spec.autoscaling.intervalSeconds: autoscaling/observe.py). A transport error makes the whole sample an error
+    (the caller holds)."""
+    sel = selector(namespace, model)
     values: dict[str, float | None] = {}
-    for name in QUERIES:
-        try:
-            result = query(render(name, namespace, model, window))
-        except Exception as e:  # noqa: BLE001 - any failure to reach Prometheus means "hold"
-            return Sample(values, error=f"Prometheus query {name} failed: {type(e).__name__}: {e}"[:300],
-                          reason=PROMETHEUS_UNAVAILABLE)
-        values[name] = _scalar(result)
+
+    def run(templates: dict[str, str], window_seconds: int, prefix: str = "") -> Sample | None:
+        w = f"{max(window_seconds, 2)}s"
+        for name, template in templates.items():
+            try:
+                result = query(template.format(sel=sel, w=w))
+            except Exception as e:  # noqa: BLE001 - any failure to reach Prometheus means "hold"
+                return Sample(values, error=f"Prometheus query {name} failed: {type(e).__name__}: {e}"[:300],
+                              reason=PROMETHEUS_UNAVAILABLE)
+            values[prefix + name] = _scalar(result)
+        return None
+
+    failed = run({name: template for name, (template, _) in QUERIES.items()}, spec.mode_policy.window_seconds)
+    if failed is not None:
+        return failed
     if not values.get("targets_up"):
         return Sample(values, error="no scrape target of this model is up in Prometheus", reason=NO_SCRAPE_TARGETS)
     if spec.autoscaling.enabled and spec.autoscaling.policy == "Predictive":
-        # the predictive policy's interval: increments over spec.autoscaling.intervalSeconds (autoscaling/observe.py)
-        w = f"{max(spec.autoscaling.interval_seconds, 2)}s"
-        for key, template in INCREASES.items():
-            try:
-                result = query(template.format(sel=selector(namespace, model), w=w))
-            except Exception as e:  # noqa: BLE001 - as above
-                return Sample(values, error=f"Prometheus query {key} failed: {type(e).__name__}: {e}"[:300],
-                              reason=PROMETHEUS_UNAVAILABLE)
-            values[LOAD_PREFIX + key] = _scalar(result)
-    return Sample(values)
+        failed = run(INCREASES, spec.autoscaling.interval_seconds, LOAD_PREFIX)
+    return failed or Sample(values)
 
 
 LOAD_PREFIX = "increase:"  # Sample.values keys of the predictive policy's increments (observe.INCREASES' names)
