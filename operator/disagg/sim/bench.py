@@ -82,6 +82,9 @@ class Point:
     measured: float
     predict: Callable[[PerfModel], float]
     cite: Citation
+    # a bracket, not a value: the reference shows the figure between ``measured`` and ``upper`` (a rate that held
+    # and the next one, which did not); the twin is right anywhere inside, and its error is to the nearer edge
+    upper: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------- predictions
@@ -150,6 +153,21 @@ def offline_tok_s(max_num_seqs: int, budget: int, prompt: int = SHAREGPT_IN,
         prefill_per_req = p.step([SeqWork(prompt, 0)] * per_step).total_s / per_step
         decode_per_req = (output - 1) * p.decode_step_time(max_num_seqs, prompt + output // 2) / max_num_seqs
         return output / (prefill_per_req + decode_per_req)
+    return f
+
+
+def knee_rps(prompt: int, output: int) -> Callable[[PerfModel], float]:
+    """The Poisson rate of ``prompt``-token requests (``output`` tokens each) at which one engine is busy all the
+    time, past which TTFT grows without bound. Near it every step is a mixed step at the full token budget
+    (``--max-num-batched-tokens``, the GPU's default): a prompt costs its prefill in budget-sized chunks, and each
+    of its ``output − 1`` decode tokens rides in such a step at one token's share of it (chunked prefill: the
+    decodes go first, the prefill fills the rest)."""
+    def f(p: PerfModel) -> float:
+        from ..perf.presets import vllm_batch_defaults
+
+        budget = vllm_batch_defaults(p.gpu)[1]
+        per_token = p.step([SeqWork(budget, 0)]).total_s / budget
+        return 1.0 / (p.prefill_time(prompt, budget) + (output - 1) * per_token)
     return f
 
 
@@ -257,6 +275,79 @@ PUBLISHED: list[Point] = [
 ]
 
 
+# --------------------------------------------------------------------- V1-era references (issue 26, 2026-12-03)
+# The V0 points above (vLLM 0.6.0) measure an engine the twin does not model (multi-step scheduling, no chunked
+# prefill below 32k): these measure the V1 engine the twin follows (chunked prefill, CUDA graphs, one step per
+# scheduling round). None of them set a constant.
+FP8_KV_BLOG = "https://blog.vllm.ai/2026/04/22/fp8-kvcache.html"
+
+
+def _fp8_kv_blog(hw: str, fit: str) -> Citation:
+    return Citation(FP8_KV_BLOG, "2026-04-22", "0.19.1 (the post's 'after' runs)", hw,
+                    "vLLM blog 'The State of FP8 KV-Cache and Attention Quantization in vLLM' "
+                    "(vllm-project/vllm-project.github.io _posts/2026-04-22-fp8-kvcache.md): `vllm serve "
+                    "meta-llama/Llama-3.1-8B`, BF16 KV, `vllm bench serve` concurrency 1, 128 output tokens, input "
+                    f"256 → 125k tokens; the post's linear fit of ITL in the input length: {fit}")
+
+
+H100_ITL = "ITL_ms = 6.44 + 4.37e-05 × L (FlashAttention-3; text under Figure 2)"
+B200_ITL = "ITL_ms = 3.93 + 1.80e-05 × L (FlashInfer; text under Figure 5)"
+GPUSTACK_QWEN3_8B = Citation(
+    "https://github.com/gpustack/gpustack/blob/c0cee89c99d601188c511e53f90d5dff1356c4f1/docs/performance-lab/"
+    "qwen3-8b/h100-latency.md", "2025-11 (the page's commit)", "0.11.0", "1× H100 SXM",
+    "GPUStack Performance Lab, 'Baseline benchmark results': `vllm serve Qwen/Qwen3-8B` (defaults), `vllm bench "
+    "serve --backend openai-chat --dataset-name sharegpt --num-prompts 100 --max-concurrency C` (23,260 input and "
+    "22,061 output tokens: 233 in / 221 out on average); median TPOT")
+
+
+def _vllm_ci(build: int, hw: str) -> Citation:
+    return Citation(f"https://buildkite.com/vllm/performance-benchmark/builds/{build}",
+                    "undated (the stored page shows no date)", "main at that CI build (commit not shown)", hw,
+                    VLLM_CI.detail)
+
+
+V1_POINTS: list[Point] = [
+    *(Point(f"H100 8B ITL ctx {L // 1000}k", "held-out", "H100-SXM", "Llama-3.1-8B", 1, "TPOT ms",
+            6.44 + 4.37e-5 * L, tpot_ms(1, L), _fp8_kv_blog("1× H100", H100_ITL)) for L in (1000, 32000, 100000)),
+    *(Point(f"B200 8B ITL ctx {L // 1000}k", "held-out", "B200", "Llama-3.1-8B", 1, "TPOT ms",
+            3.93 + 1.80e-5 * L, tpot_ms(1, L), _fp8_kv_blog("1× B200", B200_ITL)) for L in (1000, 32000, 100000)),
+    Point("H100 Qwen3-8B TPOT C=1", "held-out", "H100-SXM", "Qwen3-8B", 1, "TPOT ms", 7.22, tpot_ms(1, 233 + 110),
+          GPUSTACK_QWEN3_8B),
+    Point("H100 Qwen3-8B TPOT C=8", "held-out", "H100-SXM", "Qwen3-8B", 1, "TPOT ms", 7.67, tpot_ms(8, 233 + 110),
+          GPUSTACK_QWEN3_8B),
+    # the same CI pipeline and workload as the H200 points above, on the pipeline's H100 and A100 runners
+    Point("H100 8B latency b8 32→128", "held-out", "H100-SXM", "Llama-3.1-8B", 1, "batch latency ms", 997.542,
+          offline_latency_ms(8, 32, 128), _vllm_ci(9555, "8× H100 (1 used)")),
+    Point("4×H100 70B latency b8 32→128", "held-out", "H100-SXM", "Llama-3.1-70B", 4, "batch latency ms", 2444.47,
+          offline_latency_ms(8, 32, 128), _vllm_ci(9555, "8× H100 (TP 4)")),
+    Point("2×H100 Mixtral latency b8 32→128", "held-out", "H100-SXM", "Mixtral-8x7B", 2, "batch latency ms",
+          2326.97, offline_latency_ms(8, 32, 128), _vllm_ci(9555, "8× H100 (TP 2)")),
+    Point("A100 8B latency b8 32→128", "held-out", "A100-80GB", "Llama-3.1-8B", 1, "batch latency ms", 1579.27,
+          offline_latency_ms(8, 32, 128), _vllm_ci(9523, "A100-SXM4-80GB")),
+    Point("4×A100 70B latency b8 32→128", "held-out", "A100-80GB", "Llama-3.1-70B", 4, "batch latency ms",
+          3990.59, offline_latency_ms(8, 32, 128), _vllm_ci(9523, "4× A100-SXM4-80GB")),
+    Point("2×A100 Mixtral latency b8 32→128", "held-out", "A100-80GB", "Mixtral-8x7B", 2, "batch latency ms",
+          3643.84, offline_latency_ms(8, 32, 128), _vllm_ci(9523, "2× A100-SXM4-80GB")),
+    # The TP prefill knee the issue quotes ("mean TTFT under 0.4 s at 8 req/s, collapse at 16", 70B TP 4, 2048-token
+    # prompts): vLLM's own chunked-prefill vs disaggregation run. Its "chunked" side is TWO TP-4 instances behind a
+    # round-robin proxy (the script's header: "2 vllm instance with tp=4, equivalent to 1 tp=4 instance with QPS
+    # 4"), so one instance held 4 req/s (mean TTFT 380 ms) and collapsed at 8 (4.8 s). V0 engine with
+    # --enable-chunked-prefill (2024), BF16 Meta-Llama-3.1-70B-Instruct; a bracket, not a value.
+    Point("4×H100 70B knee, 2048-token prompts", "held-out", "H100-SXM", "Llama-3.1-70B", 4, "knee req/s", 4.0,
+          knee_rps(2048, 12), Citation(
+              "https://github.com/vllm-project/vllm/blob/5ac5249d5347d4cf0d384b40cfde1a55f068ce1a/benchmarks/"
+              "disagg_benchmarks/results/chunk_vs_disagg.yaml", "2024-08/09 (vLLM PR #6170)",
+              "0.5.x–0.6.x (V0, --enable-chunked-prefill)", "8× H100: two TP-4 instances, round-robin",
+              "benchmarks/disagg_benchmarks/disagg_performance_benchmark.sh (launch_chunked_prefill: -tp 4 "
+              "--max-model-len 30000 --gpu-memory-utilization 0.8 --enable-chunked-prefill, two instances behind "
+              "round_robin_proxy.py); benchmark_serving.py --dataset-name sonnet --sonnet-input-len 2048 "
+              "--sonnet-prefix-len 50 --num-prompts 400, Poisson --request-rate 2/4/8/16 in all (1/2/4/8 per "
+              "instance): chunk_ttft 197 / 229 / 380 / 4793 ms (output_len 12). Held at 4 req/s per instance, "
+              "collapsed at 8."), upper=8.0),
+]
+PUBLISHED += V1_POINTS
+
+
 def h200_points(doc: dict[str, Any]) -> list[Point]:
     """The ``bound`` points from hack/gpu/measure_h200.py's results (decode from its CUDA-graph replay)."""
     r, m = doc["results"], doc["machine"]
@@ -322,6 +413,9 @@ def evaluate(points: list[Point]) -> list[dict[str, Any]]:
     for pt in points:
         pred = pt.predict(_model(pt.gpu, pt.model, pt.tp))
         err = (pred - pt.measured) / pt.measured
+        if pt.upper is not None:  # a bracket: no error inside it, else the distance to the nearer edge
+            err = 0.0 if pt.measured <= pred <= pt.upper else (
+                err if pred < pt.measured else (pred - pt.upper) / pt.upper)
         if pt.kind == "bound":
             # a throughput bound: the twin's tok/s must be ≥ torch's; a time bound: the twin's ms ≤ torch's
             ok = pred >= pt.measured if "tok/s" in pt.metric else pred <= pt.measured
@@ -333,6 +427,7 @@ def evaluate(points: list[Point]) -> list[dict[str, Any]]:
                      "metric": pt.metric, "figure": FIGURE.get(pt.metric, "bound"),
                      "tolerance_pct": None if tol is None else round(100 * tol),
                      "measured": round(pt.measured, 3), "predicted": round(pred, 3),
+                     **({"measured_upper": round(pt.upper, 3)} if pt.upper is not None else {}),
                      "error_pct": round(100 * err, 1), "direction": direction(pt.metric, err), "ok": ok,
                      "within_aim": abs(err) <= (0.20 if FIGURE.get(pt.metric) == "knee rate" else AIM),
                      "citation": {"url": pt.cite.url, "date": pt.cite.date, "vllm": pt.cite.vllm,
@@ -389,6 +484,11 @@ def _fmt(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
 
 
+def _measured(r: dict[str, Any]) -> str:
+    upper = r.get("measured_upper")
+    return _fmt(r["measured"]) if upper is None else f"{_fmt(r['measured'])}–{_fmt(upper)}"
+
+
 def _render_calibration(res: dict[str, Any]) -> str:
     lines = ["| Point | Kind | GPU × model (TP) | Metric | Measured | Twin | Error | Direction | | "
              "Source (vLLM, date) |",
@@ -405,7 +505,7 @@ def _render_calibration(res: dict[str, Any]) -> str:
         src = c["url"] if not c["url"].startswith("http") else f"[{c['url'].split('/')[2]}]({c['url']})"
         version = f"vLLM {c['vllm']}" if r["kind"] != "bound" else "torch, not vLLM"
         lines.append(f"| {r['name']} | {r['kind']} | {r['gpu']} × {r['model']} ({r['tp']}) | {r['metric']} | "
-                     f"{_fmt(r['measured'])} | {_fmt(r['predicted'])} | {r['error_pct']:+.1f} % | "
+                     f"{_measured(r)} | {_fmt(r['predicted'])} | {r['error_pct']:+.1f} % | "
                      f"{r['direction'] if r['kind'] != 'bound' else ''} | {verdict} | "
                      f"{src} ({version}, {c['date']}) |")
     s = res["summary"]
@@ -454,7 +554,7 @@ def compare(res: dict[str, Any]) -> str:
     out = []
     for r in res["points"]:
         tol = "" if r["tolerance_pct"] is None else f"±{r['tolerance_pct']:<3}"
-        out.append(f"{r['kind']:<8} {r['name']:<34} {r['metric']:<28} measured {_fmt(r['measured']):>8} twin "
+        out.append(f"{r['kind']:<8} {r['name']:<34} {r['metric']:<28} measured {_measured(r):>8} twin "
                    f"{_fmt(r['predicted']):>8} {r['error_pct']:+6.1f} % {r['direction']:<11} {tol:>4} "
                    f"{'ok' if r['ok'] else 'MISS'}")
     return "\n".join(out)
