@@ -433,3 +433,43 @@ async def test_prefill_pool_starting_stays_local_without_a_fallback(client, stac
     assert await client.router_metric("disagg_fallbacks_total") == fb0
     assert await client.router_metric("disagg_routing_decisions_total", decision="local",
                                       reason="prefill_pool_starting") == starting0 + 1
+
+
+async def test_the_router_measures_how_far_its_prompt_estimate_is_from_the_engines_count(client, stack, metric,
+                                                                                       tmp_path):
+    """Text prompts whose bytes per token are far from the router's 4.0 (six-letter words: 7 bytes a token in the
+    sim's tokenizer): each answer's usage.prompt_tokens feeds the router's disagg_prompt_token_scale
+    (router/tokenscale.py), which ends where the same answers put a PromptTokenScale. Measured, not applied: the
+    request log's input_tokens stays the router's estimate."""
+    from disagg.router import features
+    from disagg.router.tokenscale import PromptTokenScale
+
+    conf = tmp_path / "router.yaml"
+    conf.write_text(yaml.safe_dump(BASE_CONFIG))
+    p, d1 = stack["prefill"], stack["decode"][0]
+    r = stack["processes"].router(conf, prefill=[p.url], decode=[d1.url], extra=ROUTER_ARGS, wait=True)
+    expected = PromptTokenScale()
+
+    def prompt(i: int) -> str:
+        return " ".join(f"{chr(97 + (i + k) % 26)}bcdef" for k in range(2000 + 40 * i))
+
+    def estimate(i: int) -> int:
+        return features.count_input_tokens(features.prompt_view("/v1/completions", {"prompt": prompt(i)}))
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
+        for i in range(6):
+            body = {"model": MODEL, "prompt": prompt(i), "max_tokens": 4}
+            async with s.post(r.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+                counted = int((await resp.json())["usage"]["prompt_tokens"])
+            assert counted < 0.65 * estimate(i)  # the flag's figure is far off for this text
+            expected.observe(estimate(i), counted)
+
+            async def measured(i: int = i) -> bool:
+                got = metric(await client.text(r.url + "/metrics"), "disagg_prompt_token_scale")
+                return abs(got - expected.factor) < 1e-6
+
+            await until(measured, 10, "the router's scale after each answer")
+    assert expected.factor < 0.8
+    lines = [json.loads(x) for x in r.log_path.read_text().splitlines() if x.startswith("{") and '"input_tokens"' in x]
+    assert [x["input_tokens"] for x in lines[-6:]] == [estimate(i) for i in range(6)]

@@ -65,6 +65,7 @@ from .prefix import PrefixIndex
 from .probe import ProbeLimiter, probe_decision
 from .proxy import UpstreamError
 from .request import Ctx
+from .tokenscale import PromptTokenScale
 
 # Every fallback cause of a failed remote path (docs/router.md "Fallbacks"), for the alerts and the docs; a test
 # checks that the legs raise no other. The prefill leg's (capacity and the prefill worker: the autoscaler's and the
@@ -105,6 +106,8 @@ class RequestCore(Generic[R]):
         self.prefix = PrefixIndex()  # the estimate: what the router sent where (the fallback)
         self.kv = KVIndex()  # the truth: the engines' own KV cache events (kvsub.py, or the twin's sink)
         self.tenants = TenantStats()
+        # engine-counted ÷ estimated prompt tokens (tokenscale.py): measured and published, not applied
+        self.prompt_scale = PromptTokenScale()
         self.breakers = Breakers(metrics.circuit_state, clock)
         self.probes = ProbeLimiter(rate_scale=probe_rate_scale)
         self._probing = False
@@ -492,6 +495,9 @@ class RequestCore(Generic[R]):
             return await paths.serve(self, ctx, cfg, d, hashes, ticket, legs)
         finally:
             self.serving -= 1
+            if ctx.input_estimated and ctx.engine_prompt_tokens:
+                self.prompt_scale.observe(ctx.input_tokens, ctx.engine_prompt_tokens)
+                self.metrics.prompt_token_scale.set(self.prompt_scale.factor)
             self.admission.release(newest_first_after(cfg))
 
 ROOM_FULL_KV = 0.9  # a worker this full of KV blocks admits new streams only as others finish

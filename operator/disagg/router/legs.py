@@ -42,6 +42,7 @@ from .proxy import (
     prefill_body,
     usage_cached_tokens,
     usage_completion_tokens,
+    usage_prompt_tokens,
 )
 from .rawstream import RawConnectError, RawDisconnectedError, RawPool, RawResponse
 from .request import Ctx, decision_headers, fwd_headers, openai_error
@@ -243,6 +244,7 @@ class Upstream:
             raise UpstreamError("prefill_no_kv_params", worker=url)
         q, compute = worker_request_metrics(resp_body)
         ctx.prefill_reused_tokens = usage_cached_tokens(data)  # the prefill worker's prefix cache (issue 30)
+        ctx.engine_prompt_tokens = usage_prompt_tokens(data)  # teaches the router's estimate (tokenscale.py)
         w = self.workers.get(url)
         if q is not None and compute is not None:  # the prefill worker's own numbers for this request: exact
             ctx.timings["prefill_queue"] = min(q, leg)
@@ -335,6 +337,7 @@ class Upstream:
             if not ctx.stream:
                 ctx.output_tokens = usage_completion_tokens(first)
                 ctx.reused_tokens = usage_cached_tokens(first)
+                ctx.engine_prompt_tokens = usage_prompt_tokens(first) or ctx.engine_prompt_tokens
                 if not remote and b'"queue_time_ms"' in first:  # the worker's per-request metrics
                     with contextlib.suppress(orjson.JSONDecodeError):
                         q, _ = worker_request_metrics(orjson.loads(first))
@@ -480,6 +483,7 @@ async def _finished_stream(ctx: Ctx, acct: StreamAccount, out: web.StreamRespons
         ctx.timings["tpot"] = tpot
     derive_phases(ctx, w, remote, ttfb=ctx.timings.get("decode_ttfb"))
     ctx.reused_tokens = acct.cached_tokens
+    ctx.engine_prompt_tokens = acct.prompt_tokens or ctx.engine_prompt_tokens
     ctx.outcome, ctx.status = ("ok" if acct.done and not acct.error else "upstream_error_mid_stream"), 200
     with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
         if not acct.done and not acct.error:  # the worker closed the stream without finishing it

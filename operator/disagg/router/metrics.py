@@ -93,6 +93,11 @@ class RouterMetrics:
                               ["pool"], registry=r, multiprocess_mode="livesum")
         self.workers = Gauge("disagg_workers", "Ready workers known to the router, per pool.", ["pool"], registry=r,
                              multiprocess_mode="livemax")
+        self.prompt_token_scale = Gauge(
+            "disagg_prompt_token_scale", "Engine-counted ÷ estimated prompt tokens this router has learned from the "
+            "engines' usage.prompt_tokens (text prompts without --tokenizer; 1 until an answer reports usage).",
+            registry=r, multiprocess_mode="liveall")
+        self.prompt_token_scale.set(1.0)
         self.prefill_wait_estimate = Gauge(
             "disagg_prefill_queue_wait_estimate_seconds", "The router's current lowest estimated prefill-queue wait.",
             registry=r, multiprocess_mode="livemin")

@@ -66,6 +66,9 @@ class UpstreamError(Exception):
 
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# usage.prompt_tokens: the prompt as the engine counted it (UsageInfo, vllm/entrypoints/serve/engine/protocol.py,
+# 0.33.0); the closing quote keeps prompt_tokens_details out
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 # usage.prompt_tokens_details.cached_tokens: the prompt tokens the engine served from its prefix cache, reported
 # with vLLM's --enable-prompt-tokens-details (PromptTokenUsageInfo, vllm/entrypoints/serve/engine/protocol.py and
 # the flag in vllm/entrypoints/common/cli_args.py, 0.33.0)
@@ -180,7 +183,7 @@ class StreamAccount:
     """
 
     __slots__ = ("_etail", "_tail", "cached_tokens", "chat", "done", "error", "events", "first_at", "last_at",
-                 "usage_tokens")
+                 "prompt_tokens", "usage_tokens")
 
     def __init__(self, chat: bool) -> None:
         self.events = 0
@@ -189,6 +192,7 @@ class StreamAccount:
         self.last_at: float | None = None
         self.usage_tokens: int | None = None
         self.cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
+        self.prompt_tokens: int | None = None  # usage.prompt_tokens, when reported
         self._tail = b""
         self._etail = b""
         self.error = False  # an error event or finish_reason "error" was relayed
@@ -221,6 +225,7 @@ class StreamAccount:
             if b'"usage"' in data and (n_usage := usage_completion_tokens(data)) is not None:
                 self.usage_tokens = n_usage
                 self.cached_tokens = usage_cached_tokens(data)
+                self.prompt_tokens = usage_prompt_tokens(data)
         # What a later chunk could complete ("data:", "[DONE]", a usage field): nothing after a newline (none of
         # them contains one); else the last 5 bytes, less a "data:" already counted here.
         if data[-1:] == b"\n":
@@ -245,6 +250,11 @@ class StreamAccount:
 
 def usage_cached_tokens(payload: bytes) -> int | None:
     found = _CACHED_TOKENS.findall(payload)
+    return int(found[-1]) if found else None
+
+
+def usage_prompt_tokens(payload: bytes) -> int | None:
+    found = _PROMPT_TOKENS.findall(payload)
     return int(found[-1]) if found else None
 
 

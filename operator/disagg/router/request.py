@@ -39,6 +39,8 @@ class Ctx:
     reason: str = ""
     path: str = ""
     input_tokens: int = 0
+    input_estimated: bool = False  # input_tokens is the router's estimate from text (tokenscale.py compares it)
+    engine_prompt_tokens: int | None = None  # the prompt as an engine counted it (a leg's usage.prompt_tokens)
     prefill_worker: str | None = None
     decode_worker: str | None = None
     fallback: str | None = None

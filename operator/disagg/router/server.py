@@ -244,6 +244,7 @@ class Router:
             return openai_error(e.code, e.message, e.type, e.param)
         ctx.stream = req.stream
         ctx.input_tokens = features.count_input_tokens(req.view, self.opts.chars_per_token, self.opts.tokenize)
+        ctx.input_estimated = req.view.token_ids is None and self.opts.tokenize is None
         hashes = features.prefix_block_hashes(req.view, self.opts.chars_per_token)
         if req.view.token_ids is not None:  # exact prefix matches (kvindex.py) need the prompt's token ids
             ctx.token_ids = req.view.token_ids

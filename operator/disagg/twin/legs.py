@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -79,6 +80,7 @@ class EngineLegs(Legs[None]):
         kv = leg.req.ctx.kv_params_out
         if not kv:
             raise UpstreamError("prefill_no_kv_params", worker=worker)
+        ctx.engine_prompt_tokens = leg.req.prompt_len  # the prefill answer's usage.prompt_tokens (legs.py)
         return dict(kv)
 
     @override
@@ -119,6 +121,8 @@ class EngineLegs(Legs[None]):
         o.kv_transfer_s = leg.req.ctx.xfer_s
         o.cached_tokens = leg.req.num_cached
         ctx.reused_tokens = leg.req.num_cached
+        if not ctx.stream or _include_usage(a.body):  # the answer's usage, as the HTTP relay reads it
+            ctx.engine_prompt_tokens = leg.req.prompt_len
         if leg.reason in ("length", "stop"):
             o.status, o.error = 200, ""
             ctx.outcome, ctx.status = "ok", 200
@@ -145,6 +149,12 @@ class EngineLegs(Legs[None]):
 
 # the prefill leg's kv_transfer_params (router/proxy.py prefill_body)
 PREFILL_KV: dict[str, Any] = dict(PREFILL_KV_PARAMS)
+
+
+def _include_usage(body: Any) -> bool:
+    """A streamed answer carries usage only when the client asked (``stream_options.include_usage``)."""
+    opts = body.get("stream_options") if isinstance(body, Mapping) else None
+    return isinstance(opts, dict) and bool(opts.get("include_usage"))
 
 
 def _error_body(e: ApiError) -> bytes:
