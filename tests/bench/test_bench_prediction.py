@@ -30,6 +30,8 @@ class _Rec:
     predicted_ttft_s: float | None
     predicted_tpot_s: float | None
     ok: bool = True
+    arrival_s: float = 0.0
+    e2e_s: float | None = None
 
 
 def test_errors_are_per_request_actual_over_predicted() -> None:
@@ -45,10 +47,27 @@ def test_errors_are_per_request_actual_over_predicted() -> None:
 def test_table_marks_misses_and_summarises() -> None:
     cell = {"mix": "m", "slo": "1000/50", "rate": 10, "prefill": 1, "workers": 3,
             "ttft": {"n": 3, "median_abs_error": 0.1, "p90_abs_error": 0.3, "median_ratio": 1.0},
-            "tpot": {"n": 3, "median_abs_error": 0.4, "p90_abs_error": 0.9, "median_ratio": 0.7}}
+            "tpot": {"n": 3, "median_abs_error": 0.4, "p90_abs_error": 0.9, "median_ratio": 0.7},
+            "steady": {"warmup_s": 2.0, "ttft": {"n": 2, "median_abs_error": 0.05, "p90_abs_error": 0.1,
+                                                  "median_ratio": 1.0},
+                       "tpot": {"n": 2, "median_abs_error": 0.2, "p90_abs_error": 0.3, "median_ratio": 1.2}}}
     doc = results_doc("prediction", prediction.COMMAND, {"target": 0.15, "cells": [cell],
                                                           "summary": prediction.summary([cell])})
     assert not validate(doc, "prediction")
     table = prediction.render_tables(doc)["accuracy"]
-    assert "| m | 1000/50 | 10 | 1P+3D | 10.0 % | 30.0 % | ×1.00 | 40.0 % ✗ | 90.0 % | ×0.70 |" in table
+    assert ("| m | 1000/50 | 10 | 1P+3D | 10.0 % | 30.0 % | ×1.00 | 40.0 % ✗ | 90.0 % | ×0.70 | 5.0 % / ×1.00 | "
+            "20.0 % ✗ / ×1.20 |") in table
     assert "TTFT 1/1 cells, TPOT 0/1 cells" in table
+    assert "After each run's warm-up" in table and "TTFT 1/1 cells, TPOT 0/1 cells within ±15 %" in table
+
+
+def test_steady_state_leaves_out_the_runs_warm_up() -> None:
+    # lifetimes of 1 s: the run fills in 2 s; the early requests ran 2× slower than predicted (the batch was growing)
+    recs = [_Rec(1.0, 0.04, 1.0, 0.02, arrival_s=t / 10, e2e_s=1.0) for t in range(20)]
+    recs += [_Rec(1.0, 0.021, 1.0, 0.02, arrival_s=2.0 + t / 10, e2e_s=1.0) for t in range(30)]
+    assert prediction.warmup_s(recs) == pytest.approx(2.0)
+    st = prediction.steady(recs)
+    assert st["warmup_s"] == 2.0 and st["tpot"]["n"] == 30
+    assert st["tpot"]["median_ratio"] == pytest.approx(1.05)
+    assert prediction.errors(recs)["tpot"]["n"] == 50
+    assert prediction.warmup_s([]) == 0.0
