@@ -244,7 +244,7 @@ class Upstream:
             raise UpstreamError("prefill_no_kv_params", worker=url)
         q, compute = worker_request_metrics(resp_body)
         ctx.prefill_reused_tokens = usage_cached_tokens(data)  # the prefill worker's prefix cache (issue 30)
-        ctx.engine_prompt_tokens = usage_prompt_tokens(data)  # teaches the router's estimate (tokenscale.py)
+        ctx.engine_prompt_tokens = usage_prompt_tokens(data)  # the engine's count of the prompt (tokenscale.py)
         w = self.workers.get(url)
         if q is not None and compute is not None:  # the prefill worker's own numbers for this request: exact
             ctx.timings["prefill_queue"] = min(q, leg)

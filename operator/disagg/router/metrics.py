@@ -94,8 +94,8 @@ class RouterMetrics:
         self.workers = Gauge("disagg_workers", "Ready workers known to the router, per pool.", ["pool"], registry=r,
                              multiprocess_mode="livemax")
         self.prompt_token_scale = Gauge(
-            "disagg_prompt_token_scale", "Engine-counted ÷ estimated prompt tokens this router has learned from the "
-            "engines' usage.prompt_tokens (text prompts without --tokenizer; 1 until an answer reports usage).",
+            "disagg_prompt_token_scale", "Engine-counted ÷ estimated prompt tokens, measured from the engines' "
+            "usage.prompt_tokens (text prompts without --tokenizer; 1 until an answer reports usage; not applied).",
             registry=r, multiprocess_mode="liveall")
         self.prompt_token_scale.set(1.0)
         self.prefill_wait_estimate = Gauge(
