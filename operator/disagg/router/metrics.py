@@ -96,7 +96,8 @@ class RouterMetrics:
         self.prompt_token_scale = Gauge(
             "disagg_prompt_token_scale", "Engine-counted ÷ estimated prompt tokens, measured from the engines' "
             "usage.prompt_tokens (text prompts without --tokenizer; 1 until an answer reports usage; not applied).",
-            registry=r, multiprocess_mode="liveall")
+            # each worker process measures its share of the traffic: the replica shows the latest one, no pid label
+            registry=r, multiprocess_mode="livemostrecent")
         self.prompt_token_scale.set(1.0)
         self.prefill_wait_estimate = Gauge(
             "disagg_prefill_queue_wait_estimate_seconds", "The router's current lowest estimated prefill-queue wait.",
