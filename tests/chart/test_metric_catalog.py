@@ -56,7 +56,8 @@ def test_catalog_sample_names_match_the_exposition() -> None:
         for w in (value.values() if isinstance(value, dict) else [value]):
             if hasattr(w, "_labelnames"):
                 child = w.labels(*["x"] * len(w._labelnames)) if w._labelnames else w
-                (child.observe if hasattr(child, "observe") else child.inc if hasattr(child, "inc") else child.set)(1)
+                # a gauge is set (one in mostrecent mode refuses inc), a counter incremented, a histogram observed
+                (child.observe if hasattr(child, "observe") else child.set if hasattr(child, "set") else child.inc)(1)
     exposed = {s.name for f in text_string_to_metric_families(generate_latest(rm.registry).decode())
                for s in f.samples if not s.name.endswith("_created")}
     expected = {s for m in router_metrics() for s in m.samples()}
