@@ -132,7 +132,11 @@ def selector(namespace: str, model: str) -> str:
 
 def render(name: str, namespace: str, model: str, window_seconds: int) -> str:
     template, _ = QUERIES[name]
-    return template.format(sel=selector(namespace, model), w=f"{max(window_seconds, 2)}s")
+    return _promql(template, selector(namespace, model), window_seconds)
+
+
+def _promql(template: str, sel: str, window_seconds: int) -> str:
+    return template.format(sel=sel, w=f"{max(window_seconds, 2)}s")
 
 
 # Sample.reason when there is an error: Prometheus did not answer, or answered without any target of the model.
@@ -168,10 +172,9 @@ def collect(query: QueryFn, namespace: str, model: str, spec: DisaggregatedModel
     values: dict[str, float | None] = {}
 
     def run(templates: dict[str, str], window_seconds: int, prefix: str = "") -> Sample | None:
-        w = f"{max(window_seconds, 2)}s"
         for name, template in templates.items():
             try:
-                result = query(template.format(sel=sel, w=w))
+                result = query(_promql(template, sel, window_seconds))
             except Exception as e:  # noqa: BLE001 - any failure to reach Prometheus means "hold"
                 return Sample(values, error=f"Prometheus query {name} failed: {type(e).__name__}: {e}"[:300],
                               reason=PROMETHEUS_UNAVAILABLE)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..perf.presets import GPUS, MODELS
+from ..perf.presets import GPUS, MODELS, vllm_batch_defaults
 from ..perf.roofline import Efficiency, PerfModel, SeqWork
 
 # The kind of figure each metric is (a point's tolerance is its kind's), and the accuracy the docs claim for each
@@ -163,8 +163,6 @@ def knee_rps(prompt: int, output: int) -> Callable[[PerfModel], float]:
     of its ``output − 1`` decode tokens rides in such a step at one token's share of it (chunked prefill: the
     decodes go first, the prefill fills the rest)."""
     def f(p: PerfModel) -> float:
-        from ..perf.presets import vllm_batch_defaults
-
         budget = vllm_batch_defaults(p.gpu)[1]
         per_token = p.step([SeqWork(budget, 0)]).total_s / budget
         return 1.0 / (p.prefill_time(prompt, budget) + (output - 1) * per_token)

@@ -65,7 +65,6 @@ class Prepared:
     router_input_tokens: int
     hashes: tuple[int, ...]
     max_tokens: int | None  # as the router reads it from the body
-    estimated: bool = False  # router_input_tokens is the router's text estimate (router/tokenscale.py)
 
 
 def arrivals_from_requests(requests: Iterable[workload.Request]) -> list[Arrival]:
@@ -151,7 +150,7 @@ def prepare(a: Arrival, index: int, vocab: int) -> Prepared:
         view = features.prompt_view(a.endpoint, body)
         ids = _engine_prompt(a.endpoint, body, vocab)
         return Prepared(a, rid, ids, features.count_input_tokens(view), features.prefix_block_hashes(view),
-                        features.requested_max_tokens(body), estimated=view.token_ids is None)
+                        features.requested_max_tokens(body))
     ids = _synthetic_prompt(a, rid)
     hashes = tuple(int.from_bytes(h[:8], "little") for h in block_hashes(ids, features.PREFIX_BLOCK_TOKENS))
     return Prepared(a, rid, ids, len(ids), hashes[: features.MAX_PREFIX_BLOCKS],

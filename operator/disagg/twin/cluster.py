@@ -493,8 +493,9 @@ class TwinCluster:
         o.sent = self.now
         ctx = Ctx(request_id=p.request_id, endpoint=a.endpoint, stream=a.stream, t0=o.sent)
         ctx.input_tokens = p.router_input_tokens
-        ctx.input_estimated = p.estimated  # as router/server.py: a text estimate (tokenscale.py compares it)
-        if a.body is not None and (v := features.prompt_view(a.endpoint, dict(a.body))).token_ids is not None:
+        v = features.prompt_view(a.endpoint, dict(a.body)) if a.body is not None else None
+        ctx.input_estimated = v is not None and v.token_ids is None  # as router/server.py: a text estimate
+        if v is not None and v.token_ids is not None:
             ctx.token_ids = v.token_ids  # as router/server.py: the prompt's token ids key the event index
             ctx.token_keys[features.PREFIX_BLOCK_TOKENS] = p.hashes
         tenant = features.tenant_named(a.tenant, cfg.routing.tenants)
