@@ -12,8 +12,9 @@ from disagg.load.workload import generate
 from disagg.plan.verify import cluster_spec
 from disagg.twin import arrivals_from_requests, simulate
 
-# a compressed day: trough → peak → trough (req/s); 1.4 and 2.9 are rounded up to 1.5 and 3.0 (step 0.5)
-CURVE = (0.4, 1.4, 2.9, 1.4, 0.4)
+# a compressed day: trough → peak → trough (req/s); 1.4 and 5.9 are rounded up to 1.5 and 6.0 (step 0.5). One
+# prefill + one decode replica holds the autoscale mix's RAG prompts up to ~4.5 req/s in the twin, not 6.
+CURVE = (0.4, 1.4, 5.9, 1.4, 0.4)
 SETTINGS = OracleSettings(probe_s=10.0, rate_step=0.5, max_replicas=3, seed=0)
 
 
@@ -40,7 +41,7 @@ def test_fewest_gpus_per_bucket_on_a_synthetic_day() -> None:
     assert gpus[2] > gpus[0]  # the peak needs more
     by_load = sorted(zip(CURVE, gpus, strict=True))
     assert [g for _, g in by_load] == sorted(g for _, g in by_load)  # more load never gets fewer GPUs
-    assert [p.rate for p in oracle.picks] == [0.5, 1.5, 3.0, 1.5, 0.5]  # rounded up, never down
+    assert [p.rate for p in oracle.picks] == [0.5, 1.5, 6.0, 1.5, 0.5]  # rounded up, never down
     assert all(p.met for p in oracle.picks)
 
     # the peak's pick holds the load, and no split with fewer GPUs does: independent runs, not the cache
@@ -54,9 +55,9 @@ def test_fewest_gpus_per_bucket_on_a_synthetic_day() -> None:
 
     # cached per (mix, load): a second day with the same loads runs no new probes
     probes = len(oracle.probes)
-    assert oracle(_buckets((1.5, 0.5, 3.0))) == [gpus[1], gpus[0], gpus[2]]
+    assert oracle(_buckets((1.5, 0.5, 6.0))) == [gpus[1], gpus[0], gpus[2]]
     assert len(oracle.probes) == probes
-    assert {k[:2] for k in oracle.cache} == {("autoscale", 0.5), ("autoscale", 1.5), ("autoscale", 3.0)}
+    assert {k[:2] for k in oracle.cache} == {("autoscale", 0.5), ("autoscale", 1.5), ("autoscale", 6.0)}
 
     # wired the way bench autoscale uses it: GPU-seconds of the day
     h = autoscale.hindsight(_buckets(CURVE), oracle)
@@ -66,7 +67,7 @@ def test_fewest_gpus_per_bucket_on_a_synthetic_day() -> None:
 
 def test_a_load_no_split_holds_gets_the_largest_split_marked_unmet() -> None:
     oracle = autoscale_oracle(OracleSettings(probe_s=10.0, rate_step=0.5, max_replicas=1))
-    assert oracle([autoscale.BucketLoad(0.0, 5.0, 3.0, 0, {})]) == [2]
+    assert oracle([autoscale.BucketLoad(0.0, 5.0, 5.0, 0, {})]) == [2]
     assert not oracle.picks[0].met and oracle.picks[0].attainment < 0.9
     assert oracle.report()["loads"][0]["met"] is False
 

@@ -439,8 +439,8 @@ async def test_the_router_measures_how_far_its_prompt_estimate_is_from_the_engin
                                                                                        tmp_path):
     """Text prompts whose bytes per token are far from the router's 4.0 (six-letter words: 7 bytes a token in the
     sim's tokenizer): each answer's usage.prompt_tokens feeds the router's disagg_prompt_token_scale
-    (router/tokenscale.py), which ends where the same answers put a PromptTokenScale. Measured, not applied: the
-    request log's input_tokens stays the router's estimate."""
+    (router/tokenscale.py), which ends where the same answers put a PromptTokenScale. Applied: each request's
+    input_tokens (the request log) is the router's estimate times the scale learned from the answers before it."""
     from disagg.router import features
     from disagg.router.tokenscale import PromptTokenScale
 
@@ -449,6 +449,7 @@ async def test_the_router_measures_how_far_its_prompt_estimate_is_from_the_engin
     p, d1 = stack["prefill"], stack["decode"][0]
     r = stack["processes"].router(conf, prefill=[p.url], decode=[d1.url], extra=ROUTER_ARGS, wait=True)
     expected = PromptTokenScale()
+    applied: list[int] = []
 
     def prompt(i: int) -> str:
         return " ".join(f"{chr(97 + (i + k) % 26)}bcdef" for k in range(2000 + 40 * i))
@@ -463,6 +464,7 @@ async def test_the_router_measures_how_far_its_prompt_estimate_is_from_the_engin
                 assert resp.status == 200
                 counted = int((await resp.json())["usage"]["prompt_tokens"])
             assert counted < 0.65 * estimate(i)  # the flag's figure is far off for this text
+            applied.append(round(estimate(i) * expected.factor))
             expected.observe(estimate(i), counted)
 
             async def measured(i: int = i) -> bool:
@@ -472,4 +474,5 @@ async def test_the_router_measures_how_far_its_prompt_estimate_is_from_the_engin
             await until(measured, 10, "the router's scale after each answer")
     assert expected.factor < 0.8
     lines = [json.loads(x) for x in r.log_path.read_text().splitlines() if x.startswith("{") and '"input_tokens"' in x]
-    assert [x["input_tokens"] for x in lines[-6:]] == [estimate(i) for i in range(6)]
+    assert [x["input_tokens"] for x in lines[-6:]] == applied
+    assert applied[-1] < 0.8 * estimate(5)  # the last one counted in the engine's units, not the flag's

@@ -200,3 +200,21 @@ def test_the_decode_correction_follows_the_engines_own_tpot_against_the_model() 
     before = w.f_decode
     w.update_scrape({**base, TPOT_HISTOGRAM + "_sum": 10 * 59 * 2 * model, TPOT_HISTOGRAM + "_count": 590.0})
     assert w.f_decode == before
+
+
+def test_a_remote_first_token_waits_behind_the_prompts_the_decode_worker_will_have_queued() -> None:
+    """The decode leg reaches the decode worker when the prefill leg ends, behind the prompts queued there then:
+    those queued now, plus those still arriving at its prefill rate, less what it prefills meanwhile."""
+    p = prefill(ahead=20_000)  # a prefill leg of about half a second
+
+    def ttft(d: WorkerLoad) -> float:
+        return pl.predict_remote(p, COST, d, COST, 8000, 0.05, 256).ttft_s
+
+    idle = ttft(decode(running=8))
+    # a short queue the decode worker clears before the KV arrives costs nothing
+    assert ttft(decode(running=8, ahead=2000)) == idle
+    # a long one, or one refilled faster than it drains, delays the first token
+    capacity = 2048 / COST.prefill(0, 0, 8, 0.0, 2048).seconds  # prompt tokens/s the decode worker prefills
+    assert ttft(decode(running=8, ahead=200_000)) > idle + 1.0
+    refilled = [ttft(decode(running=8, rate=r * capacity)) for r in (0.5, 1.5, 3.0)]
+    assert refilled[0] == idle < refilled[1] < refilled[2]

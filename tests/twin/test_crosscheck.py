@@ -15,6 +15,7 @@ import statistics
 
 import yaml
 
+from disagg.api.models import SLOSpec
 from disagg.bench.goodput import CONDITIONAL_ROUTING
 from disagg.load import loadgen
 from disagg.load.workload import MIXES, generate
@@ -36,13 +37,20 @@ def test_twin_matches_real_processes_on_a_small_workload(tmp_path) -> None:
     requests = generate(MIXES["mixed"], 3.0, 5.0, SIM_MODEL, seed=11)
     router_cfg = {"model": SIM_MODEL, "mode": "Disaggregated", "transferTimeoutMs": 30_000,
                   "routing": CONDITIONAL_ROUTING}
+    # the real router reads wall time, and the sims run TIME_SCALE× slower than simulated time: its time thresholds
+    # (the prefill-queue wait limit, the SLO the placement prices against) are the twin's in wall milliseconds
+    routing = CONDITIONAL_ROUTING["remotePrefill"]
+    wall_cfg = {**router_cfg, "routing": {**CONDITIONAL_ROUTING, "remotePrefill": {
+                    **routing, "maxPrefillQueueWaitMs": routing["maxPrefillQueueWaitMs"] * TIME_SCALE}},
+                "slo": {"ttftP95Ms": int(SLOSpec().ttft_p95_ms * TIME_SCALE),
+                        "tpotP95Ms": int(SLOSpec().tpot_p95_ms * TIME_SCALE)}}
     with Processes(tmp_path / "logs") as procs:
         p = procs.sim("prefill", time_scale=TIME_SCALE)
         ds = [procs.sim("decode", time_scale=TIME_SCALE) for _ in range(2)]
         for w in (p, *ds):
             procs.wait_ready(w)
         conf = tmp_path / "router.yaml"
-        conf.write_text(yaml.safe_dump(router_cfg))
+        conf.write_text(yaml.safe_dump(wall_cfg))
         router = procs.router(conf, extra=["--scrape-interval", str(SCRAPE_WALL_S)], prefill=[p.url],
                               decode=[d.url for d in ds])
         procs.wait_ready(router)

@@ -70,6 +70,26 @@ def test_idle_remote_ttft_is_prefill_plus_transfer_plus_one_step() -> None:
     assert rec.ttft_s == pytest.approx(expect, rel=0.01)
 
 
+def test_pulls_that_start_during_the_handshake_wait_for_it_whatever_their_order() -> None:
+    """Two prompts prefilled in one step reach the decode engine at the same simulated time: both pulls wait for the
+    one NIXL handshake with that prefill engine (neither gets it free for having run second in the event loop), and
+    a pull after it pays none (sim/engine.py ``_handshake_wait``)."""
+    pool = PoolSpec(1)
+    perf = perf_of(pool)
+    n = 3000
+    spec = ClusterSpec(prefill=pool, decode=pool, router={"mode": "Disaggregated", "routing": {
+        "buckets": [{"name": "all", "minInputTokens": 0, "prefill": "Remote"}]}})
+    recs = sorted(simulate(spec, [Arrival(at=0.0, input_tokens=n, output_tokens=8),
+                                  Arrival(at=0.0, input_tokens=n, output_tokens=8),
+                                  Arrival(at=2.0, input_tokens=n, output_tokens=8)]).records,
+                  key=lambda r: r.arrival_s)
+    assert [r.path for r in recs] == ["remote"] * 3
+    rdma = get_transport("rdma")
+    with_handshake = perf.transfer_time(n, rdma, remote_tp=1, first_contact=True)
+    assert recs[0].kv_transfer_s == recs[1].kv_transfer_s == pytest.approx(with_handshake, rel=0.01)
+    assert recs[2].kv_transfer_s == pytest.approx(perf.transfer_time(n, rdma, remote_tp=1), rel=0.01)
+
+
 def test_a_threshold_change_flips_the_decisions() -> None:
     arrivals = [Arrival(at=i * 2.0, input_tokens=3000, output_tokens=100) for i in range(4)]
     base = ClusterSpec(prefill=PoolSpec(1), decode=PoolSpec(1), router=CONDITIONAL)

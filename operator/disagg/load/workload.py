@@ -1,9 +1,13 @@
 """Workload mixes: long RAG prompts, short chats, long streams, several tenants.
 
 Deterministic for a seed: the same mix, rate and seed give the same requests in the same order. Prompt text is
-made of short English words, one token each for the simulator's tokenizer stand-in (and roughly one token each
-for real BPE tokenizers), so a prompt's length in tokens is its word count. RAG prompts share a per-corpus
-document prefix, as retrieval over a shared corpus does, so prefix caching has something to hit.
+made of common English words, one token each for the simulator's tokenizer stand-in (and for Llama 3's and Qwen's
+BPE vocabularies), so a prompt's length in tokens is its word count. The words average 4.27 bytes with their leading
+space, English prose's ~4.2 bytes per token, so the router's text estimate (utf-8 bytes ÷ 4, router/features.py)
+counts these prompts as it would count real ones: ×1.07 the engine's count. (Until 2026-12 the words averaged 6.2
+bytes, the router over-counted them ×1.55, and the placement was validated under that error; docs/router.md
+"Input tokens".) RAG prompts share a per-corpus document prefix, as retrieval over a shared corpus does, so prefix
+caching has something to hit.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-_WORDS = ("cache", "token", "model", "batch", "query", "prompt", "vector", "decode", "stream", "policy", "router",
-          "tensor", "layer", "score", "index", "corpus", "answer", "cloud", "node", "pool", "queue", "shard")
+# 26 words, each with its leading space one token; mean 4.27 bytes (tests/bench/test_workload.py)
+_WORDS = ("the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "cache", "token", "model", "batch", "query",
+          "prompt", "decode", "stream", "with", "on", "as", "by", "we", "be", "at", "or")
 
 
 @dataclass(frozen=True)

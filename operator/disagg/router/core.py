@@ -106,7 +106,7 @@ class RequestCore(Generic[R]):
         self.prefix = PrefixIndex()  # the estimate: what the router sent where (the fallback)
         self.kv = KVIndex()  # the truth: the engines' own KV cache events (kvsub.py, or the twin's sink)
         self.tenants = TenantStats()
-        # engine-counted ÷ estimated prompt tokens (tokenscale.py): measured and published, not applied
+        # engine-counted ÷ estimated prompt tokens (tokenscale.py): measured, published, and applied to text estimates
         self.prompt_scale = PromptTokenScale()
         self.breakers = Breakers(metrics.circuit_state, clock)
         self.probes = ProbeLimiter(rate_scale=probe_rate_scale)
@@ -157,12 +157,28 @@ class RequestCore(Generic[R]):
 
         return self.kv.match(ids, keys_of=keys_of)
 
+    def count_prompt(self, ctx: Ctx, counted: int, text_estimate: bool) -> None:
+        """``ctx.input_tokens``: ``counted`` when exact (token ids, a tokenizer); a text estimate (``text_estimate``)
+        times the scale learned from the engines' own counts (tokenscale.py), which then also scales the text
+        prefix matches (:meth:`estimated_prefix`), so that every cost and threshold sees engine tokens."""
+        ctx.input_tokens = counted
+        if text_estimate:
+            ctx.input_text_estimate, ctx.input_scale = counted, self.prompt_scale.factor
+            ctx.input_tokens = max(1, round(counted * ctx.input_scale)) if counted > 0 else 0
+
+    def estimated_prefix(self, url: str, hashes: tuple[int, ...], ctx: Ctx | None) -> int:
+        """The prefix estimate's match (prefix.py: blocks the router sent ``url``) in the prompt's units: a text
+        prompt's blocks are cut by its bytes, so they take the same learned scale as its estimate."""
+        n = self.prefix.match_tokens(url, hashes) if hashes else 0
+        scale = ctx.input_scale if ctx is not None else 1.0
+        return n if scale == 1.0 or n == 0 else round(n * scale)
+
     def cached_tokens(self, url: str, hashes: tuple[int, ...], ctx: Ctx) -> tuple[int, str]:
         """Prompt tokens ``url`` holds and where that comes from: ``events`` (the exact index, when the worker
         publishes KV events and the prompt's token ids are known), else ``estimate`` (prefix.py)."""
         if ctx.token_ids is not None and self.kv.publishing(url):
             return self.exact_match(ctx).get(url, 0), "events"
-        return (self.prefix.match_tokens(url, hashes) if hashes else 0), "estimate"
+        return self.estimated_prefix(url, hashes, ctx), "estimate"
 
     def snapshot(self, cfg: RouterConfig, hashes: tuple[int, ...], tenant: str,
                  ctx: Ctx | None = None) -> LoadSnapshot:
@@ -170,7 +186,7 @@ class RequestCore(Generic[R]):
         events where the worker publishes them, else the estimate on the serving pools), the tenant's average
         output, and what the circuit breakers block."""
         now = self.clock()
-        prefix = self.prefix
+        estimated_prefix = self.estimated_prefix
         kv = self.kv
         token_ids = ctx.token_ids if ctx is not None else None
         exact = self.exact_match(ctx) if ctx is not None and token_ids is not None else {}
@@ -187,7 +203,7 @@ class RequestCore(Generic[R]):
                 if token_ids is not None and kv.publishing(w.url):
                     cached = exact.get(w.url, 0)
                 else:
-                    cached = prefix.match_tokens(w.url, hashes) if with_prefix and hashes else 0
+                    cached = estimated_prefix(w.url, hashes, ctx) if with_prefix and hashes else 0
                 out.append(w.load(cached, now))
             return tuple(out)
 
@@ -237,7 +253,8 @@ class RequestCore(Generic[R]):
         best = max((w.prefix_tokens for w in snap.decode + snap.aggregated), default=0)
         if best and hashes:  # the log's prefix family for replay: the longest run of full blocks some worker holds
             ctx.prefix_tokens = best
-            ctx.prefix_hash = f"{hashes[min(len(hashes), best // features.PREFIX_BLOCK_TOKENS) - 1]:016x}"
+            blocks = max(1, round(best / ctx.input_scale / features.PREFIX_BLOCK_TOKENS))  # in the hashes' units
+            ctx.prefix_hash = f"{hashes[min(len(hashes), blocks) - 1]:016x}"
         d, ticket = self.route(cfg, feats, snap)
         self._expect_cached(ctx, d, snap)
         ctx.tenant, ctx.decision, ctx.reason = d.tenant, d.decision, d.reason
@@ -495,8 +512,8 @@ class RequestCore(Generic[R]):
             return await paths.serve(self, ctx, cfg, d, hashes, ticket, legs)
         finally:
             self.serving -= 1
-            if ctx.input_estimated and ctx.engine_prompt_tokens:
-                self.prompt_scale.observe(ctx.input_tokens, ctx.engine_prompt_tokens)
+            if ctx.input_text_estimate and ctx.engine_prompt_tokens:
+                self.prompt_scale.observe(ctx.input_text_estimate, ctx.engine_prompt_tokens)
                 self.metrics.prompt_token_scale.set(self.prompt_scale.factor)
             self.admission.release(newest_first_after(cfg))
 

@@ -95,7 +95,8 @@ class RouterMetrics:
                              multiprocess_mode="livemax")
         self.prompt_token_scale = Gauge(
             "disagg_prompt_token_scale", "Engine-counted ÷ estimated prompt tokens, measured from the engines' "
-            "usage.prompt_tokens (text prompts without --tokenizer; 1 until an answer reports usage; not applied).",
+            "usage.prompt_tokens (text prompts without --tokenizer; 1 until an answer reports usage); applied to "
+            "the router's text estimates.",
             # each worker process measures its share of the traffic: the replica shows the latest one, no pid label
             registry=r, multiprocess_mode="livemostrecent")
         self.prompt_token_scale.set(1.0)

@@ -8,7 +8,8 @@ For a request of ``n`` prompt tokens the router prices every feasible placement 
 
 * ``local`` — the whole request on the chosen decode worker ``d``: its prefill runs in ``d``'s steps beside the
   streams already there (chunked at ``d``'s budget, behind the prefills queued there), minus the prefix ``d`` holds;
-* ``remote`` — prefill on the chosen prefill worker ``p`` (behind its backlog), the KV transfer, then decode on ``d``;
+* ``remote`` — prefill on the chosen prefill worker ``p`` (behind its backlog), the KV transfer, then decode on ``d``
+  (its first token behind the prompts queued on ``d`` before it, as far as they outlast the prefill and transfer);
 * ``prefill_worker`` — the whole request on ``p`` (one elastic fleet: a prefill worker serves a whole request as
   an aggregated engine does; vLLM's NixlConnector acts on a request's ``kv_transfer_params``, not on the role).
 
@@ -123,6 +124,21 @@ def predict_whole(w: WorkerLoad, cost: EngineCost, tokens: int, placement: str, 
     return Prediction(placement, w.url, ttft, tpot, harm)
 
 
+def _backlog_then(d: WorkerLoad, cost: EngineCost, streams: int, ctx: float, after_s: float) -> float:
+    """Seconds of prompts queued on decode worker ``d`` ahead of a request that reaches it ``after_s`` from now (a
+    remote one: its decode leg is sent when its prefill leg ends): the prompt tokens queued there now, plus those
+    the router keeps sending it (its recent prefill rate), less what it prefills meanwhile — vLLM schedules the
+    waiting queue in order, so a saturated decode worker delays a remote request's first token as much as a local
+    one."""
+    ahead = _ahead(d)
+    if ahead <= 0 and d.prefill_rate <= 0:
+        return 0.0
+    probe = max(ahead, float(cost.budget))
+    capacity = probe / max(1e-9, cost.prefill(0, 0, streams, ctx, probe).seconds * d.f_prefill)  # tokens/s
+    left = ahead + (d.prefill_rate - capacity) * after_s
+    return left / capacity if left > 0 else 0.0
+
+
 def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: EngineCost, tokens: int,
                    slo_tpot_s: float, out_tokens: float, slo_ttft_s: float = 1.0) -> Prediction:
     p_streams = int(p.running)
@@ -133,9 +149,11 @@ def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: Eng
     prefill_s = (p_cost.request_overhead_s + pre.seconds) * p.f_prefill
     d_streams = int(d.running)
     d_ctx = _mean_ctx(d, d_cost, d_streams)
+    transfer = d_cost.transfer(tokens, p_cost.perf.tp)
     # the decode worker pulls the KV, then its next step produces the first token (behind any queue for room)
     first = d_cost.decode_step(d_streams + 1, d_ctx) * d.f_decode * (1.0 + d.queued)
-    ttft = prefill_s + d_cost.transfer(tokens, p_cost.perf.tp) + first
+    first += _backlog_then(d, d_cost, d_streams, d_ctx, prefill_s + transfer)
+    ttft = prefill_s + transfer + first
     tpot = d_cost.tpot(d_streams + 1, (d_streams * d_ctx + tokens) / (d_streams + 1), d.prefill_rate) * d.f_decode
     harm = _harm(p, p_cost, p_streams, p_ctx, p.prefill_rate, pre.own_stall_s, slo_tpot_s, out_tokens)
     harm += _queue_harm(p, prefill_s, pre.own_s * p.f_prefill, slo_ttft_s)

@@ -39,7 +39,11 @@ class Ctx:
     reason: str = ""
     path: str = ""
     input_tokens: int = 0
-    input_estimated: bool = False  # input_tokens is the router's estimate from text (tokenscale.py compares it)
+    # a text prompt without --tokenizer: the router's estimate from its bytes before the learned scale (tokenscale.py
+    # compares it with the engine's count), and the scale applied to it and to the text prefix matches; 0 and 1.0
+    # when the prompt is counted exactly (token ids, a tokenizer)
+    input_text_estimate: int = 0
+    input_scale: float = 1.0
     engine_prompt_tokens: int | None = None  # the prompt as an engine counted it (a leg's usage.prompt_tokens)
     prefill_worker: str | None = None
     decode_worker: str | None = None

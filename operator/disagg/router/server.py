@@ -243,8 +243,9 @@ class Router:
             ctx.outcome, ctx.status = "client_error", e.code
             return openai_error(e.code, e.message, e.type, e.param)
         ctx.stream = req.stream
-        ctx.input_tokens = features.count_input_tokens(req.view, self.opts.chars_per_token, self.opts.tokenize)
-        ctx.input_estimated = req.view.token_ids is None and self.opts.tokenize is None
+        self.core.count_prompt(ctx, features.count_input_tokens(req.view, self.opts.chars_per_token,
+                                                                self.opts.tokenize),
+                               text_estimate=req.view.token_ids is None and self.opts.tokenize is None)
         hashes = features.prefix_block_hashes(req.view, self.opts.chars_per_token)
         if req.view.token_ids is not None:  # exact prefix matches (kvindex.py) need the prompt's token ids
             ctx.token_ids = req.view.token_ids

@@ -14,11 +14,11 @@ router's estimate of the same prompt — token-weighted, exponentially decayed s
 cost matters) weigh most and a change of traffic shows within ~:data:`WINDOW_TOKENS` estimated tokens — and their
 ratio is published as ``disagg_prompt_token_scale``.
 
-It is **measured, not applied**. Applied to every estimate (and to the prefix estimate's matches, in the same units),
-it moved the twin's goodput benchmark down in 40 of 84 cells (mean −3.2 points, most at the tight 1000/25 ms SLO):
-the shipped thresholds and the placement's harm model were validated on traffic whose count the router
-over-estimated ×1.55 (the simulator's tokenizer on the workloads' text), so correcting the count alone undoes part of
-that validation. docs/router.md ("Input tokens") says what to do when the gauge is far from 1.
+It is **applied**: each text prompt's estimate is multiplied by the scale learned so far, and so are the prefix
+estimate's matches (blocks cut by bytes, in the same units), so the thresholds and every cost the placement prices
+see engine tokens on any traffic (core.py ``count_prompt``). The request log's ``input_tokens`` is the scaled figure.
+(Until 2026-12 it was measured only: the twin's workloads were then text the router over-counted ×1.55, and the
+thresholds and harm model had been validated under that error; the workloads now read like prose, load/workload.py.)
 """
 
 from __future__ import annotations

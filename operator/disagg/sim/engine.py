@@ -183,6 +183,7 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._pulls: set[asyncio.Task[None]] = set()
+        self._handshakes: dict[str, float] = {}  # remote engine id → when its NIXL handshake ends (simulated)
         self._prev = SchedulerStats()
         self.busy_until: float | None = None  # end of the last step while continuously busy
         self._ready_at = 0.0  # simulated time of the latest event that made work available while idle
@@ -508,6 +509,16 @@ class Engine:
         self.wake()
         return freed
 
+    def _handshake_wait(self, remote_engine: str, t0: float) -> float:
+        """Simulated seconds a pull starting at ``t0`` waits for the NIXL handshake with ``remote_engine``: the
+        first pull from it starts the handshake (``transport.handshake_s``), and every pull that starts before the
+        handshake ends waits for it, as NixlConnector's requests wait for their engine's handshake. Pulls that start
+        at the same simulated time pay the same, whatever order the event loop runs them in."""
+        end = self._handshakes.get(remote_engine)
+        if end is None:
+            end = self._handshakes[remote_engine] = t0 + self.cfg.transport.handshake_s
+        return max(0.0, end - t0)
+
     async def _pull(self, req: Request, t0: float) -> None:
         assert self.kvt is not None and self.client is not None and req.remote_prefill is not None
         params = req.remote_prefill
@@ -526,9 +537,9 @@ class Engine:
             else:
                 remote_tp = int(params.get("tp_size") or 1)
 
-                async def wait_modelled(out: PullOutcome) -> None:
-                    model = self.perf.transfer_time(req.num_external, self.cfg.transport, remote_tp=remote_tp,
-                                                    first_contact=out.first_contact)
+                async def wait_modelled(_out: PullOutcome) -> None:
+                    model = self.perf.transfer_time(req.num_external, self.cfg.transport, remote_tp=remote_tp)
+                    model += self._handshake_wait(str(params.get("remote_engine_id")), t0)
                     marks["data"], marks["target"] = self.clock.now(), t0 + model + delay
                     await self.clock.sleep_until(t0 + model + delay)
 

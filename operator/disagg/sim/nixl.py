@@ -143,7 +143,6 @@ class PullOutcome:
     tokens: int = 0
     kv_bytes: float = 0.0
     payload: int = 0
-    first_contact: bool = False
 
 
 class SideChannelClient:
@@ -152,7 +151,6 @@ class SideChannelClient:
     def __init__(self, *, engine_id: str, compat: str, tp_size: int, timeout_s: float = 10.0) -> None:
         self.engine_id, self.compat, self.tp_size = engine_id, compat, tp_size
         self.timeout_s = timeout_s
-        self.known_engines: set[str] = set()
 
     async def pull(self, params: dict[str, Any], request_id: str,
                    wait_modelled: Callable[[PullOutcome], Awaitable[None]]) -> PullOutcome:
@@ -166,7 +164,6 @@ class SideChannelClient:
         except (TimeoutError, OSError, ValueError) as e:
             return PullOutcome(False, f"side channel {host}:{port} unreachable: {e}")
         try:
-            first = engine not in self.known_engines
             await _send(writer, {"op": "handshake", "compat": self.compat, "engine_id": self.engine_id,
                                  "tp_size": self.tp_size})
             hs = await asyncio.wait_for(_recv(reader), self.timeout_s)
@@ -175,20 +172,19 @@ class SideChannelClient:
             if hs.get("engine_id") != engine:
                 return PullOutcome(False, f"side channel {host}:{port} is engine {hs.get('engine_id')}, "
                                           f"not {engine}")
-            self.known_engines.add(engine)
             await _send(writer, {"op": "read", "request_id": request_id, "remote_engine_id": engine,
                                  "block_ids": block_ids(params)})
             rd = await asyncio.wait_for(_recv(reader), self.timeout_s)
             if not rd.get("ok"):
-                return PullOutcome(False, f"NIXL read failed: {rd.get('error')}", first_contact=first)
+                return PullOutcome(False, f"NIXL read failed: {rd.get('error')}")
             payload = int(rd.get("payload", 0))
             got = 0
             while got < payload:
                 chunk = await asyncio.wait_for(reader.read(min(_CHUNK, payload - got)), self.timeout_s)
                 if not chunk:
-                    return PullOutcome(False, "side channel closed during transfer", first_contact=first)
+                    return PullOutcome(False, "side channel closed during transfer")
                 got += len(chunk)
-            out = PullOutcome(True, "", int(rd.get("tokens", 0)), float(rd.get("kv_bytes", 0.0)), payload, first)
+            out = PullOutcome(True, "", int(rd.get("tokens", 0)), float(rd.get("kv_bytes", 0.0)), payload)
             await wait_modelled(out)
             await _send(writer, {"op": "notif", "request_id": request_id})
             await asyncio.wait_for(_recv(reader), self.timeout_s)

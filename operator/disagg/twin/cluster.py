@@ -155,13 +155,13 @@ class ClusterSpec:
 
 
 class LocalKVLink:
-    """The decode engine's NIXL client, in-process: handshake (compat, first contact), read the held blocks,
-    sleep out ``PerfModel.transfer_time`` (the engine's ``wait_modelled``), notify (frees the prefill blocks)."""
+    """The decode engine's NIXL client, in-process: handshake (compat; its time: engine.py ``_handshake_wait``), read
+    the held blocks, sleep out ``PerfModel.transfer_time`` (the engine's ``wait_modelled``), notify (frees the
+    prefill blocks)."""
 
     def __init__(self, compat: str, producers: Mapping[str, Engine]) -> None:
         self.compat = compat
         self.producers = producers
-        self.known_engines: set[str] = set()
 
     def _producer(self, params: Mapping[str, Any]) -> Engine | None:
         return self.producers.get(str(params.get("remote_engine_id")))
@@ -173,13 +173,10 @@ class LocalKVLink:
             return PullOutcome(False, f"side channel of engine {params.get('remote_engine_id')} unreachable")
         if prod.compat != self.compat:
             return PullOutcome(False, f"NIXL handshake refused: compat hash {self.compat} != {prod.compat}")
-        eid = str(prod.engine_id)
-        first = eid not in self.known_engines
-        self.known_engines.add(eid)
         ok, err, tokens, kv_bytes = prod.serve_read(request_id, block_ids(params))
         if not ok:
-            return PullOutcome(False, f"NIXL read failed: {err}", first_contact=first)
-        out = PullOutcome(True, "", tokens, kv_bytes, 0, first)
+            return PullOutcome(False, f"NIXL read failed: {err}")
+        out = PullOutcome(True, "", tokens, kv_bytes, 0)
         await wait_modelled(out)
         prod.serve_release(request_id)
         return out
@@ -492,9 +489,9 @@ class TwinCluster:
         p, a, cfg = o.prepared, o.prepared.arrival, self.config
         o.sent = self.now
         ctx = Ctx(request_id=p.request_id, endpoint=a.endpoint, stream=a.stream, t0=o.sent)
-        ctx.input_tokens = p.router_input_tokens
         v = features.prompt_view(a.endpoint, dict(a.body)) if a.body is not None else None
-        ctx.input_estimated = v is not None and v.token_ids is None  # as router/server.py: a text estimate
+        # as router/server.py: a text estimate takes the scale learned from the engines' counts
+        self.core.count_prompt(ctx, p.router_input_tokens, text_estimate=v is not None and v.token_ids is None)
         if v is not None and v.token_ids is not None:
             ctx.token_ids = v.token_ids  # as router/server.py: the prompt's token ids key the event index
             ctx.token_keys[features.PREFIX_BLOCK_TOKENS] = p.hashes
