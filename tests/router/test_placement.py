@@ -218,3 +218,26 @@ def test_a_remote_first_token_waits_behind_the_prompts_the_decode_worker_will_ha
     assert ttft(decode(running=8, ahead=200_000)) > idle + 1.0
     refilled = [ttft(decode(running=8, rate=r * capacity)) for r in (0.5, 1.5, 3.0)]
     assert refilled[0] == idle < refilled[1] < refilled[2]
+
+
+def test_the_ladders_grey_zone_is_overruled_on_less_evidence() -> None:
+    """A prompt between maxInputTokens and minInputTokens (reason below_remote_threshold) is where the static rule
+    knows least: a placement predicted better by Tuning.slo_override_grey expected misses overrules it, where a
+    short prompt (the rule's confident zone) needs Tuning.slo_override."""
+    from disagg.router.policy import Tuning
+
+    tight = RouterConfig.model_validate({"model": "m", "mode": "Disaggregated", "routing": {"policy": "SLO"},
+                                         "slo": {"ttftP95Ms": 1000, "tpotP95Ms": 25}})
+    busy_prefill = WorkerLoad(url="p0", compat="c", role="prefill", cost=COST, remote_idle_s=0.0,
+                              prefill_rate=60_000)  # no slack for whole requests; remote prefills only
+    snap = LoadSnapshot(prefill=(busy_prefill,), decode=(decode(running=8, rate=4000, kv=0.3),))
+
+    grey = decide(tight, feats(1500, 16), snap)
+    local = grey.detail["rejected"]
+    gap = (1 - (1 - pl.p_miss(local["predicted_ttft_ms"], 1000)) * (1 - pl.p_miss(local["predicted_tpot_ms"], 25))
+           + local["harm"]) - grey.detail["prediction"].expected_misses(tight.slo)
+    assert Tuning().slo_override_grey < gap < Tuning().slo_override  # the case the two margins tell apart
+    assert (grey.decision, grey.reason) == ("remote", "slo_remote")
+    assert decide(tight, feats(1500, 16), snap, Tuning(slo_override_grey=0.5)).reason == "below_remote_threshold"
+    # a short prompt beside the same streams: the ladder's confident zone, the full margin
+    assert decide(tight, feats(1000, 16), snap).reason == "short_prompt"

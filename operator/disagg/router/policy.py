@@ -110,6 +110,9 @@ class Tuning:
     # expected misses a placement must beat the ladder's choice to overrule it
     default_output_tokens: int = 256
     slo_override: float = 0.5
+    # … and by how many when the ladder's rule is in its grey zone (GREY_REASONS: a prompt between the local and
+    # the remote thresholds, a long prompt with a short answer), where a static rule knows least
+    slo_override_grey: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -250,6 +253,9 @@ def under_pressure(w: WorkerLoad, tuning: Tuning) -> bool:
 # The ladder's own choices (rules 7–10, 12b, 13 LocalPrefill, 14 policy): what the SLO policy may overrule.
 LADDER_REASONS = frozenset({"short_prompt", "prefix_cache_hit", "below_remote_threshold", "short_output",
                             "no_decode_pressure", "prefill_queue_overload", "policy"})
+# … and those where its rule is least sure: neither short enough for `maxInputTokens` nor long enough for
+# `minInputTokens`, or long but with an answer below `minExpectedOutputTokens` (Tuning.slo_override_grey)
+GREY_REASONS = frozenset({"below_remote_threshold", "short_output"})
 
 
 def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning = Tuning()) -> Decision:
@@ -379,7 +385,8 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
 def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning,
                  base: Decision, picks: _Picks) -> Decision:
     """``spec.routing.policy: SLO``: the ladder's choice ``base``, overruled by the placement predicted to keep
-    clearly more requests within spec.slo (placement.py: by at least ``tuning.slo_override`` expected misses),
+    clearly more requests within spec.slo (placement.py: by at least ``tuning.slo_override`` expected misses, or
+    ``tuning.slo_override_grey`` where the ladder's rule is in its grey zone, :data:`GREY_REASONS`),
     among the whole request on the chosen decode worker, remote prefill on a compatible pair (closed breakers, the
     prefill pool not starting), and the whole request on the least busy prefill worker."""
     from . import placement as pl
@@ -408,7 +415,8 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     scored = [(o, o.expected_misses(cfg.slo)) for o in options]
     chosen, chosen_misses = next((x for x in scored if x[0].placement == kind), scored[0])
     best, best_misses = pl.choose_scored(scored, cfg.slo)
-    if best is not chosen and chosen_misses - best_misses < tuning.slo_override:
+    margin = tuning.slo_override_grey if base.reason in GREY_REASONS else tuning.slo_override
+    if best is not chosen and chosen_misses - best_misses < margin:
         best = chosen
     others = [x for x in scored if x[0] is not best]
     runner_up = pl.choose_scored(others, cfg.slo)[0] if others else None
