@@ -186,7 +186,8 @@ class RequestCore(Generic[R]):
         events where the worker publishes them, else the estimate on the serving pools), the tenant's average
         output, and what the circuit breakers block."""
         now = self.clock()
-        estimated_prefix = self.estimated_prefix
+        prefix = self.prefix
+        scale = ctx.input_scale if ctx is not None else 1.0  # a text prompt's prefix blocks: :meth:`estimated_prefix`
         kv = self.kv
         token_ids = ctx.token_ids if ctx is not None else None
         exact = self.exact_match(ctx) if ctx is not None and token_ids is not None else {}
@@ -203,7 +204,9 @@ class RequestCore(Generic[R]):
                 if token_ids is not None and kv.publishing(w.url):
                     cached = exact.get(w.url, 0)
                 else:
-                    cached = estimated_prefix(w.url, hashes, ctx) if with_prefix and hashes else 0
+                    cached = prefix.match_tokens(w.url, hashes) if with_prefix and hashes else 0
+                    if cached and scale != 1.0:
+                        cached = round(cached * scale)
                 out.append(w.load(cached, now))
             return tuple(out)
 
