@@ -40,10 +40,15 @@ def test_cli_wiring() -> None:
 
 def test_the_committed_results_hold_what_the_docs_say() -> None:
     """docs/benchmarks.md §6's prose: with admission the chat tenant keeps its SLO at every step and batch keeps
-    about its knee's goodput at the top step; without it both degrade."""
+    about its knee's goodput at the top step; without it batch collapses and chat's TTFT p95 at the top step is
+    over twice what it is with admission (the engines serve chat first, so its attainment holds longest)."""
     doc = json.loads((REPO / "docs" / "results" / "overload.json").read_text())
     summary = {s["policy"]: s for s in doc["results"]["summary"]}
-    assert summary["Admit"]["chat_min_attainment"] < 0.95 and summary["Admit"]["batch_goodput_at_top_vs_peak"] < 0.5
+    assert summary["Admit"]["batch_goodput_at_top_vs_peak"] < 0.5
+    assert summary["Admit"]["chat_min_attainment"] <= summary["Shed"]["chat_min_attainment"]
+    steps = {(r["batch_rate"], r["policy"]): r for r in doc["results"]["steps"]}
+    top = max(rate for rate, _ in steps)
+    assert steps[(top, "Admit")]["chat"]["ttft_p95_ms"] > 2 * steps[(top, "Shed")]["chat"]["ttft_p95_ms"]
     for policy in ("Shed", "Queue"):
         assert summary[policy]["chat_min_attainment"] >= 0.95
         assert summary[policy]["batch_goodput_at_top_vs_peak"] >= 0.9
