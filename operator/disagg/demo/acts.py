@@ -53,10 +53,9 @@ class Outcome:
         return {"long_outputs": self.long_outputs, "long_prompts": self.long_prompts}
 
 
-def load_step(model: ModelHarness, name: str, mix: Mix, *, rate: float, seconds: float, seed: int,
-              deadline_s: float | None = None) -> LoadStep:
+def load_step(model: ModelHarness, name: str, mix: Mix, *, rate: float, seconds: float, seed: int) -> LoadStep:
     """``mix`` at ``rate`` for ``seconds``, then on until the autoscaler has grown a pool (the step's answer), for
-    at most ``deadline_s`` in all (default 3 × ``seconds``). The autoscaler decides on windows of Prometheus
+    at most 3 × ``seconds`` in all. The autoscaler decides on windows of Prometheus
     samples, so on a loaded machine its decision can come later than a fixed drive would wait; the step runs until
     it comes rather than sampling once and finding none."""
     t = time.monotonic() - model.t0
@@ -67,8 +66,7 @@ def load_step(model: ModelHarness, name: str, mix: Mix, *, rate: float, seconds:
         return time.monotonic() - start >= seconds and any(model.timeline.first_growth(p, t) is not None
                                                           for p in POOLS)
 
-    model.drive(name, mix, rate=rate, seconds=deadline_s if deadline_s is not None else 3 * seconds, seed=seed,
-                stop=decided)
+    model.drive(name, mix, rate=rate, seconds=3 * seconds, seed=seed, stop=decided)
     model.sample_once()
     return LoadStep(before, {p: model.desired(p) for p in POOLS},
                     {p: model.timeline.first_growth(p, t) for p in POOLS}, model.last_scale())

@@ -169,9 +169,8 @@ class RequestCore(Generic[R]):
     def estimated_prefix(self, url: str, hashes: tuple[int, ...], ctx: Ctx | None) -> int:
         """The prefix estimate's match (prefix.py: blocks the router sent ``url``) in the prompt's units: a text
         prompt's blocks are cut by its bytes, so they take the same learned scale as its estimate."""
-        n = self.prefix.match_tokens(url, hashes) if hashes else 0
-        scale = ctx.input_scale if ctx is not None else 1.0
-        return n if scale == 1.0 or n == 0 else round(n * scale)
+        return _scaled(self.prefix.match_tokens(url, hashes) if hashes else 0,
+                       ctx.input_scale if ctx is not None else 1.0)
 
     def cached_tokens(self, url: str, hashes: tuple[int, ...], ctx: Ctx) -> tuple[int, str]:
         """Prompt tokens ``url`` holds and where that comes from: ``events`` (the exact index, when the worker
@@ -204,9 +203,7 @@ class RequestCore(Generic[R]):
                 if token_ids is not None and kv.publishing(w.url):
                     cached = exact.get(w.url, 0)
                 else:
-                    cached = prefix.match_tokens(w.url, hashes) if with_prefix and hashes else 0
-                    if cached and scale != 1.0:
-                        cached = round(cached * scale)
+                    cached = _scaled(prefix.match_tokens(w.url, hashes), scale) if with_prefix and hashes else 0
                 out.append(w.load(cached, now))
             return tuple(out)
 
@@ -519,6 +516,11 @@ class RequestCore(Generic[R]):
                 self.prompt_scale.observe(ctx.input_text_estimate, ctx.engine_prompt_tokens)
                 self.metrics.prompt_token_scale.set(self.prompt_scale.factor)
             self.admission.release(newest_first_after(cfg))
+
+def _scaled(tokens: int, scale: float) -> int:
+    """A text prefix match (blocks cut by bytes) in engine tokens: × the prompt's learned scale."""
+    return tokens if scale == 1.0 or tokens == 0 else round(tokens * scale)
+
 
 ROOM_FULL_KV = 0.9  # a worker this full of KV blocks admits new streams only as others finish
 
