@@ -37,8 +37,9 @@ def test_the_ladders_choice_stands_when_no_placement_is_clearly_better() -> None
     d = decide(cfg(), feats(200), LoadSnapshot(prefill=(prefill(),), decode=(decode(),)))
     assert (d.decision, d.reason, d.decode) == ("local", "short_prompt", "d0")
     # the prediction of the placement taken, and the runner-up, for the log line and the span
-    assert d.detail["placement"] == "local" and d.detail["rejected"] is not None
-    assert d.detail["predicted_ttft_ms"] < 100 and isinstance(d.detail["prediction"], pl.Prediction)
+    chosen, rejected = d.detail["prediction"], d.detail["rejected"]
+    assert isinstance(chosen, pl.Prediction) and isinstance(rejected, pl.Prediction)
+    assert chosen.placement == "local" and chosen.as_detail()["predicted_ttft_ms"] < 100
     assert "deflected" not in d.detail
 
 
@@ -48,7 +49,7 @@ def test_a_remote_prefill_into_a_queue_past_the_ttft_target_is_kept_local_when_l
     p = prefill(ahead=80_000)
     d = decide(cfg(), feats(4000), LoadSnapshot(prefill=(p,), decode=(decode(running=4, kv=0.01),)))
     assert (d.decision, d.reason) == ("local", "slo_local")
-    assert d.detail["rejected"]["placement"] in ("remote", "prefill_worker")
+    assert d.detail["rejected"].placement in ("remote", "prefill_worker")
     # prefill demand the pool did not take: counted for the autoscaler (disagg_prefill_deflections_total)
     assert d.detail["deflected"] is True
 
@@ -233,7 +234,7 @@ def test_the_ladders_grey_zone_is_overruled_on_less_evidence() -> None:
     snap = LoadSnapshot(prefill=(busy_prefill,), decode=(decode(running=8, rate=4000, kv=0.3),))
 
     grey = decide(tight, feats(1500, 16), snap)
-    local = grey.detail["rejected"]
+    local = grey.detail["rejected"].as_detail()
     gap = (1 - (1 - pl.p_miss(local["predicted_ttft_ms"], 1000)) * (1 - pl.p_miss(local["predicted_tpot_ms"], 25))
            + local["harm"]) - grey.detail["prediction"].expected_misses(tight.slo)
     assert Tuning().slo_override_grey < gap < Tuning().slo_override  # the case the two margins tell apart

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..api.contract import EngineProfile
 from .presets import PresetError, TransportPreset, get_gpu, get_model, get_transport, infer_model, vllm_batch_defaults
@@ -27,8 +27,7 @@ DEFAULT_PROFILE = EngineProfile()
 DEFAULT_MODEL = "Llama-3.1-8B"
 
 
-@dataclass(frozen=True)
-class PrefillCost:
+class PrefillCost(NamedTuple):  # a NamedTuple: the router builds several per request (a quarter of a dataclass's cost)
     seconds: float  # the prefill steps until this prompt's first token (own and the tokens ahead)
     steps: int  # how many steps carry a prefill chunk
     step_s: float  # one of those steps (decode tokens + a chunk)
@@ -81,27 +80,36 @@ class EngineCost:
                                                    batch * (mean_ctx + 1.0))
         return t
 
-    def prefill(self, tokens: int, cached: int = 0, decodes: int = 0, mean_ctx: float = 0.0,
-                ahead: float = 0.0) -> PrefillCost:
-        """``tokens`` uncached prompt tokens (after ``cached`` ones the engine holds) behind ``ahead`` tokens of
-        other prefills, on an engine running ``decodes`` streams."""
+    def chunked(self, tokens: int, cached: int = 0, decodes: int = 0, mean_ctx: float = 0.0,
+                ahead: float = 0.0) -> tuple[int, float]:
+        """The mixed steps until ``tokens`` uncached prompt tokens (after ``cached`` ones) behind ``ahead`` tokens
+        of other prefills reach their first token, on an engine running ``decodes`` streams: (how many, one's
+        seconds); (0, 0.0) for no prefill work. :meth:`prefill` without its breakdown (the router's hot path)."""
         room = max(1, self.budget - decodes)
         total = max(0.0, ahead) + max(0, tokens)
         if total <= 0:
-            return PrefillCost(0.0, 0, 0.0, 0.0)
+            return 0, 0.0
         k = max(1, math.ceil(total / room))
         x = total / k
         # attention: this prompt's tokens over its cached part and themselves, the decodes over their context,
         # the tokens ahead over their own chunk (their context is unknown: about half a chunk)
         pairs = (tokens * (cached + tokens / 2.0) + ahead * min(ahead, room) / 2.0) / k + decodes * (mean_ctx + 1.0)
         kv = decodes * (mean_ctx + 1.0) + cached + x
-        t = self.step(decodes + x, decodes + 1, decodes + 1, pairs, kv)
+        return k, self.step(decodes + x, decodes + 1, decodes + 1, pairs, kv)
+
+    def prefill(self, tokens: int, cached: int = 0, decodes: int = 0, mean_ctx: float = 0.0,
+                ahead: float = 0.0) -> PrefillCost:
+        """``tokens`` uncached prompt tokens (after ``cached`` ones the engine holds) behind ``ahead`` tokens of
+        other prefills, on an engine running ``decodes`` streams."""
+        k, t = self.chunked(tokens, cached, decodes, mean_ctx, ahead)
+        if k == 0:
+            return PrefillCost(0.0, 0, 0.0, 0.0)
         t_d = self.decode_step(decodes, mean_ctx)
         stall, own = k * max(0.0, t - t_d), k * t
         if ahead > 0 and tokens > 0:  # the streams wait for the prefills ahead anyway: count this prompt's share
-            before = self.prefill(0, 0, decodes, mean_ctx, ahead)
-            stall -= before.steps * max(0.0, before.step_s - t_d)
-            own -= before.seconds
+            k_ahead, t_ahead = self.chunked(0, 0, decodes, mean_ctx, ahead)
+            stall -= k_ahead * max(0.0, t_ahead - t_d)
+            own -= k_ahead * t_ahead
         return PrefillCost(k * t, k, t, max(0.0, t - t_d), max(0.0, stall), max(0.0, own))
 
     def tpot(self, streams: int, mean_ctx: float, prefill_rate: float = 0.0) -> float:
@@ -117,7 +125,7 @@ class EngineCost:
         if t_m is None:
             if len(self._mixed_memo) >= 4096:
                 self._mixed_memo.clear()
-            t_m = self._mixed_memo[key] = self.prefill(room, 0, streams, mean_ctx).step_s
+            t_m = self._mixed_memo[key] = self.chunked(room, 0, streams, mean_ctx)[1]
         u = min(1.0, prefill_rate * t_m / room)
         return 1.0 / (u / t_m + (1.0 - u) / t_d)
 

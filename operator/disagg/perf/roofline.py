@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .presets import CPU_ENGINE, GiB, GPUPreset, ModelPreset, TransportPreset, human_bytes
 
@@ -73,8 +73,7 @@ class SeqWork:
     samples: bool = True  # produces a token at the end of the step (decode, or last prefill chunk)
 
 
-@dataclass(frozen=True)
-class StepCost:
+class StepCost(NamedTuple):  # a NamedTuple: the twin and the router's placement price many steps a second
     compute_s: float
     memory_s: float
     comm_s: float

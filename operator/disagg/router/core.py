@@ -263,7 +263,9 @@ class RequestCore(Generic[R]):
             ctx.priority = TENANT_PRIORITY[t.priority] if t is not None else 0
         if "prediction" in d.detail:  # the SLO placement: what it chose, over what, and what it expects
             ctx.prediction = d.detail["prediction"]
-            ctx.placement, ctx.rejected_placement = ctx.prediction.as_detail(), d.detail["rejected"]
+            rejected = d.detail["rejected"]
+            ctx.placement = ctx.prediction.as_detail()
+            ctx.rejected_placement = rejected.as_detail() if rejected is not None else None
         ctx.probe = d.reason == "mode_probe"
         if d.est_prefill_wait_ms is not None:
             ctx.timings["est_prefill_wait"] = d.est_prefill_wait_ms / 1000.0

@@ -29,7 +29,6 @@ Rule order (first match wins; docs/router.md has the table):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -270,26 +269,35 @@ class _Picks:
     """The workers a request would use — the least loaded decode worker, the remote pair — each chosen once per
     request and shared by the ladder and the SLO placement (the hot path: every request, up to 64 workers)."""
 
-    __slots__ = ("_pair", "_paired", "local_d", "remote_decodes", "snap", "tuning")
+    __slots__ = ("_one_compat", "_pair", "_paired", "local_d", "remote_decodes", "snap", "tuning")
 
     def __init__(self, snap: LoadSnapshot, tuning: Tuning) -> None:
         self.snap, self.tuning = snap, tuning
         self.local_d = choose_decode(snap.decode, tuning) or choose_decode(snap.aggregated, tuning)
         self.remote_decodes: tuple[WorkerLoad, ...] = ()
         self._pair: tuple[WorkerLoad, WorkerLoad] | None = None
-        self._paired = False
+        self._paired = self._one_compat = False
 
     def pair(self) -> tuple[WorkerLoad, WorkerLoad] | None:
         """The preferred decode worker with a compatible prefill worker (closed breakers), or None."""
         if not self._paired:
             compat_groups = {w.compat for w in self.snap.prefill}
-            self.remote_decodes = tuple(w for w in self.snap.decode if w.compat in compat_groups)
+            self._one_compat = len(compat_groups) == 1
+            self.remote_decodes = tuple([w for w in self.snap.decode if w.compat in compat_groups])
             # every decode worker compatible (one compat hash: the usual case): the first candidate is local_d
             first = self.local_d if len(self.remote_decodes) == len(self.snap.decode) else None
             self._pair = (choose_pair(self.remote_decodes, self.snap, self.tuning, first) if self.remote_decodes
                           else None)
             self._paired = True
         return self._pair
+
+    def any_prefill(self) -> WorkerLoad | None:
+        """The least busy prefill worker of any compat hash (``choose_prefill(snap.prefill, None)``): the pair's
+        when every prefill worker shares one hash and no pair is blocked, as the pair chose among them all."""
+        pair = self.pair()
+        if pair is not None and self._one_compat and not self.snap.blocked_pairs:
+            return pair[1]
+        return choose_prefill(self.snap.prefill, None)
 
 
 def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning, picks: _Picks) -> Decision:
@@ -406,7 +414,7 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
             d, p = pair
             options.append(pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out,
                                              slo_ttft_s=slo_ttft))
-        pw = base_worker or (choose_prefill(snap.prefill, None) if cfg.routing.elastic_fleet else None)
+        pw = base_worker or (picks.any_prefill() if cfg.routing.elastic_fleet else None)
         if pw is not None:  # a stream there shares its steps with the pool's remote prefills to come
             pool_rate = sum(w.prefill_rate for w in snap.prefill) / len(snap.prefill)
             options.append(pl.predict_whole(pw, pl.cost_of(pw), f.input_tokens, "prefill_worker", slo_tpot, out,
@@ -419,9 +427,9 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     if best is not chosen and chosen_misses - best_misses < margin:
         best = chosen
     others = [x for x in scored if x[0] is not best]
-    runner_up = pl.choose_scored(others, cfg.slo)[0] if others else None
-    detail: dict[str, Any] = {**base.detail, **best.as_detail(),
-                              "rejected": runner_up.as_detail() if runner_up else None, "prediction": best}
+    # the predictions themselves (formatted for the log line and the span only when the request is logged)
+    detail: dict[str, Any] = base.detail
+    detail["prediction"], detail["rejected"] = best, pl.choose_scored(others, cfg.slo)[0] if others else None
     remote = next((o for o in options if o.placement == "remote"), None)
     if (base.decision == "remote" and best.placement != "remote" and remote is not None
             and remote.ttft_s > slo_ttft and remote.prefill_s >= 0.5 * remote.ttft_s):
@@ -431,7 +439,7 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
         # when the remote path lost on the decode side (a full decode worker, a slow transfer, harm to streams).
         detail["deflected"] = True
     if best is chosen:
-        return dataclasses.replace(base, detail=detail)
+        return base  # its detail, this request's own dict, now carries the prediction
     if best.placement == "remote" and pair is not None:
         d, p = pair
         return Decision("remote", "slo_remote", decode=d.url, prefill=p.url, tenant=base.tenant, bucket=base.bucket,
