@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from disagg.perf import presets
 from disagg.perf.presets import GPUS, MODELS, TRANSPORTS, get_gpu, get_model, infer_model, transport_from_ucx_tls
@@ -170,3 +172,17 @@ def test_bench_references_within_target(capsys):
     assert bench.main(["--strict"]) == 0
     out = capsys.readouterr().out
     assert "OUTSIDE" not in out and "H100-SXM" in out
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.sampled_from([("H100-SXM", "Llama-3.1-8B", 1, 1, 1), ("H200", "Llama-3.1-70B", 4, 1, 1),
+                              ("A100-80GB", "Llama-3.1-70B", 2, 2, 1), ("H100-SXM", "Qwen3-30B-A3B", 2, 1, 2),
+                              ("L40S", "Llama-3.1-8B", 1, 1, 1)]),
+       tokens=st.integers(-1, 20_000), sampled=st.integers(0, 256), seqs=st.integers(0, 256),
+       pairs=st.floats(0, 1e9), kv=st.floats(0, 1e7))
+def test_the_lean_step_time_is_the_breakdowns_total_to_the_bit(shape, tokens, sampled, seqs, pairs, kv):
+    """PerfModel.step_s (the router's placement prices steps with it) is step_totals(...).total_s, the same float
+    for every parallelism (TP all-reduces, PP hand-offs, MoE expert reads and EP all-to-alls)."""
+    gpu, model, tp, pp, ep = shape
+    m = PerfModel.from_names(gpu, model, tp=tp, pp=pp, ep=ep)
+    assert m.step_s(tokens, sampled, seqs, pairs, kv) == m.step_totals(tokens, sampled, seqs, pairs, kv).total_s

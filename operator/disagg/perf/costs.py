@@ -36,6 +36,9 @@ class PrefillCost(NamedTuple):  # a NamedTuple: the router builds several per re
     own_s: float = 0.0  # what this prompt adds to the prefill queue there (beyond the prefills ahead)
 
 
+NO_PREFILL = PrefillCost(0.0, 0, 0.0, 0.0)
+
+
 class EngineCost:
     """One engine (a pool's worker) priced: step times, prefill, TPOT under prefill interference, KV transfer."""
 
@@ -55,6 +58,8 @@ class EngineCost:
         # prefill step against it); exact, each cleared when large
         self._decode_memo: dict[tuple[int, float], float] = {}
         self._mixed_memo: dict[tuple[int, float], float] = {}
+        self._transfer: dict[int | None, tuple[float, float, float]] = {}  # remote TP → latency, bytes/token, B/s
+        self._last_prefill: tuple[tuple[int, int, int, float, float] | None, PrefillCost] = (None, NO_PREFILL)
 
     @classmethod
     def from_profile(cls, profile: EngineProfile | None, served_model: str = "") -> EngineCost:
@@ -65,7 +70,7 @@ class EngineCost:
         return _cached(p.model_dump_json(), p.model or served_model)
 
     def step(self, tokens: float, sampled: int, seqs: int, pairs: float, kv_tokens: float) -> float:
-        return self.perf.step_totals(math.ceil(tokens), sampled, seqs, pairs, kv_tokens).total_s
+        return self.perf.step_s(math.ceil(tokens), sampled, seqs, pairs, kv_tokens)
 
     def decode_step(self, batch: int, mean_ctx: float) -> float:
         """A decode-only step of ``batch`` streams with ``mean_ctx`` tokens of context each."""
@@ -85,41 +90,53 @@ class EngineCost:
         """The mixed steps until ``tokens`` uncached prompt tokens (after ``cached`` ones) behind ``ahead`` tokens
         of other prefills reach their first token, on an engine running ``decodes`` streams: (how many, one's
         seconds); (0, 0.0) for no prefill work. :meth:`prefill` without its breakdown (the router's hot path)."""
-        room = max(1, self.budget - decodes)
-        total = max(0.0, ahead) + max(0, tokens)
+        room = self.budget - decodes
+        if room < 1:
+            room = 1
+        total = (ahead if ahead > 0 else 0.0) + (tokens if tokens > 0 else 0)
         if total <= 0:
             return 0, 0.0
-        k = max(1, math.ceil(total / room))
+        k = math.ceil(total / room)
         x = total / k
         # attention: this prompt's tokens over its cached part and themselves, the decodes over their context,
         # the tokens ahead over their own chunk (their context is unknown: about half a chunk)
-        pairs = (tokens * (cached + tokens / 2.0) + ahead * min(ahead, room) / 2.0) / k + decodes * (mean_ctx + 1.0)
-        kv = decodes * (mean_ctx + 1.0) + cached + x
-        return k, self.step(decodes + x, decodes + 1, decodes + 1, pairs, kv)
+        streams_kv = decodes * (mean_ctx + 1.0)
+        pairs = (tokens * (cached + tokens / 2.0) + ahead * (ahead if ahead < room else room) / 2.0) / k + streams_kv
+        kv = streams_kv + cached + x
+        return k, self.perf.step_s(math.ceil(decodes + x), decodes + 1, decodes + 1, pairs, kv)
 
     def prefill(self, tokens: int, cached: int = 0, decodes: int = 0, mean_ctx: float = 0.0,
                 ahead: float = 0.0) -> PrefillCost:
         """``tokens`` uncached prompt tokens (after ``cached`` ones the engine holds) behind ``ahead`` tokens of
         other prefills, on an engine running ``decodes`` streams."""
+        key = (tokens, cached, decodes, mean_ctx, ahead)
+        if key == self._last_prefill[0]:  # one request prices the same prefill worker for two placements
+            return self._last_prefill[1]
         k, t = self.chunked(tokens, cached, decodes, mean_ctx, ahead)
         if k == 0:
-            return PrefillCost(0.0, 0, 0.0, 0.0)
+            return NO_PREFILL
         t_d = self.decode_step(decodes, mean_ctx)
-        stall, own = k * max(0.0, t - t_d), k * t
+        step_stall = t - t_d if t > t_d else 0.0
+        stall, own = k * step_stall, k * t
         if ahead > 0 and tokens > 0:  # the streams wait for the prefills ahead anyway: count this prompt's share
             k_ahead, t_ahead = self.chunked(0, 0, decodes, mean_ctx, ahead)
-            stall -= k_ahead * max(0.0, t_ahead - t_d)
+            stall -= k_ahead * (t_ahead - t_d if t_ahead > t_d else 0.0)
             own -= k_ahead * t_ahead
-        return PrefillCost(k * t, k, t, max(0.0, t - t_d), max(0.0, stall), max(0.0, own))
+        cost = PrefillCost(k * t, k, t, step_stall, stall if stall > 0 else 0.0, own if own > 0 else 0.0)
+        self._last_prefill = (key, cost)
+        return cost
 
     def tpot(self, streams: int, mean_ctx: float, prefill_rate: float = 0.0) -> float:
         """Mean time per output token of ``streams`` running streams while prefill tokens arrive at
         ``prefill_rate`` tokens/s (module docstring)."""
-        streams = max(1, streams)
+        if streams < 1:
+            streams = 1
         t_d = self.decode_step(streams, mean_ctx)
         if prefill_rate <= 0:
             return t_d
-        room = max(1, self.budget - streams)
+        room = self.budget - streams
+        if room < 1:
+            room = 1
         key = (streams, mean_ctx)  # the mixed step of a full chunk beside them
         t_m = self._mixed_memo.get(key)
         if t_m is None:
@@ -130,7 +147,13 @@ class EngineCost:
         return 1.0 / (u / t_m + (1.0 - u) / t_d)
 
     def transfer(self, tokens: int, remote_tp: int | None = None) -> float:
-        return self.perf.transfer_time(tokens, self.transport, remote_tp=remote_tp)
+        """PerfModel.transfer_time over this pool's transport (the same float), its constants kept per remote TP."""
+        c = self._transfer.get(remote_tp)
+        if c is None:
+            perf, transport = self.perf, self.transport
+            c = self._transfer[remote_tp] = (transport.latency_s, perf.kv_bytes_per_token,
+                                             transport.bandwidth * perf.transfer_lanes(transport, remote_tp))
+        return c[0] + tokens * c[1] / c[2]
 
 
 @functools.lru_cache(maxsize=64)

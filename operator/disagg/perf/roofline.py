@@ -140,6 +140,7 @@ class PerfModel:
         self._memory_rate = gpu.hbm_bw * (gpu.weight_stream_eff or e.memory)
         self._kv_rate = gpu.hbm_bw * (gpu.kv_stream_eff or e.memory)
         self._fixed_overhead_s = e.step_overhead_s + e.per_layer_overhead_s * m.layers
+        self._communicates = self.tp > 1 or self.ep > 1 or self.pp > 1
         self._dense_weights = None if m.is_moe else (self._weights_read_per_gpu(1, 0), self._weights_read_per_gpu(1, 1))
 
     @classmethod
@@ -279,8 +280,7 @@ class PerfModel:
     def step_totals(self, tokens: int, sampled: int, seqs: int, pairs: float, kv_tokens: float) -> StepCost:
         """One step from its totals: ``tokens`` new tokens, ``sampled`` sequences that sample, ``seqs`` scheduled,
         ``pairs`` attention (query, key) pairs, ``kv_tokens`` tokens of KV read (context + new). :meth:`step`
-        sums a batch into these; the router's placement (router/placement.py) prices a step from them directly."""
-        m = self.model
+        sums a batch into these; :meth:`step_s` prices one without the breakdown."""
         if tokens <= 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
         # linear layers (the active parameters of the body, the LM head of the sampled) and attention pairs
@@ -297,6 +297,27 @@ class PerfModel:
         bytes_per_gpu = weights + kv_read + kv_write
         memory_s = weights / self._memory_rate + (kv_read + kv_write) / self._kv_rate
 
+        comm_s = self._comm_s(tokens) if self._communicates else 0.0
+        overhead_s = self._fixed_overhead_s + self.eff.per_seq_overhead_s * seqs
+        return StepCost(compute_s, memory_s, comm_s, overhead_s, flops, bytes_per_gpu, tokens)
+
+    def step_s(self, tokens: int, sampled: int, seqs: int, pairs: float, kv_tokens: float) -> float:
+        """``step_totals(...).total_s`` without the breakdown, the same float (tests/sim/test_sim_perf.py): the
+        router prices a few steps for every request (router/placement.py)."""
+        if tokens <= 0:
+            return 0.0
+        kv_tok = self._kv_tok
+        weights = (self._dense_weights[1 if sampled else 0] if self._dense_weights is not None else
+                   self._weights_read_per_gpu(tokens, sampled))
+        compute_s = (2.0 * tokens * self._body_active + 2.0 * sampled * self._lm_head
+                     + self._attn_per_pair * pairs) / self._compute_rate
+        memory_s = weights / self._memory_rate + (kv_tokens * kv_tok + tokens * kv_tok) / self._kv_rate
+        comm_s = self._comm_s(tokens) if self._communicates else 0.0
+        return max(compute_s, memory_s) + comm_s + (self._fixed_overhead_s + self.eff.per_seq_overhead_s * seqs)
+
+    def _comm_s(self, tokens: int) -> float:
+        """A step's collectives: TP all-reduces, EP dispatch and combine, PP hand-offs of its activations."""
+        m = self.model
         comm_s = 0.0
         link = self.gpu.link_bw * self.eff.link
         act = tokens * m.hidden * 2.0  # bf16 activations of the step
@@ -308,8 +329,7 @@ class PerfModel:
             comm_s += m.layers * 2 * self.alltoall_time(act * m.experts_per_token)
         if self.pp > 1:
             comm_s += (self.pp - 1) * (self.gpu.link_latency_s + act / link)
-        overhead_s = self._fixed_overhead_s + self.eff.per_seq_overhead_s * seqs
-        return StepCost(compute_s, memory_s, comm_s, overhead_s, flops, bytes_per_gpu, tokens)
+        return comm_s
 
     # ------------------------------------------------------------------------------- convenience
     def prefill_time(self, prompt_tokens: int, chunk: int | None = None, cached: int = 0) -> float:
@@ -351,9 +371,13 @@ class PerfModel:
         RDMA and NVLink pulls run on every TP rank in parallel (one NIC / link per GPU), so their bandwidth
         scales with the smaller TP of the two sides; TCP shares the pod's network and does not.
         """
-        lanes = 1 if transport.name == "tcp" else max(1, min(self.tp, remote_tp or self.tp))
-        t = transport.latency_s + self.transfer_bytes(tokens) / (transport.bandwidth * lanes)
+        t = transport.latency_s + self.transfer_bytes(tokens) / (transport.bandwidth
+                                                                 * self.transfer_lanes(transport, remote_tp))
         return t + (transport.handshake_s if first_contact else 0.0)
+
+    def transfer_lanes(self, transport: TransportPreset, remote_tp: int | None = None) -> int:
+        """Parallel pulls of one transfer (:meth:`transfer_time`)."""
+        return 1 if transport.name == "tcp" else max(1, min(self.tp, remote_tp or self.tp))
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -29,11 +29,13 @@ below :data:`SLACK`): its first job is the remote prefills.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..api.models import SLOSpec
 from ..perf.costs import EngineCost
-from .policy import WorkerLoad
+
+if TYPE_CHECKING:  # policy.py imports this module (its SLO policy)
+    from .policy import WorkerLoad
 
 SPREAD = 0.15  # relative spread of an outcome around its prediction (logistic scale)
 # the streams on a worker spread around its mean TPOT (each its own context and output) wider than one prediction
@@ -61,9 +63,7 @@ class Prediction(NamedTuple):  # a NamedTuple: three per request on the hot path
     prefill_s: float = 0.0  # remote: the prefill leg (queue + compute) predicted
 
     def expected_misses(self, slo: SLOSpec) -> float:
-        meet = (1.0 - p_miss(self.ttft_s, slo.ttft_p95_ms / 1000.0)) * (1.0 - p_miss(self.tpot_s,
-                                                                                      slo.tpot_p95_ms / 1000.0))
-        return 1.0 - meet + self.harm
+        return _misses(self, slo.ttft_p95_ms / 1000.0, slo.tpot_p95_ms / 1000.0)
 
     def headroom(self, slo: SLOSpec) -> float:
         return max(self.ttft_s / (slo.ttft_p95_ms / 1000.0), self.tpot_s / (slo.tpot_p95_ms / 1000.0))
@@ -80,7 +80,8 @@ def _mean_ctx(w: WorkerLoad, cost: EngineCost, streams: float) -> float:
 def _ahead(w: WorkerLoad) -> float:
     """Prompt tokens ahead of a new prefill there: the router's own not yet at their first token, or other
     clients' queue when that is longer (the router's queued ones are in vLLM's waiting count too)."""
-    return max(float(w.ahead_tokens), w.queued * w.avg_prompt_tokens)
+    queue = w.queued * w.avg_prompt_tokens
+    return float(w.ahead_tokens) if w.ahead_tokens >= queue else queue
 
 
 def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float, stall_s: float,
@@ -112,14 +113,21 @@ def predict_whole(w: WorkerLoad, cost: EngineCost, tokens: int, placement: str, 
     mean rate, since the router spreads remote prefills over the pool)."""
     streams = int(w.running)
     ctx = _mean_ctx(w, cost, streams)
-    rate = max(w.prefill_rate, rate_floor)
-    cached = min(w.prefix_tokens, max(0, tokens - 1))
+    rate = w.prefill_rate if w.prefill_rate >= rate_floor else rate_floor
+    cached = _cached(w, tokens)
     pre = cost.prefill(tokens - cached, cached, streams, ctx, _ahead(w))
     ttft = (cost.request_overhead_s + pre.seconds) * w.f_prefill
     tpot = cost.tpot(streams + 1, (streams * ctx + tokens) / (streams + 1), rate) * w.f_decode
     harm = _harm(w, cost, streams, ctx, rate, pre.own_stall_s, slo_tpot_s, out_tokens)
     harm += _queue_harm(w, ttft, pre.own_s * w.f_prefill, slo_ttft_s)
     return Prediction(placement, w.url, ttft, tpot, harm)
+
+
+def _cached(w: WorkerLoad, tokens: int) -> int:
+    """The prompt's prefix ``w`` holds, less the last token (vLLM computes at least one)."""
+    if w.prefix_tokens <= 0:
+        return 0
+    return min(w.prefix_tokens, max(0, tokens - 1))
 
 
 def _backlog_then(d: WorkerLoad, cost: EngineCost, streams: int, ctx: float, after_s: float) -> float:
@@ -143,7 +151,7 @@ def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: Eng
     p_streams = int(p.running)
     p_ctx = _mean_ctx(p, p_cost, p_streams)
     # the prompt's prefix the prefill worker holds (its own KV events: kvindex.py) is not computed again there
-    cached = min(p.prefix_tokens, max(0, tokens - 1))
+    cached = _cached(p, tokens)
     pre = p_cost.prefill(tokens - cached, cached, p_streams, p_ctx, _ahead(p))
     prefill_s = (p_cost.request_overhead_s + pre.seconds) * p.f_prefill
     d_streams = int(d.running)
@@ -159,16 +167,28 @@ def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: Eng
     return Prediction("remote", d.url, ttft, tpot, harm, prefill_worker=p.url, prefill_s=prefill_s)
 
 
+def _misses(o: Prediction, slo_ttft_s: float, slo_tpot_s: float) -> float:
+    meet = (1.0 - p_miss(o.ttft_s, slo_ttft_s)) * (1.0 - p_miss(o.tpot_s, slo_tpot_s))
+    return 1.0 - meet + o.harm
+
+
 def choose(options: list[Prediction], slo: SLOSpec) -> Prediction:
     """Fewest expected misses (this request and those it harms), then the most headroom; ties keep the listed
     order (local, remote, prefill worker). A prefill worker takes a whole request only with slack."""
-    return choose_scored([(o, o.expected_misses(slo)) for o in options], slo)[0]
+    return rank(options, slo.ttft_p95_ms / 1000.0, slo.tpot_p95_ms / 1000.0)[0][0]
 
 
-def choose_scored(scored: list[tuple[Prediction, float]], slo: SLOSpec) -> tuple[Prediction, float]:
-    """:func:`choose` over options with their expected misses already priced (each priced once per decision)."""
-    feasible = [x for x in scored if x[0].placement != "prefill_worker" or x[1] < SLACK]
-    return min(feasible or scored, key=lambda x: (round(x[1], 3), x[0].headroom(slo)))
+def rank(options: list[Prediction], slo_ttft_s: float, slo_tpot_s: float) -> list[tuple[Prediction, float]]:
+    """The options with their expected misses, best first as :func:`choose` picks: the first is the choice, the
+    first after any other option the choice without it. Each option priced once (the hot path)."""
+    keyed = []
+    for i, o in enumerate(options):
+        misses = _misses(o, slo_ttft_s, slo_tpot_s)
+        ttft, tpot = o.ttft_s / slo_ttft_s, o.tpot_s / slo_tpot_s  # the headroom: the larger share of a target
+        keyed.append(((o.placement == "prefill_worker" and misses >= SLACK, round(misses, 3),
+                       ttft if ttft >= tpot else tpot, i), o, misses))
+    keyed.sort()  # by the key alone: its last element (the listed order) is unique
+    return [(o, misses) for _, o, misses in keyed]
 
 
 def cost_of(w: WorkerLoad) -> EngineCost:

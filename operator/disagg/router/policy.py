@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from ..api.contract import RouterConfig
 from ..api.models import ActiveMode, PromptBucket, TenantPolicy
+from . import placement as pl
 
 if TYPE_CHECKING:
     from ..perf.costs import EngineCost
@@ -210,10 +211,15 @@ def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = Tuning()) ->
 def choose_prefill(workers: tuple[WorkerLoad, ...], compat: str | None) -> WorkerLoad | None:
     """Least estimated queue wait among prefill workers with the given compat hash (None: any), less the compute
     of the prompt's prefix a worker holds (its own KV events: router/kvindex.py; 0 without them)."""
-    pool = [w for w in workers if compat is None or w.compat == compat]
-    if not pool:
-        return None
-    return min(pool, key=lambda w: (w.est_wait_ms - _saved_ms(w), w.inflight, w.url))
+    best, best_wait = None, 0.0
+    for w in workers:  # one pass (the hot path: every request that may go remote), by (wait, inflight, url)
+        if compat is not None and w.compat != compat:
+            continue
+        wait = w.est_wait_ms - _saved_ms(w) if w.prefix_tokens > 0 else w.est_wait_ms
+        if (best is None or wait < best_wait
+                or (wait == best_wait and (w.inflight, w.url) < (best.inflight, best.url))):
+            best, best_wait = w, wait
+    return best
 
 
 def _saved_ms(w: WorkerLoad) -> float:
@@ -397,41 +403,42 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     ``tuning.slo_override_grey`` where the ladder's rule is in its grey zone, :data:`GREY_REASONS`),
     among the whole request on the chosen decode worker, remote prefill on a compatible pair (closed breakers, the
     prefill pool not starting), and the whole request on the least busy prefill worker."""
-    from . import placement as pl
-
     local_d = picks.local_d
     assert local_d is not None  # the ladder rejected otherwise
     out = float(f.max_tokens if f.max_tokens is not None else
                 snap.tenant_avg_output_tokens or tuning.default_output_tokens)
     slo_tpot, slo_ttft = cfg.slo.tpot_p95_ms / 1000.0, cfg.slo.ttft_p95_ms / 1000.0
-    options = [pl.predict_whole(local_d, pl.cost_of(local_d), f.input_tokens, "local", slo_tpot, out,
-                                slo_ttft_s=slo_ttft)]
+    local = pl.predict_whole(local_d, pl.cost_of(local_d), f.input_tokens, "local", slo_tpot, out,
+                             slo_ttft_s=slo_ttft)
+    options = [local]
     pair: tuple[WorkerLoad, WorkerLoad] | None = None
-    base_worker = next((w for w in snap.prefill if w.url == base.decode), None) if base.decision == "local" else None
+    remote: pl.Prediction | None = None
+    base_worker = next((w for w in snap.prefill if w.url == base.decode), None) if base.detail.get("elastic") else None
     if snap.prefill and not cfg.prefill_starting:
         pair = picks.pair()
         if pair is not None:
             d, p = pair
-            options.append(pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out,
-                                             slo_ttft_s=slo_ttft))
+            remote = pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out,
+                                       slo_ttft_s=slo_ttft)
+            options.append(remote)
         pw = base_worker or (picks.any_prefill() if cfg.routing.elastic_fleet else None)
         if pw is not None:  # a stream there shares its steps with the pool's remote prefills to come
-            pool_rate = sum(w.prefill_rate for w in snap.prefill) / len(snap.prefill)
+            pool_rate = sum([w.prefill_rate for w in snap.prefill]) / len(snap.prefill)
             options.append(pl.predict_whole(pw, pl.cost_of(pw), f.input_tokens, "prefill_worker", slo_tpot, out,
                                             rate_floor=pool_rate, slo_ttft_s=slo_ttft))
+    order = pl.rank(options, slo_ttft, slo_tpot)
     kind = "remote" if base.decision == "remote" else "prefill_worker" if base_worker is not None else "local"
-    scored = [(o, o.expected_misses(cfg.slo)) for o in options]
-    chosen, chosen_misses = next((x for x in scored if x[0].placement == kind), scored[0])
-    best, best_misses = pl.choose_scored(scored, cfg.slo)
+    chosen, chosen_misses = next((x for x in order if x[0].placement == kind), None) or next(
+        x for x in order if x[0] is local)
+    best, best_misses = order[0]
     margin = tuning.slo_override_grey if base.reason in GREY_REASONS else tuning.slo_override
     if best is not chosen and chosen_misses - best_misses < margin:
         best = chosen
-    others = [x for x in scored if x[0] is not best]
     # the predictions themselves (formatted for the log line and the span only when the request is logged)
     detail: dict[str, Any] = base.detail
-    detail["prediction"], detail["rejected"] = best, pl.choose_scored(others, cfg.slo)[0] if others else None
-    remote = next((o for o in options if o.placement == "remote"), None)
-    if (base.decision == "remote" and best.placement != "remote" and remote is not None
+    detail["prediction"] = best
+    detail["rejected"] = next((x[0] for x in order if x[0] is not best), None)
+    if (base.decision == "remote" and best is not remote and remote is not None
             and remote.ttft_s > slo_ttft and remote.prefill_s >= 0.5 * remote.ttft_s):
         # prefill work the ladder meant for the prefill pool, placed elsewhere because the remote path misses its
         # TTFT and its prefill leg (queue + compute on the prefill worker) is most of it: demand the prefill pool

@@ -100,14 +100,14 @@ class FastForward:
         max_lag = eng.max_lag
         ends, dts = [end], [dt]
         whens = [clock.wake_time(end, clock.timer())]
-        step_totals = eng.perf.step_totals
+        step_s = eng.perf.step_s
         for i in range(1, m):
             w = whens[-1]
             st = max(ends[-1], newest, clock.sim_time(w) - max_lag)
             # step i of n decodes with context c0 + n·i in all: PerfModel.step's totals of that batch, summed
             # without building it (every term an integer below 2**53, so the same floats in any order)
             kv = c0 + n * i + n
-            d = step_totals(n, n, n, float(kv), kv).total_s
+            d = step_s(n, n, n, float(kv), kv)
             ends.append(st + d)
             dts.append(d)
             whens.append(clock.wake_time(st + d, w))
