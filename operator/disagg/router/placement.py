@@ -92,8 +92,9 @@ def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float
     if streams <= 0 or stall_s <= 0:
         return 0.0
     before = cost.tpot(streams, ctx, rate) * w.f_decode
-    after = before + stall_s * w.f_decode / max(1.0, out_tokens)
-    return streams * max(0.0, p_miss(after, slo_tpot_s, STREAM_SPREAD) - p_miss(before, slo_tpot_s, STREAM_SPREAD))
+    after = before + stall_s * w.f_decode / (out_tokens if out_tokens > 1.0 else 1.0)
+    rise = p_miss(after, slo_tpot_s, STREAM_SPREAD) - p_miss(before, slo_tpot_s, STREAM_SPREAD)
+    return streams * rise if rise > 0.0 else 0.0
 
 
 def _queue_harm(w: WorkerLoad, ttft_s: float, own_s: float, slo_ttft_s: float) -> float:
@@ -102,8 +103,10 @@ def _queue_harm(w: WorkerLoad, ttft_s: float, own_s: float, slo_ttft_s: float) -
     its predicted TTFT), each later by ``own_s``."""
     if own_s <= 0 or w.prefill_rate <= 0:
         return 0.0
-    arrivals = w.prefill_rate / max(1.0, w.avg_prompt_tokens or 1000.0) * ttft_s
-    return arrivals * max(0.0, p_miss(ttft_s + own_s, slo_ttft_s) - p_miss(ttft_s, slo_ttft_s))
+    size = w.avg_prompt_tokens or 1000.0
+    arrivals = w.prefill_rate / (size if size > 1.0 else 1.0) * ttft_s
+    rise = p_miss(ttft_s + own_s, slo_ttft_s) - p_miss(ttft_s, slo_ttft_s)
+    return arrivals * rise if rise > 0.0 else 0.0
 
 
 def predict_whole(w: WorkerLoad, cost: EngineCost, tokens: int, placement: str, slo_tpot_s: float,
