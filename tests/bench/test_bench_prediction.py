@@ -58,16 +58,18 @@ def test_table_marks_misses_and_summarises() -> None:
     assert ("| m | 1000/50 | 10 | 1P+3D | 10.0 % | 30.0 % | ×1.00 | 40.0 % ✗ | 90.0 % | ×0.70 | 5.0 % / ×1.00 | "
             "20.0 % ✗ / ×1.20 |") in table
     assert "TTFT 1/1 cells, TPOT 0/1 cells" in table
-    assert "After each run's warm-up" in table and "TTFT 1/1 cells, TPOT 0/1 cells within ±15 %" in table
+    assert "Steady (requests arriving after" in table and "TTFT 1/1 cells, TPOT 0/1 cells within ±15 %" in table
 
 
-def test_steady_state_leaves_out_the_runs_warm_up() -> None:
-    # lifetimes of 1 s: the run fills in 2 s; the early requests ran 2× slower than predicted (the batch was growing)
+def test_steady_state_leaves_out_the_runs_warm_up_and_its_drain() -> None:
+    # lifetimes of 1 s: the run fills in 2 s; the early requests ran 2× slower than predicted (the batch was growing),
+    # the last ones 2× faster (arrivals end at 7 s: the batch empties around them)
     recs = [_Rec(1.0, 0.04, 1.0, 0.02, arrival_s=t / 10, e2e_s=1.0) for t in range(20)]
     recs += [_Rec(1.0, 0.021, 1.0, 0.02, arrival_s=2.0 + t / 10, e2e_s=1.0) for t in range(30)]
+    recs += [_Rec(1.0, 0.01, 1.0, 0.02, arrival_s=5.05 + t / 10, e2e_s=1.0) for t in range(20)]
     assert prediction.warmup_s(recs) == pytest.approx(2.0)
-    st = prediction.steady(recs)
+    st = prediction.steady(recs, duration_s=7.0)
     assert st["warmup_s"] == 2.0 and st["tpot"]["n"] == 30
     assert st["tpot"]["median_ratio"] == pytest.approx(1.05)
-    assert prediction.errors(recs)["tpot"]["n"] == 50
+    assert prediction.errors(recs)["tpot"]["n"] == 70
     assert prediction.warmup_s([]) == 0.0
