@@ -48,3 +48,20 @@ def test_prompts_read_like_prose_to_the_router() -> None:
             counted += (len(tokenizer.encode_chat(r.body["messages"])) if "messages" in r.body
                         else 1 + tokenizer.count(r.body["prompt"]))
         assert 1.0 <= estimated / counted <= 1.12, (mix.name, estimated / counted)
+
+
+def test_the_fast_word_draw_is_the_word_by_word_one_to_the_last_draw() -> None:
+    """workload._words draws Mersenne Twister outputs in bulk: the same text as ``rng.choice`` word by word, and the
+    generator left where the loop leaves it (the arrivals after a prompt depend on it)."""
+    import random
+
+    from disagg.load import workload
+
+    def by_word(rng: random.Random, n: int) -> str:
+        return "".join(" " + rng.choice(workload._WORDS) for _ in range(n))
+
+    for seed in range(50):
+        for n in (1, 2, 5, 64, 3000):
+            fast, slow = random.Random(seed), random.Random(seed)
+            assert workload._words(fast, n) == by_word(slow, n)
+            assert fast.getstate() == slow.getstate()

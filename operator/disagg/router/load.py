@@ -115,6 +115,10 @@ class Worker:
     f_prefill: float = 1.0
     f_decode: float = 1.0
     remote_prefill_at: float = -math.inf  # when the router last sent it a prefill leg (clock of the core)
+    # the scrape's gauges the policy reads on every request (running, waiting, KV usage, queued), read once per scrape
+    _gauges: tuple[float, float, float, float] = field(default=(0.0, 0.0, 0.0, 0.0), init=False, repr=False,
+                                                       compare=False)
+    _gauges_of: dict[str, float] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def up(self) -> bool:
@@ -168,8 +172,18 @@ class Worker:
     def queued(self) -> float:
         """Requests waiting for room at the last scrape: vLLM's waiting count less those waiting for their remote
         KV (``reason="deferred"``) where the release splits it, else all waiting ones."""
-        capacity = self.scraped.get(WAITING_FOR_CAPACITY)
-        return self.scraped.get("vllm:num_requests_waiting", 0.0) if capacity is None else capacity
+        return self.gauges()[3]
+
+    def gauges(self) -> tuple[float, float, float, float]:
+        """The last scrape's running and waiting requests, KV-cache usage and :attr:`queued`, read from it once."""
+        sc = self.scraped
+        if sc is not self._gauges_of:
+            waiting = sc.get("vllm:num_requests_waiting", 0.0)
+            capacity = sc.get(WAITING_FOR_CAPACITY)
+            self._gauges = (sc.get("vllm:num_requests_running", 0.0), waiting,
+                            sc.get("vllm:kv_cache_usage_perc", 0.0), waiting if capacity is None else capacity)
+            self._gauges_of = sc
+        return self._gauges
 
     def observe_remote_ttfb(self, seconds: float, tokens: int) -> None:
         """The healthy hand-off time per prompt token, what a hedge waits against: a floor that falls to a faster
@@ -218,15 +232,13 @@ class Worker:
     def load(self, prefix_tokens: int = 0, now: float | None = None) -> WorkerLoad:
         """This worker's load for the policy; ``now``: the clock (default time.monotonic(); the twin's virtual)."""
         now = time.monotonic() if now is None else now
-        running = self.scraped.get("vllm:num_requests_running", 0.0)
+        running, waiting, kv_usage, queued = self.gauges()
         return WorkerLoad(
             url=self.url, compat=self.compat, inflight=self.inflight,
             est_wait_ms=self.est_prefill_wait_s(now) * 1000.0 if self.role == "prefill" else 0.0,
             running=max(running, float(self.inflight)) if self.scraped else float(self.inflight),
-            waiting=self.scraped.get("vllm:num_requests_waiting", 0.0),
-            kv_usage=self.scraped.get("vllm:kv_cache_usage_perc", 0.0),
-            prefix_tokens=prefix_tokens,
-            role=self.role, queued=self.queued, ahead_tokens=max(0, self.inflight_tokens),
+            waiting=waiting, kv_usage=kv_usage, prefix_tokens=prefix_tokens,
+            role=self.role, queued=queued, ahead_tokens=max(0, self.inflight_tokens),
             prefill_rate=self.prefill_rate(now), cost=self.cost, f_prefill=self.f_prefill, f_decode=self.f_decode,
             avg_prompt_tokens=self.avg_prompt_tokens or 0.0, remote_idle_s=now - self.remote_prefill_at,
         )
