@@ -220,3 +220,26 @@ def test_prefill_queue_estimates_per_worker_stay_sane():
             assert own >= true_wait - 1e-9  # covers the queue the others built
             assert own <= n * tokens * spt + 1e-9  # and never more than all legs together
             assert route(v) == "prefill_queue_overload"
+
+
+def test_a_workers_load_fills_every_field_of_the_policys_view() -> None:
+    """Worker.load builds its WorkerLoad positionally (the hot path): each field is the one its name says, checked
+    against the keyword form on a worker whose every figure differs."""
+    from disagg.perf.costs import EngineCost
+    from disagg.router.load import WAITING_FOR_CAPACITY, Worker
+    from disagg.router.policy import WorkerLoad
+
+    cost = EngineCost.from_profile(None)
+    w = Worker(url="http://p7", role="prefill", compat="c9", inflight=3, inflight_tokens=1234, cost=cost,
+               avg_prompt_tokens=321.0, f_prefill=1.25, f_decode=0.75)
+    w.update_scrape({"vllm:num_requests_running": 5.0, "vllm:num_requests_waiting": 6.0,
+                     "vllm:kv_cache_usage_perc": 0.42, WAITING_FOR_CAPACITY: 2.0})
+    w.prefill_started(900, now=10.0)
+    w.remote_prefill_at = 8.5
+    got = w.load(77, now=11.0)
+    want = WorkerLoad(url="http://p7", compat="c9", inflight=3, est_wait_ms=w.est_prefill_wait_s(11.0) * 1000.0,
+                      running=5.0, waiting=6.0, kv_usage=0.42, prefix_tokens=77, role="prefill", queued=2.0,
+                      ahead_tokens=1234, prefill_rate=w.prefill_rate(11.0), cost=cost, f_prefill=1.25,
+                      f_decode=0.75, avg_prompt_tokens=321.0, remote_idle_s=2.5)
+    assert got._asdict() == want._asdict()
+    assert len(set(map(repr, got))) == len(got)  # every figure differs: a swapped pair cannot pass unseen

@@ -233,14 +233,16 @@ class Worker:
         """This worker's load for the policy; ``now``: the clock (default time.monotonic(); the twin's virtual)."""
         now = time.monotonic() if now is None else now
         running, waiting, kv_usage, queued = self.gauges()
+        # positional, in WorkerLoad's field order (a third of the keywords' cost: one per worker per request;
+        # tests/router/test_workers.py checks every field against the keyword form)
         return WorkerLoad(
-            url=self.url, compat=self.compat, inflight=self.inflight,
-            est_wait_ms=self.est_prefill_wait_s(now) * 1000.0 if self.role == "prefill" else 0.0,
-            running=max(running, float(self.inflight)) if self.scraped else float(self.inflight),
-            waiting=waiting, kv_usage=kv_usage, prefix_tokens=prefix_tokens,
-            role=self.role, queued=queued, ahead_tokens=max(0, self.inflight_tokens),
-            prefill_rate=self.prefill_rate(now), cost=self.cost, f_prefill=self.f_prefill, f_decode=self.f_decode,
-            avg_prompt_tokens=self.avg_prompt_tokens or 0.0, remote_idle_s=now - self.remote_prefill_at,
+            self.url, self.compat, self.inflight,  # url, compat, inflight
+            self.est_prefill_wait_s(now) * 1000.0 if self.role == "prefill" else 0.0,  # est_wait_ms
+            max(running, float(self.inflight)) if self.scraped else float(self.inflight),  # running
+            waiting, kv_usage, prefix_tokens, self.role, queued,  # waiting, kv_usage, prefix_tokens, role, queued
+            max(0, self.inflight_tokens), self.prefill_rate(now), self.cost,  # ahead_tokens, prefill_rate, cost
+            self.f_prefill, self.f_decode, self.avg_prompt_tokens or 0.0,  # f_prefill, f_decode, avg_prompt_tokens
+            now - self.remote_prefill_at,  # remote_idle_s
         )
 
 
