@@ -66,7 +66,7 @@ class Prediction(NamedTuple):  # a NamedTuple: three per request on the hot path
         return _misses(self, slo.ttft_p95_ms / 1000.0, slo.tpot_p95_ms / 1000.0)
 
     def headroom(self, slo: SLOSpec) -> float:
-        return max(self.ttft_s / (slo.ttft_p95_ms / 1000.0), self.tpot_s / (slo.tpot_p95_ms / 1000.0))
+        return _headroom(self, slo.ttft_p95_ms / 1000.0, slo.tpot_p95_ms / 1000.0)
 
     def as_detail(self) -> dict[str, Any]:
         return {"placement": self.placement, "predicted_ttft_ms": round(self.ttft_s * 1000.0, 1),
@@ -175,6 +175,12 @@ def _misses(o: Prediction, slo_ttft_s: float, slo_tpot_s: float) -> float:
     return 1.0 - meet + o.harm
 
 
+def _headroom(o: Prediction, slo_ttft_s: float, slo_tpot_s: float) -> float:
+    """The larger share of a target the prediction takes (smaller: more headroom)."""
+    ttft, tpot = o.ttft_s / slo_ttft_s, o.tpot_s / slo_tpot_s
+    return ttft if ttft >= tpot else tpot
+
+
 def choose(options: list[Prediction], slo: SLOSpec) -> Prediction:
     """Fewest expected misses (this request and those it harms), then the most headroom; ties keep the listed
     order (local, remote, prefill worker). A prefill worker takes a whole request only with slack."""
@@ -187,9 +193,8 @@ def rank(options: list[Prediction], slo_ttft_s: float, slo_tpot_s: float) -> lis
     keyed = []
     for i, o in enumerate(options):
         misses = _misses(o, slo_ttft_s, slo_tpot_s)
-        ttft, tpot = o.ttft_s / slo_ttft_s, o.tpot_s / slo_tpot_s  # the headroom: the larger share of a target
         keyed.append(((o.placement == "prefill_worker" and misses >= SLACK, round(misses, 3),
-                       ttft if ttft >= tpot else tpot, i), o, misses))
+                       _headroom(o, slo_ttft_s, slo_tpot_s), i), o, misses))
     keyed.sort()  # by the key alone: its last element (the listed order) is unique
     return [(o, misses) for _, o, misses in keyed]
 
