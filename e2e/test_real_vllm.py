@@ -10,6 +10,10 @@ the rendered arguments, and requests go through the operator's router.
 - local prefill serves short prompts on the decode engine, streamed and not, with the same text;
 - the KV-load failure policy the operator renders (recompute) holds on the real engine: KV params of a prefill
   engine that is gone make a failed NIXL transfer, and the decode recomputes and still answers right;
+- the remote phases on real engines: the KV split comes from the decode engine's NIXL histograms, marked estimated
+  (0.32.0 has no per-request metrics), and fits inside the legs the router timed;
+- one elastic fleet: an idle prefill engine (``kv_producer``) serves whole short requests while the decode engine
+  is busier, with the decode engine's own answers;
 - the prefill engine killed: the router's answer to the client is clean (same text, a fallback path);
 - the mode flip on the real engine's own failure counter through real Prometheus: failed NIXL transfers that the
   decode recomputes (answered 200, invisible to the router) still take the model to Aggregated;
@@ -19,6 +23,7 @@ the rendered arguments, and requests go through the operator's router.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import signal
@@ -262,6 +267,36 @@ def test_local_prefill_serves_short_prompts_streamed_and_not(model: ModelHarness
         f"http://{decode}:8000/v1/chat/completions", chat)["choices"][0]["message"]["content"]
 
 
+def test_the_remote_phases_come_from_the_real_engines_metrics(model: ModelHarness) -> None:
+    """A remote stream's phase split (the log line's ``timings_ms``, docs/observability.md) on real engines: the
+    router's own clock gives the legs, TTFT and TPOT; the KV phases come from the decode engine's NIXL histograms
+    (``vllm:nixl_xfer_time_seconds``, ``vllm:nixl_post_time_seconds``) once the router has scraped one with
+    observations, and are marked estimated — 0.32.0 returns no per-request metrics, so the prefill split is an
+    estimate too. The parts fit inside the wholes they split."""
+    router = model.router_url()
+    assert router is not None
+    decode = worker_ip(model, "decode")
+    assert metrics(decode).get("vllm:nixl_xfer_time_seconds_count{}", 0.0) > 0, "no transfer on record yet"
+    rounds = itertools.count(1)
+
+    def remote_stream() -> dict[str, Any] | None:
+        rid = f"real-phases-{next(rounds)}"
+        stream(f"{router}/v1/completions", completion(f"{rid}: {LONG}", 16), rid=rid)
+        line = logged(model, rid)
+        assert line["path"] == "remote", line
+        return line if "kv_transfer" in line["timings_ms"] else None
+
+    line = wait_for(remote_stream, 60, "a remote stream priced with the decode engine's NIXL figures", interval=0.5)
+    t, estimated = line["timings_ms"], set(line["estimated"])
+    assert {"kv_pack", "kv_transfer", "kv_unpack", "prefill_compute"} <= estimated, estimated
+    assert {"prefill_leg", "decode_ttfb", "ttft", "tpot", "e2e"}.isdisjoint(estimated), estimated
+    assert 0 < t["kv_transfer"] <= t["decode_ttfb"], t
+    assert t["kv_pack"] + t["kv_transfer"] <= t["decode_ttfb"] + 1e-3, t
+    assert 0 < t["prefill_compute"] <= t["prefill_leg"], t
+    assert t["prefill_leg"] + t["decode_ttfb"] <= t["ttft"] + 1e-3 and t["ttft"] <= t["e2e"], t
+    assert t["tpot"] > 0, t
+
+
 def test_metric_contract_holds_on_the_real_engine(model: ModelHarness) -> None:
     """Every vllm: family the router, autoscaler, planner, alerts and dashboard read: in the real engine's
     /metrics (prefill or decode), or declared absent from 0.32.0 by the version table."""
@@ -392,6 +427,56 @@ def test_failed_transfers_the_decode_recomputed_flip_the_model_to_aggregated(mod
     drive_until(model, "Disaggregated", "back")
     probes = [ln for ln in model.request_log().values() if ln.get("probe")]
     assert probes and all(p["path"] == "remote" for p in probes[-3:]), probes[-3:]
+
+
+def test_an_idle_prefill_engine_serves_whole_short_requests_in_the_elastic_fleet(model: ModelHarness) -> None:
+    """One elastic fleet (spec.routing.elasticFleet) on real engines: with it on, a short request the policy keeps
+    local goes whole to the prefill engine (rendered ``kv_producer``) when that engine has been idle and the decode
+    engine is busier. The real prefill engine then generates every token — its own ``generation_tokens`` grow by
+    the whole answers — and each answer is the one the decode engine gives the same prompt alone (greedy)."""
+    router = model.router_url()
+    assert router is not None
+    drive_until(model, "Disaggregated", "elastic")
+    prefill, decode = worker_ip(model, "prefill"), worker_ip(model, "decode")
+    tokens = 24
+    prompts = [f"short chat {i} about code" for i in range(6)]
+    plain = {p: text(post(f"http://{decode}:8000/v1/completions", completion(p, tokens))) for p in prompts}
+    generated = "vllm:generation_tokens_total{}"
+    model.stack.patch_spec(model.name, {"routing": {"elasticFleet": True}})
+    try:
+        rounds = itertools.count(1)
+
+        def burst() -> list[dict[str, Any]] | None:
+            """Six short streams at once (the decode engine is busier than the idle prefill engine from the
+            second on); the log lines of those served on the prefill engine, None until the router has the spec
+            (the operator renders its config) and the prefill engine has been idle long enough."""
+            n = next(rounds)
+            rids = [f"real-elastic-{n}-{i}" for i in range(len(prompts))]
+            before = metrics(prefill)[generated]
+            got: dict[str, str] = {}
+
+            def one(rid: str, p: str) -> None:
+                chunks = stream(f"{router}/v1/completions", completion(p, tokens), rid=rid)
+                got[p] = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+
+            threads = [threading.Thread(target=one, args=args) for args in zip(rids, prompts, strict=True)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert got == plain, "an answer through the router differs from the decode engine's own"
+            lines = [logged(model, rid) for rid in rids]
+            on_prefill = [ln for ln in lines if ln["decode_worker"] == f"http://{prefill}:8000"]
+            if not on_prefill:
+                return None
+            # whole requests there: the prefill engine generated their answers, not one token per prefill leg
+            assert metrics(prefill)[generated] - before >= tokens * len(on_prefill), on_prefill
+            return on_prefill
+
+        on_prefill = wait_for(burst, 90, "a short request served whole on the idle prefill engine", interval=1.0)
+        assert all((ln["decision"], ln["path"]) == ("local", "local") for ln in on_prefill), on_prefill
+    finally:
+        model.stack.patch_spec(model.name, {"routing": {"elasticFleet": False}})
 
 
 def test_prefill_engine_killed_the_client_gets_a_clean_answer(model: ModelHarness) -> None:

@@ -102,6 +102,10 @@ def test_unknown_model_falls_back_to_default_preset():
         ([MODEL, "-pp", "3"], "argument --pipeline-parallel-size"),
         ([MODEL, "--no-enable-chunked-prefill", "--max-num-batched-tokens", "512", "--max-model-len", "4096"],
          "argument --max-num-batched-tokens"),
+        ([MODEL, "--sim-efficiency", '{"step_overhead": 0.001}'], "argument --sim-efficiency: unknown key"),
+        ([MODEL, "--sim-efficiency", '{"step_overhead_s": -1}'], "argument --sim-efficiency: step_overhead_s"),
+        ([MODEL, "--sim-efficiency", '{"bf16_flops": 0}'], "argument --sim-efficiency: bf16_flops"),
+        ([MODEL, "--sim-efficiency", "[1]"], "argument --sim-efficiency"),
     ],
 )
 def test_bad_flags_fail_naming_the_flag(argv, needle, capsys):
@@ -109,6 +113,23 @@ def test_bad_flags_fail_naming_the_flag(argv, needle, capsys):
         parse(argv, env={})
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+def test_sim_efficiency_replaces_the_presets_costs_and_keeps_the_rest():
+    """--sim-efficiency (an engine fitted on measurements, disagg bench real-engine): the named costs and FLOP rate
+    replace the GPU preset's; every other constant stays the preset's."""
+    from disagg.perf.roofline import GPU_EFFICIENCY
+    from disagg.sim.engine import build_perf
+
+    base = build_perf(parse([MODEL, "--gpu", "vLLM-CPU-2core"], env={}))
+    flops = 2 * base.gpu.bf16_flops
+    given = {"step_overhead_s": base.eff.step_overhead_s / 2, "per_seq_overhead_s": 5e-05, "bf16_flops": flops}
+    cfg = parse([MODEL, "--gpu", "vLLM-CPU-2core", "--sim-efficiency", json.dumps(given)], env={})
+    perf = build_perf(cfg)
+    assert (perf.eff.step_overhead_s, perf.eff.per_seq_overhead_s) == (given["step_overhead_s"], 5e-05)
+    assert perf.eff.request_overhead_s == GPU_EFFICIENCY["vLLM-CPU-2core"].request_overhead_s
+    assert cfg.gpu.bf16_flops == flops and cfg.gpu.hbm_bw == base.gpu.hbm_bw
+    assert perf.prefill_time(512, chunk=1024) < base.prefill_time(512, chunk=1024)  # faster compute, less overhead
 
 
 def test_bad_env_value_names_the_variable(capsys):

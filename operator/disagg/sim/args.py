@@ -111,6 +111,11 @@ SIM_FLAGS: list[tuple[str, dict[str, Any]]] = [
                                      "refused); default: the emulated release")),
     ("--sim-load-seconds", dict(type=_non_negative_float, default=0.0,
                                 help="simulated model-loading time before the HTTP port opens")),
+    ("--sim-efficiency", dict(type=_json_obj, default=None,
+                              help="the engine's costs in place of the GPU preset's, as a JSON object of "
+                                   "disagg.perf.roofline.Efficiency fields (step_overhead_s, request_overhead_s, "
+                                   "…) and bf16_flops: an engine fitted on measurements (disagg bench "
+                                   "real-engine)")),
 ]
 
 

@@ -11,10 +11,11 @@ import argparse
 import os
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ..perf import presets
+from ..perf.roofline import GPU_EFFICIENCY, Efficiency
 from ..vllm_versions import VllmProfile, fmt, parse_version, profile
 from .args import (
     ENV_PREFIX,
@@ -106,6 +107,7 @@ class SimConfig:
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details (issue 30)
     expert_parallel: bool = False  # --enable-expert-parallel: MoE experts over tp × dp GPUs (perf/roofline.py ep)
     release: VllmProfile = field(default_factory=lambda: profile(parse_version(VLLM_VERSION) or (0, 0, 0)))
+    efficiency: Efficiency | None = None  # --sim-efficiency: the preset's costs overridden (None: the preset's)
 
     @property
     def served_model_name(self) -> str:
@@ -303,6 +305,27 @@ def _side_channel_port(env: Mapping[str, str], parser: argparse.ArgumentParser) 
         fail(parser, "environment VLLM_NIXL_SIDE_CHANNEL_PORT: not an integer")
 
 
+def _efficiency(ns: argparse.Namespace, gpu: presets.GPUPreset, parser: argparse.ArgumentParser,
+                ) -> tuple[presets.GPUPreset, Efficiency | None]:
+    """--sim-efficiency: the GPU preset's Efficiency with the given fields replaced, and its bf16_flops."""
+    given: dict[str, Any] | None = ns.sim_efficiency
+    if not given:
+        return gpu, None
+    known = {f.name for f in fields(Efficiency)}
+    for key, value in given.items():
+        if key not in known and key != "bf16_flops":
+            fail(parser, f"argument --sim-efficiency: unknown key {key!r} (known: {', '.join(sorted(known))}, "
+                         "bf16_flops)")
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            fail(parser, f"argument --sim-efficiency: {key} must be a number >= 0, got {value!r}")
+    costs = {k: float(v) for k, v in given.items() if k != "bf16_flops"}
+    if "bf16_flops" in given:
+        if not given["bf16_flops"]:
+            fail(parser, "argument --sim-efficiency: bf16_flops must be > 0")
+        gpu = replace(gpu, bf16_flops=float(given["bf16_flops"]))
+    return gpu, replace(GPU_EFFICIENCY.get(gpu.name) or Efficiency(), **costs)
+
+
 def _faults(ns: argparse.Namespace) -> Faults:
     return Faults.from_values({spec.name: getattr(ns, flag_dest(spec.flag)) for spec in FAULTS})
 
@@ -316,6 +339,7 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> SimConfig:
     model = _model_name(ns, parser)
     _merge_dotted(ns, dotted, ignored)
     pre = _presets(ns, model, env, parser)
+    pre.gpu, efficiency = _efficiency(ns, pre.gpu, parser)
     _check_engine_flags(ns, pre.model, parser)
     batch = _batch_limits(ns, pre.gpu, pre.model, parser)
     release = _release(ns, norm, parser)
@@ -366,4 +390,5 @@ def parse(argv: list[str], env: Mapping[str, str] | None = None) -> SimConfig:
         kv_events=ns.kv_events_config,
         enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
         expert_parallel=ns.enable_expert_parallel,
+        efficiency=efficiency,
     )

@@ -121,7 +121,8 @@ def build_perf(cfg: SimConfig) -> PerfModel:
     # meet in the MoE layers
     ep = cfg.tp * cfg.dp if cfg.expert_parallel else 1
     return PerfModel(cfg.gpu, cfg.model_preset, cfg.tp, cfg.pp, weight_bytes=1.0 if fp8 else 2.0,
-                     kv_bytes=_kv_dtype_bytes(cfg), fp8_compute=fp8, ep=ep, dp=cfg.dp if cfg.expert_parallel else 1)
+                     kv_bytes=_kv_dtype_bytes(cfg), fp8_compute=fp8, ep=ep, dp=cfg.dp if cfg.expert_parallel else 1,
+                     eff=cfg.efficiency)
 
 
 class Engine:
