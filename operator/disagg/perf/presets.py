@@ -50,7 +50,7 @@ class GPUPreset:
 
 
 CPU_ENGINE = "vLLM-CPU-2core"
-CPU_ENGINE_FLOPS = 59e9  # FITTED: disagg bench real-engine (fit.per_prompt_token_s, the median of its repetitions)
+CPU_ENGINE_FLOPS = 65e9  # FITTED: disagg bench real-engine (fit.per_prompt_token_s, the median of its repetitions)
 
 # Datasheet figures; see docs/simulator.md "GPU presets".
 GPUS: dict[str, GPUPreset] = {
