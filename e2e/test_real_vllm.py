@@ -12,6 +12,8 @@ the rendered arguments, and requests go through the operator's router.
   engine that is gone make a failed NIXL transfer, and the decode recomputes and still answers right;
 - the remote phases on real engines: the KV split comes from the decode engine's NIXL histograms, marked estimated
   (0.32.0 has no per-request metrics), and fits inside the legs the router timed;
+- tracing: vLLM's own ``llm_request`` spans from both real engines join the router's trace in Jaeger, with the
+  decode engine's queue time and TTFT;
 - one elastic fleet: an idle prefill engine (``kv_producer``) serves whole short requests while the decode engine
   is busier, with the decode engine's own answers;
 - the hedge and the breakers: with a second decode engine and the prefill engine's KV path stalled (iptables on
@@ -47,9 +49,11 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from disagg import tracing
 from disagg.local import realengine
 from disagg.local.controlplane import REPO_ROOT
 from disagg.local.harness import ModelHarness, router_workers_at, serving, started_stack
+from disagg.local.jaeger import parent_id, spans_by_name
 from disagg.local.procs import free_ports, stop_group, wait_http
 from disagg.local.runtime import bound_to
 from disagg.local.stack import LocalStack, pod_ip, pod_ready
@@ -85,9 +89,10 @@ def tier() -> realengine.Tier:
 @pytest.fixture(scope="module")
 def model(tier: realengine.Tier, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelHarness]:
     logs = tmp_path_factory.mktemp("real-vllm-logs")
-    with (started_stack(NS, logs, engine=tier.engine) as stack,
-          serving(stack, {"model": {"name": str(tier.model)}}, timeout=START_S, name=MODEL, doc=DOC) as h):
-        yield h
+    with started_stack(NS, logs, engine=tier.engine, tracing=True) as stack:
+        overrides = {"model": {"name": str(tier.model)}, "observability": stack.tracing_spec(1.0)}
+        with serving(stack, overrides, timeout=START_S, name=MODEL, doc=DOC) as h:
+            yield h
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -306,6 +311,34 @@ def test_the_remote_phases_come_from_the_real_engines_metrics(model: ModelHarnes
     assert 0 < t["prefill_compute"] <= t["prefill_leg"], t
     assert t["prefill_leg"] + t["decode_ttfb"] <= t["ttft"] + 1e-3 and t["ttft"] <= t["e2e"], t
     assert t["tpot"] > 0, t
+
+
+def test_the_real_engines_spans_join_the_routers_trace_with_their_phases(model: ModelHarness) -> None:
+    """Tracing on real engines (spec.observability.tracing, every request sampled here): a remote request's trace
+    in Jaeger holds the router's span and a ``llm_request`` span from each real engine (vLLM's own OpenTelemetry
+    spans, joined through the ``traceparent`` the router sends), with the per-request figures vLLM records there:
+    the decode engine's queue time (which includes its KV pull: docs/observability.md), its TTFT, the prompt and
+    output tokens."""
+    router = model.router_url()
+    assert router is not None and model.stack.jaeger is not None
+    rid = "real-traced-1"
+    got = post(f"{router}/v1/completions", completion(f"traced: {LONG}"), rid=rid)
+    line = logged(model, rid)
+    assert line["path"] == "remote" and line["trace_id"], line
+    # the router's three spans and one per engine (each engine's exporter sends in batches)
+    trace = model.stack.jaeger.wait_trace(line["trace_id"], min_spans=5, timeout=60)
+    spans = spans_by_name(trace)
+    (root,) = spans[tracing.ROUTER_SPAN]
+    assert tracing.LLM_REQUEST_SPAN in spans, {k: [s["service"] for s in v] for k, v in spans.items()}
+    engines = {s["service"]: s for s in spans[tracing.LLM_REQUEST_SPAN]}
+    assert set(engines) == {f"{MODEL}-prefill", f"{MODEL}-decode"}, sorted(engines)
+    assert all(parent_id(s) is not None for s in engines.values())  # joined, not roots of their own traces
+    decode = engines[f"{MODEL}-decode"]["tag"]
+    assert decode[tracing.ATTR_PROMPT_TOKENS] == got["usage"]["prompt_tokens"]
+    assert decode[tracing.ATTR_COMPLETION_TOKENS] == got["usage"]["completion_tokens"]
+    # the decode engine's own clock: its queue (KV pull included) and first token inside what the router timed
+    assert 0 <= decode[tracing.ATTR_QUEUE] <= decode[tracing.ATTR_TTFT] <= line["timings_ms"]["decode_ttfb"] / 1000
+    assert root["tag"]["disagg.path"] == "remote"
 
 
 def test_metric_contract_holds_on_the_real_engine(model: ModelHarness) -> None:
