@@ -141,6 +141,9 @@ async def _hedged(core: RequestCore[R], ctx: Ctx, legs: Legs[R], decode: str, kv
             if winner:
                 raise UpstreamError("lost_race", worker=url)
             winner.append(name)
+            # counted as the race is decided: the winning leg may relay the whole answer, and the client close
+            # the connection (cancelling this handler), before the code after the race runs again
+            core.metrics.hedges.labels(name).inc()
             decided.set()
             ctx.decode_worker = url
             if then is not None:
@@ -177,7 +180,6 @@ async def _hedged(core: RequestCore[R], ctx: Ctx, legs: Legs[R], decode: str, kv
         if not winner:
             core.metrics.hedges.labels("none").inc()
             return await remote  # raises its failure: the caller falls back as for any remote failure
-        core.metrics.hedges.labels(winner[0]).inc()
         if winner[0] == "remote":
             await _cancel(local)
             return await remote
