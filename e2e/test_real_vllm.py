@@ -54,7 +54,7 @@ from disagg.local import realengine
 from disagg.local.controlplane import REPO_ROOT
 from disagg.local.harness import ModelHarness, router_workers_at, serving, started_stack
 from disagg.local.jaeger import parent_id, spans_by_name
-from disagg.local.procs import free_ports, stop_group, wait_http
+from disagg.local.procs import free_ports, process_tree, stop_group, wait_http
 from disagg.local.runtime import bound_to
 from disagg.local.stack import LocalStack, pod_ip, pod_ready
 from disagg.poll import wait_for
@@ -114,6 +114,11 @@ def stream(url: str, body: dict[str, Any], rid: str | None = None, timeout: floa
         lines = [ln.strip() for ln in r.read().decode().splitlines() if ln.strip()]
     assert lines and lines[-1] == "data: [DONE]", lines[-3:]
     return [orjson.loads(ln[len("data: "):]) for ln in lines[:-1]]
+
+
+def streamed_text(chunks: list[dict[str, Any]]) -> str:
+    """A streamed completion's text, its chunks' pieces joined."""
+    return "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
 
 
 def completion(prompt: str, max_tokens: int = 12) -> dict[str, Any]:
@@ -270,11 +275,11 @@ def test_local_prefill_serves_short_prompts_streamed_and_not(model: ModelHarness
     assert logged(model, "real-local-1")["path"] == "local"
     assert text(got) == text(plain)
     chunks = stream(f"{router}/v1/completions", completion(SHORT), rid="real-local-2")
-    assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == text(plain)
+    assert streamed_text(chunks) == text(plain)
     chunks = stream(f"{router}/v1/completions", completion(LONG), rid="real-remote-2")
     assert logged(model, "real-remote-2")["path"] == "remote"
     long_plain = post(f"http://{decode}:8000/v1/completions", completion(LONG))
-    assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == text(long_plain)
+    assert streamed_text(chunks) == text(long_plain)
     chat = {"model": MODEL, "messages": [{"role": "user", "content": LONG}], "max_tokens": 8, "temperature": 0,
             "ignore_eos": True}
     via_router = post(f"{router}/v1/chat/completions", chat, rid="real-chat-1")
@@ -501,7 +506,7 @@ def test_an_idle_prefill_engine_serves_whole_short_requests_in_the_elastic_fleet
 
             def one(rid: str, p: str) -> None:
                 chunks = stream(f"{router}/v1/completions", completion(p, tokens), rid=rid)
-                got[p] = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+                got[p] = streamed_text(chunks)
 
             threads = [threading.Thread(target=one, args=args) for args in zip(rids, prompts, strict=True)]
             for t in threads:
@@ -521,20 +526,6 @@ def test_an_idle_prefill_engine_serves_whole_short_requests_in_the_elastic_fleet
         assert all((ln["decision"], ln["path"]) == ("local", "local") for ln in on_prefill), on_prefill
     finally:
         model.stack.patch_spec(model.name, {"routing": {"elasticFleet": False}})
-
-
-def _process_tree(pid: int) -> set[int]:
-    """A process and its descendants (the pod's ``vllm serve`` and its ``VLLM::EngineCore``), from /proc."""
-    out, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        out.add(p)
-        for task in Path(f"/proc/{p}/task").glob("*"):
-            try:
-                todo += [int(c) for c in (task / "children").read_text().split()]
-            except FileNotFoundError:
-                continue
-    return out
 
 
 def _engine_ports(pids: set[int]) -> set[int]:
@@ -602,14 +593,14 @@ def test_a_stalled_kv_path_is_hedged_then_its_breakers_open_and_close(model: Mod
         answers: dict[str, str] = {}
         n = 0
         # the engine core (the API server's child) holds the NIXL agent, its UCX sockets and its side channel
-        with _KVPathStalled(_process_tree(proc.pid) - {proc.pid} or {proc.pid}):
+        with _KVPathStalled(process_tree(proc.pid) - {proc.pid} or {proc.pid}):
             while True:
                 n += 1
                 assert n <= 12, f"no breaker opened after {n - 1} stalled requests: {hedged}"
                 # a prompt no engine has cached: the decode engine must pull all of its KV
                 rid, prompt = f"real-hedge-{n}", f"hedge {n} {time.time_ns()}: {LONG}"
                 chunks = stream(f"{router}/v1/completions", completion(prompt), rid=rid)
-                answers[prompt] = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+                answers[prompt] = streamed_text(chunks)
                 line = logged(model, rid)
                 if line["reason"] == "circuit_open":
                     break
@@ -630,7 +621,7 @@ def test_a_stalled_kv_path_is_hedged_then_its_breakers_open_and_close(model: Mod
             rid = f"real-healed-{time.time_ns()}"
             prompt = f"{rid}: {LONG}"
             chunks = stream(f"{router}/v1/completions", completion(prompt), rid=rid)
-            assert "".join(c["choices"][0]["text"] for c in chunks if c.get("choices")) == text(post(
+            assert streamed_text(chunks) == text(post(
                 direct, completion(prompt)))
             return logged(model, rid)["path"] == "remote"
 

@@ -33,7 +33,7 @@ import aiohttp
 
 from ..load import loadgen
 from ..local import realengine
-from ..local.procs import free_ports, stop_group, wait_http
+from ..local.procs import free_ports, process_tree, stop_group, wait_http
 from ..local.runtime import REAL_ENGINE_ENV
 from ..perf.presets import get_gpu, get_model, infer_model
 from ..perf.roofline import PerfModel
@@ -123,42 +123,25 @@ def _start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
         return subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def _tasks(pid: int) -> list[int]:
-    """A process's threads and its children's (recursively), from /proc."""
-    out: list[int] = []
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except FileNotFoundError:
-        return out
-    for tid in tids:
-        out.append(tid)
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                kids = [int(c) for c in f.read().split()]
-        except FileNotFoundError:
-            continue
-        for kid in kids:
-            out.extend(_tasks(kid))
-    return out
+def _threads(pids: set[int]) -> list[int]:
+    return [int(t) for pid in pids for t in os.listdir(f"/proc/{pid}/task")]
 
 
 def _pin(engine_pid: int, *, engine_core: bool) -> dict[str, list[int]]:
     """Give the engine a core of its own, as on a GPU server, where the API server, the engine core and the
     clients do not take turns on two CPUs: the engine core (``vllm serve``'s ``VLLM::EngineCore`` child; with
-    ``engine_core`` False, the whole process: the sim) on the last CPU, everything else — the API server and this
-    load generator — on the others. Returns the CPU sets (nothing pinned on a one-CPU machine)."""
+    ``engine_core`` False, or when the engine is one process, all of it: the sim) on the last CPU, everything else —
+    the API server and this load generator — on the others. Returns the CPU sets (nothing pinned on one CPU)."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         return {}
     own, rest = {cpus[-1]}, set(cpus[:-1])
-    engine = _tasks(engine_pid)
-    api = [int(t) for t in os.listdir(f"/proc/{engine_pid}/task")]
-    if engine_core and len(engine) > len(api):  # the API server's threads stay with the others; its children are
-        # the engine core (one process, as with VLLM_ENABLE_V1_MULTIPROCESSING=0 where it holds: all of it is)
-        for tid in api:
+    engine = process_tree(engine_pid)
+    if engine_core and len(engine) > 1:
+        for tid in _threads({engine_pid}):
             os.sched_setaffinity(tid, rest)
-        engine = [t for t in engine if t not in api]
-    for tid in engine:
+        engine.discard(engine_pid)
+    for tid in _threads(engine):
         os.sched_setaffinity(tid, own)
     os.sched_setaffinity(0, rest)
     return {"engine": sorted(own), "others": sorted(rest)}

@@ -4,6 +4,7 @@ benchmarks, tests) uses these helpers.
 - :func:`free_ports` / :func:`free_port` / :func:`free_port_block`: free loopback ports;
 - :func:`wait_http`: poll a URL until it answers 200 (with :func:`disagg.poll.wait_for`, the one polling helper);
 - :func:`stop_group`: SIGTERM a child's process group, then SIGKILL after a grace period;
+- :func:`process_tree`: a process and its descendants (``vllm serve`` and its engine core);
 - :class:`Processes`: start and stop a set of processes (sims, routers, nginx), each in its own process group on
   loopback with its log in a file, all stopped at the end — also on Ctrl-C, SIGTERM or an exception
   (``with Processes() as procs:``).
@@ -124,6 +125,20 @@ def _signal(proc: subprocess.Popen[Any], sig: int, group: bool = True) -> None:
             proc.send_signal(sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def process_tree(pid: int) -> set[int]:
+    """A process and its descendants, from /proc (each thread's ``children``); gone ones are skipped."""
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        out.add(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except FileNotFoundError:
+                continue
+    return out
 
 
 def tail_lines(path: Path | None, lines: int) -> str:
