@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,12 @@ import yaml
 
 from disagg.api.validate import errors_of, validate_documents
 from disagg.cli import main
-from disagg.perf.presets import get_gpu, get_model
+from disagg.perf.presets import TRANSPORTS, get_gpu, get_model
 from disagg.plan.emit import bounds, to_model
-from disagg.plan.model import build_workload, decode_side, erlang_c, mgc, pool_model
+from disagg.plan.model import IDLE, build_workload, decode_side, erlang_c, mgc, overflow_share, pool_model
 from disagg.plan.profile import ProfileError, TokenDist, load_profile, parse_profile
 from disagg.plan.report import render
-from disagg.plan.search import Mode, search
+from disagg.plan.search import Evaluator, Mode, search
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = ROOT / "docs/examples/profiles/profile-chat.yaml"
@@ -142,6 +143,32 @@ def test_local_prefill_stretches_tpot() -> None:
     assert agg.tpot_mean_s > dis.tpot_mean_s
     # Little's law holds at the fixed point
     assert agg.batch == pytest.approx(30.0 / 2 * wl.mean_out * agg.tpot_mean_s, rel=1e-3)
+
+
+def test_the_prefill_queues_overflow_prefills_on_the_decode_pool() -> None:
+    """The prompts whose prefill-queue wait would pass the emitted maxPrefillQueueWaitMs go local (the router's
+    prefill_queue_overload, and the SLO placement's remote-TTFT misses): their share is the queue's tail past the
+    budget, none for an idle queue, and a candidate whose queue overflows carries that prefill on its decode side."""
+    busy = mgc(7.0, 0.1, 0.02, 1)
+    assert overflow_share(IDLE, 0.0) == 0.0
+    shares = [overflow_share(busy, t) for t in (0.0, 0.2, 0.5, 1.0)]
+    assert shares[0] == pytest.approx(0.7)  # at a zero budget: every prompt that waits at all
+    assert all(a > b > 0 for a, b in itertools.pairwise(shares))
+    assert overflow_share(mgc(11.0, 0.1, 0.01, 1), 0.5) == 0.0  # saturated: the candidate fails on its prefill side
+    p = parse_profile(base())
+    wl = build_workload(p)
+    ev = Evaluator(p, wl, p.model.resolve(), TRANSPORTS[p.kv_transport])
+    key = (p.gpus[0].type, 1)
+    calm = ev.evaluate("disaggregated", 0, key, 4, key, 2, wl.peak_rps)
+    assert calm.dside.prefill_share == 0.0
+    # one prefill replica driven towards its limit: its queue's tail grows past the budget, and that share of the
+    # prompts is prefilled on the decode replicas
+    limit = wl.peak_rps / ev.evaluate("disaggregated", 0, key, 1, key, 2, wl.peak_rps).pqueue.rho
+    tight = [ev.evaluate("disaggregated", 0, key, 1, key, 2, limit * u) for u in (0.9, 0.95, 0.98, 0.99)]
+    assert not any(c.pqueue.saturated for c in tight)
+    shares = [c.dside.prefill_share for c in tight]
+    assert shares[-1] > 0.0 and shares == sorted(shares)
+    assert tight[-1].dside.tpot_mean_s > ev.dside(key, 2, 0, limit * 0.99).tpot_mean_s
 
 
 # ------------------------------------------------------------------------------------------------ search

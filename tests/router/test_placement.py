@@ -242,3 +242,62 @@ def test_the_ladders_grey_zone_is_overruled_on_less_evidence() -> None:
     assert decide(tight, feats(1500, 16), snap, Tuning(slo_override_grey=0.5)).reason == "below_remote_threshold"
     # a short prompt beside the same streams: the ladder's confident zone, the full margin
     assert decide(tight, feats(1000, 16), snap).reason == "short_prompt"
+
+
+def test_an_overrule_puts_no_prefill_on_a_worker_whose_streams_spend_the_tpot_allowance() -> None:
+    """The case above, on a decode worker whose recent streams' TPOT has its p95 past the 50 ms target (a
+    geometric mean of 45 ms, a log spread of 0.1: p95 ≈ 53 ms): moving the prompt there would be paid for by streams
+    that already miss, so the ladder's remote choice stands; within the allowance (spread 0.02: p95 ≈ 46 ms) the
+    overrule is taken as before."""
+    p = prefill(ahead=80_000)
+    spent = decode(running=4, kv=0.01)._replace(stream_tpot_s=0.045, stream_spread=0.1)
+    assert pl.over_tpot_budget(spent, 0.05)
+    d = decide(cfg(), feats(4000), LoadSnapshot(prefill=(p,), decode=(spent,)))
+    assert (d.decision, d.reason) == ("remote", "policy")
+    within = spent._replace(stream_spread=0.02)
+    assert not pl.over_tpot_budget(within, 0.05)
+    d = decide(cfg(), feats(4000), LoadSnapshot(prefill=(p,), decode=(within,)))
+    assert (d.decision, d.reason) == ("local", "slo_local")
+    # unknown (too few streams ended there yet): the model's prediction alone, as before
+    assert not pl.over_tpot_budget(decode(running=4), 0.05)
+
+
+def test_the_stall_harm_reads_the_worker_streams_recent_tpot() -> None:
+    """Streams whose TPOT sat close under the target (measured: centre 46 ms, narrow spread) are pushed over by a
+    stall the model's centre (the load now: far under the target) would call harmless; a worker whose streams ran
+    far under the target is not harmed more than the model says."""
+    busy = decode(running=40, kv=40 * 2000 / COST.kv_capacity_tokens)
+    model = COST.tpot(40, 2000)
+    assert model < 0.03  # the snapshot: well under the 50 ms target
+    base = pl.predict_whole(busy, COST, 8000, "local", 0.05, 256).harm
+    near = pl.predict_whole(busy._replace(stream_tpot_s=0.046, stream_spread=0.05), COST, 8000, "local", 0.05,
+                            256).harm
+    calm = pl.predict_whole(busy._replace(stream_tpot_s=0.5 * model, stream_spread=0.05), COST, 8000, "local", 0.05,
+                            256).harm
+    assert near > 4 * base and near > 1.0
+    assert calm <= base
+
+
+def test_a_workers_streams_tpot_estimates_centre_and_spread() -> None:
+    """observe_stream on a log-normal series of known centre and spread: the estimates land on them; nothing is
+    reported before STREAM_MIN_SEEN streams."""
+    import math
+    import random
+
+    from disagg.router.load import STREAM_MIN_SEEN, Worker
+
+    w = Worker(url="d0", role="decode")
+    rng = random.Random(7)
+    for _ in range(STREAM_MIN_SEEN - 1):
+        w.observe_stream(0.04 * math.exp(rng.gauss(0.0, 0.2)))
+    assert w.stream_tpot() == (0.0, 0.0)
+    for _ in range(3000):
+        w.observe_stream(0.04 * math.exp(rng.gauss(0.0, 0.2)))
+    centre, spread = w.stream_tpot()
+    assert abs(centre / 0.04 - 1) < 0.1 and abs(spread - 0.2) < 0.06
+    # a load step: the streams now take twice as long, and the centre follows within a few hundred streams
+    for _ in range(300):
+        w.observe_stream(0.08 * math.exp(rng.gauss(0.0, 0.2)))
+    assert abs(w.stream_tpot()[0] / 0.08 - 1) < 0.1
+    w.observe_stream(0.0)  # not a stream's TPOT: ignored
+    assert w.streams_seen == STREAM_MIN_SEEN - 1 + 3300

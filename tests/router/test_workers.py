@@ -213,7 +213,7 @@ def test_prefill_queue_estimates_per_worker_stay_sane():
         assert all(r == "prefill_queue_overload" for r in burst if r != "policy")
         # the prefill worker's own queue, as the next scrape shows it: n legs, n - 1 waiting
         for v in views:
-            v.scraped = {"vllm:num_requests_waiting": float(n - 1), "vllm:num_requests_running": 1.0}
+            v.update_scrape({"vllm:num_requests_waiting": float(n - 1), "vllm:num_requests_running": 1.0})
             v.avg_prompt_tokens = float(tokens)
             true_wait = (n - 1) * tokens * spt
             own = v.est_prefill_wait_s(now)
@@ -236,10 +236,15 @@ def test_a_workers_load_fills_every_field_of_the_policys_view() -> None:
                      "vllm:kv_cache_usage_perc": 0.42, WAITING_FOR_CAPACITY: 2.0})
     w.prefill_started(900, now=10.0)
     w.remote_prefill_at = 8.5
+    for k in range(30):  # streams ended there: their TPOT's centre and spread
+        w.observe_stream(0.030 + 0.001 * (k % 7))
+    centre, spread = w.stream_tpot()
     got = w.load(77, now=11.0)
     want = WorkerLoad(url="http://p7", compat="c9", inflight=3, est_wait_ms=w.est_prefill_wait_s(11.0) * 1000.0,
                       running=5.0, waiting=6.0, kv_usage=0.42, prefix_tokens=77, role="prefill", queued=2.0,
                       ahead_tokens=1234, prefill_rate=w.prefill_rate(11.0), cost=cost, f_prefill=1.25,
-                      f_decode=0.75, avg_prompt_tokens=321.0, remote_idle_s=2.5)
+                      f_decode=0.75, avg_prompt_tokens=321.0, remote_idle_s=2.5, stream_tpot_s=centre,
+                      stream_spread=spread)
     assert got._asdict() == want._asdict()
     assert len(set(map(repr, got))) == len(got)  # every figure differs: a swapped pair cannot pass unseen
+

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .model import fixed_p95
 from .profile import Profile
 from .search import Candidate, PlanResult, Pool, resize
 
@@ -63,17 +64,11 @@ def _pool(p: Profile, pool: Pool, rng: tuple[int, int, int], chunk: int | None =
 
 def queue_wait_budget_ms(result: PlanResult, c: Candidate) -> int:
     """TTFT SLO minus the 95th percentile of the remote path's fixed part (own prefill + transfer + first step):
-    the prefill-queue wait beyond which the router should prefill locally instead."""
+    the prefill-queue wait beyond which the router should prefill locally instead (the planner counts those prompts
+    on the decode pool: model.overflow_share)."""
     wl = result.workload
     thr = c.threshold or 0
-    pairs = sorted((f, w) for f, w, t in zip(c.rfixed, wl.in_weight, wl.in_tokens, strict=True) if t >= thr)
-    total = sum(w for _, w in pairs)
-    acc, fixed = 0.0, 0.0
-    for f, w in pairs:
-        acc += w
-        fixed = f
-        if acc >= 0.95 * total - 1e-12:
-            break
+    fixed = fixed_p95(c.rfixed, wl.in_weight, [t >= thr for t in wl.in_tokens])
     return max(1, int(result.profile.slo.ttft_p95_ms - fixed * 1e3))
 
 

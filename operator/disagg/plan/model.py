@@ -292,25 +292,29 @@ class DecodeSide:
         return [_tpot_ok(self, out, tau) for out in wl.out_tokens]
 
 
-def _tpot_ok(d: DecodeSide, out: float, tau: float) -> float:
+def _tpot_ok(d: DecodeSide, out: float, tau: float, stall_s: float = 0.0) -> float:
+    """P(TPOT ≤ tau) of a stream of ``out`` tokens; ``stall_s``: one more stall of its steps (a prefill placed
+    beside it) spread over its output."""
     if d.saturated:
         return 0.0
     if out <= 1:
         return 1.0
-    m = d.tpot_mean_s
+    m = d.tpot_mean_s + stall_s / out
     var = d.interference_m2 * out * m
     if var <= 0:
         return 1.0 if m <= tau + 1e-12 else 0.0
     return phi((tau - m) * out / math.sqrt(var))
 
 
-def decode_side(dm: PoolModel, replicas: int, wl: Workload, rate: float, local: Sequence[bool],
+def decode_side(dm: PoolModel, replicas: int, wl: Workload, rate: float, local: Sequence[float],
                 tpot_slo_s: float) -> DecodeSide:
+    """The decode pool at ``rate`` when the share ``local[i]`` of input bin i prefills there (1 or True: every
+    prompt of the bin; a fraction: those the router sends local, e.g. the prefill queue's overflow)."""
     per = rate / replicas
-    ew = sum(w * x for w, x, loc in zip(wl.in_weight, dm.work, local, strict=True) if loc)
-    ew2 = sum(w * x * x for w, x, loc in zip(wl.in_weight, dm.work, local, strict=True) if loc)
+    ew = sum(w * loc * x for w, x, loc in zip(wl.in_weight, dm.work, local, strict=True) if loc)
+    ew2 = sum(w * loc * x * x for w, x, loc in zip(wl.in_weight, dm.work, local, strict=True) if loc)
     rho_p = per * ew
-    loc_w = sum(w for w, loc in zip(wl.in_weight, local, strict=True) if loc)
+    loc_w = sum(w * loc for w, loc in zip(wl.in_weight, local, strict=True) if loc)
     ca2_local = split_ca2(wl.ca2, loc_w)
     # compound renewal: the work landing in a lifetime L has variance (λ/D)·L·(E[X²] + (ca² − 1)·E[X]²), per arrival
     m2 = per * ew2 + (per * (ca2_local - 1) * ew * ew / loc_w if loc_w > 0 else 0.0)
@@ -342,8 +346,8 @@ def decode_side(dm: PoolModel, replicas: int, wl: Workload, rate: float, local: 
     # local prefill queue: service = own work + the decode batch riding along its chunk steps
     if loc_w > 0:
         s = [x + fr * step for x, fr in zip(dm.work, dm.chunk_frac, strict=True)]
-        es = sum(w * x for w, x, loc in zip(wl.in_weight, s, local, strict=True) if loc) / loc_w
-        es2 = sum(w * x * x for w, x, loc in zip(wl.in_weight, s, local, strict=True) if loc) / loc_w
+        es = sum(w * loc * x for w, x, loc in zip(wl.in_weight, s, local, strict=True) if loc) / loc_w
+        es2 = sum(w * loc * x * x for w, x, loc in zip(wl.in_weight, s, local, strict=True) if loc) / loc_w
         q = mgc(rate * loc_w, es, es2, replicas, ca2_local)
     else:
         q = IDLE
@@ -370,6 +374,39 @@ def transfers(dm: PoolModel, wl: Workload, transport: TransportPreset, remote_tp
 def remote_fixed(pm: PoolModel, xfer: Sequence[float], d: DecodeSide) -> tuple[float, ...]:
     """Per input bin: own prefill + KV transfer + the first decode step (the remote TTFT without queueing)."""
     return tuple(so + x + d.step_s for so, x in zip(pm.solo, xfer, strict=True))
+
+
+def fixed_p95(rfixed: Sequence[float], weights: Sequence[float], remote: Sequence[bool]) -> float:
+    """The 95th percentile of the remote path's fixed part (own prefill + transfer + first step) over the prompts
+    that go remote."""
+    pairs = sorted((f, w) for f, w, r in zip(rfixed, weights, remote, strict=True) if r)
+    total = sum(w for _, w in pairs)
+    acc, fixed = 0.0, 0.0
+    for f, w in pairs:
+        acc += w
+        fixed = f
+        if acc >= 0.95 * total - 1e-12:
+            break
+    return fixed
+
+
+def stall_harm(d: DecodeSide, wl: Workload, stall_s: float, tau: float) -> float:
+    """The streams on a decode replica pushed over the TPOT target by one prefill stalling them ``stall_s``: its
+    batch × the fall of P(TPOT ≤ tau) over the output mix (router/placement.py ``_harm``, the router's own
+    measure of the same thing)."""
+    if d.saturated or stall_s <= 0:
+        return 0.0
+    fall = sum(w * (ok - _tpot_ok(d, out, tau, stall_s))
+               for w, out, ok in zip(wl.out_weight, wl.out_tokens, d.tpot_ok, strict=True))
+    return d.batch * fall
+
+
+def overflow_share(pq: Queue, budget_s: float) -> float:
+    """The share of the prompts whose prefill-queue wait would pass ``budget_s`` (search.spills: those the router
+    prefills on their decode worker instead). 0 for a saturated queue: that candidate fails on its prefill side."""
+    if pq.saturated or pq.c_wait <= 0 or pq.theta <= 0:
+        return 0.0
+    return 1.0 - pq.p_wait_le(max(0.0, budget_s))
 
 
 def ttft_ok(remote: Sequence[bool], d: DecodeSide, pq: Queue, rfixed: Sequence[float],

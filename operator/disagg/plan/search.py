@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..perf.presets import TRANSPORTS, ModelPreset, TransportPreset
+from ..router.policy import Tuning
 from .model import (
     IDLE,
     DecodeSide,
@@ -29,10 +30,12 @@ from .model import (
     build_workload,
     by_tenant,
     decode_side,
+    overflow_share,
     pool_model,
     prefill_queue,
     quantile,
     remote_fixed,
+    stall_harm,
     transfers,
     ttft_ok,
 )
@@ -41,6 +44,7 @@ from .profile import Profile
 Mode = Literal["aggregated", "disaggregated", "conditional"]
 THRESHOLDS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 P95 = 0.95
+SPILL_FLOOR = 1e-4  # an overflow share below this leaves the decode side as it is (a cached one)
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,23 @@ class PlanResult:
         return next((c for c in self.ranked if c.mode == mode), None)
 
 
+def spills(pq: Queue, remote: Sequence[bool], rfixed: Sequence[float], ds: DecodeSide, dm: PoolModel,
+           wl: Workload, tau: float, tpot_tau: float) -> tuple[float, ...]:
+    """Per input bin, the share of its remote prompts the router prefills on the decode pool instead: those whose
+    prefill-queue wait would take the remote TTFT past the target (``tau`` less the bin's own prefill, transfer
+    and first step: :func:`overflow_share`), as the SLO placement moves them — where the local path meets the
+    target and the prompt's stall pushes fewer streams over the TPOT target than the margin an overrule needs
+    (Tuning.slo_override; the ladder's maxPrefillQueueWaitMs proposes the move, the placement keeps the prompt
+    remote otherwise). () when no bin spills more than :data:`SPILL_FLOOR`."""
+    if pq.saturated or pq.c_wait <= 0:
+        return ()
+    margin = Tuning().slo_override
+    out = tuple(round(overflow_share(pq, tau - f), 4)
+                if r and lf <= tau and stall_harm(ds, wl, so, tpot_tau) <= margin else 0.0
+                for r, f, lf, so in zip(remote, rfixed, ds.local_fixed, dm.solo, strict=True))
+    return out if any(x > SPILL_FLOOR for x in out) else ()
+
+
 class Evaluator:
     """Caches per-pool roofline quantities and per-(decode shape, replicas, threshold) decode sides."""
 
@@ -179,7 +200,7 @@ class Evaluator:
                     self.skipped.append(f"{offer.type} TP{tp}: {pm.why_not}")
         self.count = {o.type: min(o.count, p.search.max_gpus) for o in p.gpus}
         self.evaluated = 0
-        self._dsides: dict[tuple[str, int, int, float, float], DecodeSide] = {}
+        self._dsides: dict[tuple[str, int, int, float, float, tuple[float, ...]], DecodeSide] = {}
         self._xfer: dict[tuple[str, int, int], tuple[float, ...]] = {}
         self.cover, self.cover_what = p.cover_rate()
 
@@ -194,12 +215,17 @@ class Evaluator:
         remote = [t >= threshold for t in self.wl.in_tokens]
         return remote, [not r for r in remote]
 
-    def dside(self, key: tuple[str, int], d: int, threshold: float, rate: float) -> DecodeSide:
-        k = (key[0], key[1], d, threshold, rate)
+    def dside(self, key: tuple[str, int], d: int, threshold: float, rate: float,
+              spill: tuple[float, ...] = ()) -> DecodeSide:
+        """The decode side of ``d`` replicas; ``spill``: per input bin, the share of its remote prompts it
+        prefills too (the prefill queue's overflow, :func:`spills`). Without it, the least load the decode pool
+        can have at this threshold (the search prunes on it)."""
+        k = (key[0], key[1], d, threshold, rate, spill)
         got = self._dsides.get(k)
         if got is None:
-            _, local = self.masks(threshold)
-            got = decode_side(self.pools[key], d, self.wl, rate, local, self.p.slo.tpot_p95_ms / 1e3)
+            remote, local = self.masks(threshold)
+            share = [x if r else 1.0 for r, x in zip(remote, spill, strict=True)] if spill else local
+            got = decode_side(self.pools[key], d, self.wl, rate, share, self.p.slo.tpot_p95_ms / 1e3)
             self._dsides[k] = got
         return got
 
@@ -215,6 +241,10 @@ class Evaluator:
             pq = prefill_queue(pm, p, wl, rate, remote)
             xfer = self.xfer(dkey, pm.tp)
             rfixed = remote_fixed(pm, xfer, ds)
+            spill = spills(pq, remote, rfixed, ds, dm, wl, slo.ttft_p95_ms / 1e3, slo.tpot_p95_ms / 1e3)
+            if spill:
+                ds = self.dside(dkey, d, threshold, rate, spill)
+                rfixed = remote_fixed(pm, xfer, ds)
             prefill: Pool | None = Pool(pkey[0], pkey[1], p)
             cost = pm.cost * pm.tp * p
         else:

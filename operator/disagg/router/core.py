@@ -497,6 +497,8 @@ class RequestCore(Generic[R]):
                 if pending and w is not None:
                     w.inflight_tokens -= pending
         tpot = ctx.timings.get("tpot")
+        if w is not None and tpot:  # the TPOT of this worker's streams (placement.py _harm)
+            w.observe_stream(tpot)
         if pred is not None and w is not None and tpot and pred.tpot_s > 0 and ctx.fallback is None:
             # the metric only: the decode correction comes from the worker's own metrics at each scrape
             # (load.py Worker._correct_decode), since a stream's TPOT depends on arrivals after its placement

@@ -50,6 +50,10 @@ RATIO_LOG_CLAMP = math.log(4.0)
 PREFILL_RATE_WINDOW_S = 5.0  # the prefill token rate's time constant (seconds)
 TPOT_HISTOGRAM = "vllm:request_time_per_output_token_seconds"  # per request, at its end (vllm/v1/metrics/loggers.py)
 REMOTE_TTFB_RISE = 0.05  # how fast the healthy hand-off floor follows slower observations
+# the TPOT of a worker's recent streams (observe_stream): EWMAs of its log and its log's square, a memory of about
+# 1/α streams (seconds of a busy worker's endings); read once this many streams have ended there
+STREAM_ALPHA = 0.05
+STREAM_MIN_SEEN = 20
 
 
 def parse_prometheus(text: str, wanted: set[str] = _WANTED) -> dict[str, float]:
@@ -115,6 +119,10 @@ class Worker:
     f_prefill: float = 1.0
     f_decode: float = 1.0
     remote_prefill_at: float = -math.inf  # when the router last sent it a prefill leg (clock of the core)
+    # the TPOT of the streams it decoded lately (observe_stream): EWMAs of log TPOT and of its square
+    stream_log: float = 0.0
+    stream_log2: float = 0.0
+    streams_seen: int = 0
     # the scrape's gauges the policy reads on every request (running, waiting, KV usage, queued), read once per scrape
     _gauges: tuple[float, float, float, float] = field(default=(0.0, 0.0, 0.0, 0.0), init=False, repr=False,
                                                        compare=False)
@@ -193,6 +201,29 @@ class Worker:
             v, old = seconds / tokens, self.remote_ttfb_per_token
             self.remote_ttfb_per_token = v if old is None or v < old else old + REMOTE_TTFB_RISE * (v - old)
 
+    def observe_stream(self, tpot_s: float) -> None:
+        """A stream this worker decoded ended with mean time per output token ``tpot_s``: folded into the recent
+        streams' TPOT (:meth:`stream_tpot`), what the placement reads as the streams a prefill there would stall
+        (placement.py ``_harm``)."""
+        if not tpot_s > 0:
+            return
+        x = math.log(tpot_s)
+        if self.streams_seen == 0:
+            self.stream_log, self.stream_log2 = x, x * x
+        else:
+            a = STREAM_ALPHA if self.streams_seen * STREAM_ALPHA >= 1.0 else 1.0 / (self.streams_seen + 1)
+            self.stream_log += a * (x - self.stream_log)
+            self.stream_log2 += a * (x * x - self.stream_log2)
+        self.streams_seen += 1
+
+    def stream_tpot(self) -> tuple[float, float]:
+        """The recent streams' TPOT: its geometric mean (seconds) and the spread of its log (standard deviation);
+        (0, 0) until :data:`STREAM_MIN_SEEN` streams have ended here."""
+        if self.streams_seen < STREAM_MIN_SEEN:
+            return 0.0, 0.0
+        var = self.stream_log2 - self.stream_log * self.stream_log
+        return math.exp(self.stream_log), math.sqrt(var) if var > 0 else 0.0
+
     def spt(self) -> float:
         prior = self.cost.prefill_s_per_token if self.cost is not None else DEFAULT_SEC_PER_PROMPT_TOKEN
         return self.observed_sec_per_token or self.sec_per_token or prior
@@ -243,6 +274,7 @@ class Worker:
             max(0, self.inflight_tokens), self.prefill_rate(now), self.cost,  # ahead_tokens, prefill_rate, cost
             self.f_prefill, self.f_decode, self.avg_prompt_tokens or 0.0,  # f_prefill, f_decode, avg_prompt_tokens
             now - self.remote_prefill_at,  # remote_idle_s
+            *self.stream_tpot(),  # stream_tpot_s, stream_spread
         )
 
 

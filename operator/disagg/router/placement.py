@@ -41,6 +41,9 @@ SPREAD = 0.15  # relative spread of an outcome around its prediction (logistic s
 # the streams on a worker spread around its mean TPOT (each its own context and output) wider than one prediction
 STREAM_SPREAD = 0.3
 SLACK = 0.05  # a prefill worker serves a whole request only when the expected misses stay below this
+LOGISTIC_PER_SD = math.sqrt(3.0) / math.pi  # a logistic's scale per unit of its standard deviation
+Z95 = 1.6449  # the standard normal's 95th percentile: spec.slo's targets are p95s
+MIN_STREAM_SPREAD = 0.02  # a worker whose streams all took the same TPOT still spreads them this much
 
 
 def p_miss(predicted_s: float, target_s: float, spread: float = SPREAD) -> float:
@@ -88,13 +91,31 @@ def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float
           slo_tpot_s: float, out_tokens: float) -> float:
     """Expected streams on ``w`` that a prefill stalling them ``stall_s`` in all (its share of the mixed steps,
     beyond the prefills ahead of it) pushes over the TPOT SLO (each stream's mean TPOT grows by the stall spread
-    over its output)."""
+    over its output).
+
+    The streams' TPOT is centred on the model's at the worker's load now, or on what the worker's recent streams
+    took when that is more (a stream lives through load the snapshot does not see: the prefills and streams that
+    come after it), and spread around it as theirs were (``w.stream_spread``; :data:`STREAM_SPREAD` until
+    measured): a worker whose streams sit close to the target has little TPOT slack for another prefill's stall."""
     if streams <= 0 or stall_s <= 0:
         return 0.0
     before = cost.tpot(streams, ctx, rate) * w.f_decode
+    if w.stream_tpot_s > before:
+        before = w.stream_tpot_s
+    # a log's standard deviation as the logistic's relative scale: σ·√3/π
+    spread = w.stream_spread * LOGISTIC_PER_SD if w.stream_spread > 0.0 else STREAM_SPREAD
+    if spread < MIN_STREAM_SPREAD:
+        spread = MIN_STREAM_SPREAD
     after = before + stall_s * w.f_decode / (out_tokens if out_tokens > 1.0 else 1.0)
-    rise = p_miss(after, slo_tpot_s, STREAM_SPREAD) - p_miss(before, slo_tpot_s, STREAM_SPREAD)
+    rise = p_miss(after, slo_tpot_s, spread) - p_miss(before, slo_tpot_s, spread)
     return streams * rise if rise > 0.0 else 0.0
+
+
+def over_tpot_budget(w: WorkerLoad, slo_tpot_s: float) -> bool:
+    """Whether more than one in twenty of ``w``'s recent streams end above the TPOT target (their p95, a
+    log-normal of the measured centre and spread, beyond it): the worker has spent the TPOT SLO's allowance, and
+    a prefill placed there by choice is paid for by streams that already miss (slo_decision)."""
+    return w.stream_tpot_s > 0.0 and w.stream_tpot_s * math.exp(Z95 * w.stream_spread) > slo_tpot_s
 
 
 def _queue_harm(w: WorkerLoad, ttft_s: float, own_s: float, slo_ttft_s: float) -> float:

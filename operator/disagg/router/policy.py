@@ -76,6 +76,8 @@ class WorkerLoad(NamedTuple):
     f_decode: float = 1.0  # observed ÷ predicted TPOT of its recent streams
     avg_prompt_tokens: float = 0.0  # other clients' queued prompts are priced at this size
     remote_idle_s: float = math.inf  # prefill workers: seconds since the router last sent them a prefill leg
+    stream_tpot_s: float = 0.0  # its recent streams' TPOT, geometric mean (observed; 0: not yet known)
+    stream_spread: float = 0.0  # … the standard deviation of their log TPOT
 
 
 @dataclass(frozen=True)
@@ -396,6 +398,17 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
     return remote(reason)
 
 
+def _spent(o: pl.Prediction, local_d: WorkerLoad, pw: WorkerLoad | None, slo_tpot_s: float) -> bool:
+    """Whether placement ``o`` prefills on a worker over its TPOT budget (placement.over_tpot_budget): the whole
+    request on the decode worker or on the prefill worker; a remote prefill adds a stream to its decode worker, no
+    prefill."""
+    if o.placement == "local":
+        return pl.over_tpot_budget(local_d, slo_tpot_s)
+    if o.placement == "prefill_worker" and pw is not None:
+        return pl.over_tpot_budget(pw, slo_tpot_s)
+    return False
+
+
 def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning,
                  base: Decision, picks: _Picks) -> Decision:
     """``spec.routing.policy: SLO``: the ladder's choice ``base``, overruled by the placement predicted to keep
@@ -414,6 +427,7 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     pair: tuple[WorkerLoad, WorkerLoad] | None = None
     remote: pl.Prediction | None = None
     base_worker = next((w for w in snap.prefill if w.url == base.decode), None) if base.detail.get("elastic") else None
+    pw: WorkerLoad | None = None
     if snap.prefill and not cfg.prefill_starting:
         pair = picks.pair()
         if pair is not None:
@@ -430,7 +444,9 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     kind = "remote" if base.decision == "remote" else "prefill_worker" if base_worker is not None else "local"
     chosen, chosen_misses = next((x for x in order if x[0].placement == kind), None) or next(
         x for x in order if x[0] is local)
-    best, best_misses = order[0]
+    # an overrule puts no prefill on a worker whose streams already spend the TPOT SLO's allowance: its harm to
+    # them is past what the stall model sees (the load they live through grows), and the ladder's own choice stands
+    best, best_misses = next(x for x in order if x[0] is chosen or not _spent(x[0], local_d, pw, slo_tpot))
     margin = tuning.slo_override_grey if base.reason in GREY_REASONS else tuning.slo_override
     if best is not chosen and chosen_misses - best_misses < margin:
         best = chosen
