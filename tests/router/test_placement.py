@@ -290,14 +290,14 @@ def test_a_workers_streams_tpot_estimates_centre_and_spread() -> None:
     rng = random.Random(7)
     for _ in range(STREAM_MIN_SEEN - 1):
         w.observe_stream(0.04 * math.exp(rng.gauss(0.0, 0.2)))
-    assert w.stream_tpot() == (0.0, 0.0)
+    assert w.stream_tpot == (0.0, 0.0)
     for _ in range(3000):
         w.observe_stream(0.04 * math.exp(rng.gauss(0.0, 0.2)))
-    centre, spread = w.stream_tpot()
+    centre, spread = w.stream_tpot
     assert abs(centre / 0.04 - 1) < 0.1 and abs(spread - 0.2) < 0.06
     # a load step: the streams now take twice as long, and the centre follows within a few hundred streams
     for _ in range(300):
         w.observe_stream(0.08 * math.exp(rng.gauss(0.0, 0.2)))
-    assert abs(w.stream_tpot()[0] / 0.08 - 1) < 0.1
+    assert abs(w.stream_tpot[0] / 0.08 - 1) < 0.1
     w.observe_stream(0.0)  # not a stream's TPOT: ignored
     assert w.streams_seen == STREAM_MIN_SEEN - 1 + 3300

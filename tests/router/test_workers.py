@@ -238,7 +238,7 @@ def test_a_workers_load_fills_every_field_of_the_policys_view() -> None:
     w.remote_prefill_at = 8.5
     for k in range(30):  # streams ended there: their TPOT's centre and spread
         w.observe_stream(0.030 + 0.001 * (k % 7))
-    centre, spread = w.stream_tpot()
+    centre, spread = w.stream_tpot
     got = w.load(77, now=11.0)
     want = WorkerLoad(url="http://p7", compat="c9", inflight=3, est_wait_ms=w.est_prefill_wait_s(11.0) * 1000.0,
                       running=5.0, waiting=6.0, kv_usage=0.42, prefix_tokens=77, role="prefill", queued=2.0,

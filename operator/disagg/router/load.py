@@ -123,6 +123,8 @@ class Worker:
     stream_log: float = 0.0
     stream_log2: float = 0.0
     streams_seen: int = 0
+    # their geometric mean TPOT (s) and the standard deviation of its log; (0, 0) until STREAM_MIN_SEEN have ended
+    stream_tpot: tuple[float, float] = (0.0, 0.0)
     # the scrape's gauges the policy reads on every request (running, waiting, KV usage, queued), read once per scrape
     _gauges: tuple[float, float, float, float] = field(default=(0.0, 0.0, 0.0, 0.0), init=False, repr=False,
                                                        compare=False)
@@ -203,7 +205,7 @@ class Worker:
 
     def observe_stream(self, tpot_s: float) -> None:
         """A stream this worker decoded ended with mean time per output token ``tpot_s``: folded into the recent
-        streams' TPOT (:meth:`stream_tpot`), what the placement reads as the streams a prefill there would stall
+        streams' TPOT (:attr:`stream_tpot`), what the placement reads as the streams a prefill there would stall
         (placement.py ``_harm``)."""
         if not tpot_s > 0:
             return
@@ -215,14 +217,9 @@ class Worker:
             self.stream_log += a * (x - self.stream_log)
             self.stream_log2 += a * (x * x - self.stream_log2)
         self.streams_seen += 1
-
-    def stream_tpot(self) -> tuple[float, float]:
-        """The recent streams' TPOT: its geometric mean (seconds) and the spread of its log (standard deviation);
-        (0, 0) until :data:`STREAM_MIN_SEEN` streams have ended here."""
-        if self.streams_seen < STREAM_MIN_SEEN:
-            return 0.0, 0.0
-        var = self.stream_log2 - self.stream_log * self.stream_log
-        return math.exp(self.stream_log), math.sqrt(var) if var > 0 else 0.0
+        if self.streams_seen >= STREAM_MIN_SEEN:  # read on every request (load): priced here, once per stream
+            var = self.stream_log2 - self.stream_log * self.stream_log
+            self.stream_tpot = (math.exp(self.stream_log), math.sqrt(var) if var > 0 else 0.0)
 
     def spt(self) -> float:
         prior = self.cost.prefill_s_per_token if self.cost is not None else DEFAULT_SEC_PER_PROMPT_TOKEN
@@ -274,7 +271,7 @@ class Worker:
             max(0, self.inflight_tokens), self.prefill_rate(now), self.cost,  # ahead_tokens, prefill_rate, cost
             self.f_prefill, self.f_decode, self.avg_prompt_tokens or 0.0,  # f_prefill, f_decode, avg_prompt_tokens
             now - self.remote_prefill_at,  # remote_idle_s
-            *self.stream_tpot(),  # stream_tpot_s, stream_spread
+            *self.stream_tpot,  # stream_tpot_s, stream_spread
         )
 
 
