@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from disagg.api.contract import EngineProfile, RouterConfig
 from disagg.perf.costs import EngineCost, decode_chunk_budget
 from disagg.router import placement as pl
+from disagg.router.load import STREAM_MIN_SEEN, Worker
 from disagg.router.policy import LoadSnapshot, RequestFeatures, WorkerLoad, decide
 
 COST = EngineCost.from_profile(None)  # H100-SXM, Llama-3.1-8B, vLLM's defaults
@@ -281,11 +285,6 @@ def test_the_stall_harm_reads_the_worker_streams_recent_tpot() -> None:
 def test_a_workers_streams_tpot_estimates_centre_and_spread() -> None:
     """observe_stream on a log-normal series of known centre and spread: the estimates land on them; nothing is
     reported before STREAM_MIN_SEEN streams."""
-    import math
-    import random
-
-    from disagg.router.load import STREAM_MIN_SEEN, Worker
-
     w = Worker(url="d0", role="decode")
     rng = random.Random(7)
     for _ in range(STREAM_MIN_SEEN - 1):

@@ -213,7 +213,7 @@ def test_prefill_queue_estimates_per_worker_stay_sane():
         assert all(r == "prefill_queue_overload" for r in burst if r != "policy")
         # the prefill worker's own queue, as the next scrape shows it: n legs, n - 1 waiting
         for v in views:
-            v.update_scrape({"vllm:num_requests_waiting": float(n - 1), "vllm:num_requests_running": 1.0})
+            v.scraped = {"vllm:num_requests_waiting": float(n - 1), "vllm:num_requests_running": 1.0}
             v.avg_prompt_tokens = float(tokens)
             true_wait = (n - 1) * tokens * spt
             own = v.est_prefill_wait_s(now)
@@ -247,4 +247,3 @@ def test_a_workers_load_fills_every_field_of_the_policys_view() -> None:
                       stream_spread=spread)
     assert got._asdict() == want._asdict()
     assert len(set(map(repr, got))) == len(got)  # every figure differs: a swapped pair cannot pass unseen
-

@@ -45,6 +45,7 @@ Mode = Literal["aggregated", "disaggregated", "conditional"]
 THRESHOLDS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 P95 = 0.95
 SPILL_FLOOR = 1e-4  # an overflow share below this leaves the decode side as it is (a cached one)
+OVERRULE_MARGIN = Tuning.slo_override  # expected misses an SLO overrule must save (the shipped router's)
 
 
 @dataclass(frozen=True)
@@ -171,9 +172,8 @@ def spills(pq: Queue, remote: Sequence[bool], rfixed: Sequence[float], ds: Decod
     remote otherwise). () when no bin spills more than :data:`SPILL_FLOOR`."""
     if pq.saturated or pq.c_wait <= 0:
         return ()
-    margin = Tuning().slo_override
     out = tuple(round(overflow_share(pq, tau - f), 4)
-                if r and lf <= tau and stall_harm(ds, wl, so, tpot_tau) <= margin else 0.0
+                if r and lf <= tau and stall_harm(ds, wl, so, tpot_tau) <= OVERRULE_MARGIN else 0.0
                 for r, f, lf, so in zip(remote, rfixed, ds.local_fixed, dm.solo, strict=True))
     return out if any(x > SPILL_FLOOR for x in out) else ()
 
