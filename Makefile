@@ -118,6 +118,7 @@ bench-plan: setup
 # `python3 hack/gpu/measure_h200.py --smoke` checks the script on a CPU
 gpu-microbench:
 	python3 hack/gpu/measure_h200.py --out docs/results/h200-microbench.json
+	python3 hack/gpu/measure_h200_steps.py --out docs/results/h200-steps.json
 
 # the soak (docs/benchmarks.md R2): every component fails once under load, on the local stack
 bench-soak: setup control-plane prometheus

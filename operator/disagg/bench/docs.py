@@ -72,6 +72,7 @@ REGISTRY: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("prediction", "disagg.bench.prediction", "make bench-prediction"),
     # measured on an H200 (torch, not vLLM); it feeds the twin's calibration, whose module renders it
     Benchmark("h200-microbench", "disagg.sim.bench", "make gpu-microbench (on an H200)"),
+    Benchmark("h200-steps", "disagg.sim.bench", "make gpu-microbench (on an H200)"),
 )}
 
 BEGIN = re.compile(r"<!-- results:(?P<bench>[A-Za-z0-9_.-]+):(?P<table>[A-Za-z0-9_.-]+) -->")

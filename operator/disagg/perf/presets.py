@@ -62,11 +62,15 @@ GPUS: dict[str, GPUPreset] = {
                   ("h100-pcie", "nvidia-h100-pcie"), fully_connected=False),  # NVLink bridges pair GPUs only
         GPUPreset("H200", 989.4 * TFLOPS, 1978.9 * TFLOPS, 4.8e12, H200_TOTAL, 450 * GB, 8e-6,
                   ("h200-sxm", "nvidia-h200", "h200-141gb"),
-                  # MEASURED on this project's H200 (docs/results/h200-microbench.json, torch 2.11 cuBLAS, the GEMM
-                  # vLLM's unquantized linear layers call): the decode gate/up GEMV streams 2,715 GB/s at batch 1 and
-                  # 2,540 at 64 (0.55 of 4.8 TB/s); the CUDA-graph decode step grows by 0.94–0.95 × 4.8 TB/s per
-                  # extra KV byte read (batches 8/32/64, context 1024 → 4096)
-                  weight_stream_eff=0.55, kv_stream_eff=0.94),
+                  # MEASURED on this project's H200 (torch 2.11 cuBLAS, the GEMM vLLM's unquantized linear layers
+                  # call). Weights: Qwen3-32B's whole batch-1 decode step, CUDA graph, streams its 65.5 GB in
+                  # 23.06 ms with torch's unfused per-layer kernels included: ≥ 0.59 of 4.8 TB/s, 0.61 once the
+                  # twin's per-layer gaps are counted (docs/results/h200-steps.json; the 8B's gate/up GEMV alone,
+                  # launch included, gave 0.55 in h200-microbench.json, and the 8B and 70B-shard steps, with
+                  # smaller matrices and more of torch's unfused kernels per byte, stay above the twin at 0.61).
+                  # KV: the CUDA-graph decode step grows by 0.94–0.95 × 4.8 TB/s per extra KV byte read (batches
+                  # 8/32/64, context 1024 → 4096, h200-microbench.json)
+                  weight_stream_eff=0.61, kv_stream_eff=0.94),
         GPUPreset("A100-80GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 2.039e12, A100_80_TOTAL, 300 * GB, 10e-6,
                   ("a100", "a100-sxm4-80gb", "nvidia-a100-sxm4-80gb")),
         GPUPreset("A100-40GB", 312.0 * TFLOPS, 312.0 * TFLOPS, 1.555e12, A100_40_TOTAL, 300 * GB, 10e-6,

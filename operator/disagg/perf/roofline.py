@@ -44,9 +44,16 @@ class Efficiency:
     """
 
     compute: float = 0.60  # model FLOPs utilisation of large prefill GEMMs + attention kernels
+    # the share of the lesser of a linear layer's weight stream and its GEMM FLOPs that the greater does not hide
+    # (0: a perfect roofline, max(); 1: one after the other). From this project's H200 steps (torch + cuBLAS, the
+    # GEMMs vLLM's unquantized layers call; docs/results/h200-steps.json): a 256–4096-token prefill chunk riding in
+    # a decode step adds 0.7–0.9 of its own time to it (φ near 1), while Qwen3-32B's decode at batch 128 hides
+    # most of its FLOPs under its weight reads. 0.40 is the largest value (0.05 grid) at which every whole step
+    # the H200 measured stays an upper bound on the twin's (docs/simulator.md §8)
+    gemm_unhidden: float = 0.40
     memory: float = 0.80  # achieved / peak HBM bandwidth when streaming weights and KV
     link: float = 0.80  # achieved / peak NVLink (or PCIe) bandwidth in all-reduce
-    step_overhead_s: float = 0.50e-3  # CPU per step: scheduler, input prep, CUDA-graph launch (FITTED)
+    step_overhead_s: float = 0.48e-3  # CPU per step: scheduler, input prep, CUDA-graph launch (FITTED)
     per_layer_overhead_s: float = 10e-6  # GPU per layer per step: kernel tails/gaps inside the graph
     per_seq_overhead_s: float = 10e-6  # CPU per scheduled sequence per step (inputs, sampling, detokenise)
     request_overhead_s: float = 3e-3  # per request, on the TTFT path: HTTP, tokenise, first chunk out
@@ -62,7 +69,8 @@ class Efficiency:
 # committed fit). No kernel gaps apart from the per-step cost, no runtime reserve (--kv-cache-memory-bytes is set).
 GPU_EFFICIENCY: dict[str, Efficiency] = {
     CPU_ENGINE: Efficiency(compute=1.0, memory=1.0, step_overhead_s=2.4e-3, per_layer_overhead_s=0.0,
-                           per_seq_overhead_s=84e-6, request_overhead_s=7.1e-3, runtime_reserve_bytes=0.0),
+                           per_seq_overhead_s=84e-6, request_overhead_s=7.1e-3, runtime_reserve_bytes=0.0,
+                           gemm_unhidden=0.0),  # fitted as a plain roofline; its 1.6 MB of weights stay in cache
 }
 
 
@@ -74,17 +82,25 @@ class SeqWork:
 
 
 class StepCost(NamedTuple):  # a NamedTuple: the twin and the router's placement price many steps a second
-    compute_s: float
-    memory_s: float
+    """One step's time by kernel class. A step runs its kernels one after another, so their times add: the
+    linear layers (each streams its weights from HBM, then runs its GEMM: on the H200 a chunk's GEMMs add to a
+    decode batch's weight reads instead of hiding under them, docs/results/h200-steps.json), attention (its own
+    kernel, priced by its own roofline: the larger of its FLOPs and its KV traffic), the collectives, and the
+    fixed costs. ``compute_s`` and ``memory_s`` are all FLOPs and all bytes at their rates (what bounds it)."""
+
+    linear_s: float
+    attention_s: float
     comm_s: float
     overhead_s: float
+    compute_s: float
+    memory_s: float
     flops: float
     bytes_per_gpu: float
     tokens: int
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+        return self.linear_s + self.attention_s + self.comm_s + self.overhead_s
 
     @property
     def bound(self) -> str:
@@ -282,24 +298,22 @@ class PerfModel:
         ``pairs`` attention (query, key) pairs, ``kv_tokens`` tokens of KV read (context + new). :meth:`step`
         sums a batch into these; :meth:`step_s` prices one without the breakdown."""
         if tokens <= 0:
-            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
         # linear layers (the active parameters of the body, the LM head of the sampled) and attention pairs
         linear = 2.0 * tokens * self._body_active + 2.0 * sampled * self._lm_head
         attn = self._attn_per_pair * pairs
-        flops = linear + attn
-        compute_s = flops / self._compute_rate
-
         kv_tok = self._kv_tok  # KV bytes of a token on one GPU, summed over the sequential stages
         kv_read = kv_tokens * kv_tok
         kv_write = tokens * kv_tok
         weights = (self._dense_weights[1 if sampled else 0] if self._dense_weights is not None else
                    self._weights_read_per_gpu(tokens, sampled))
-        bytes_per_gpu = weights + kv_read + kv_write
-        memory_s = weights / self._memory_rate + (kv_read + kv_write) / self._kv_rate
-
+        weights_s, gemm_s = weights / self._memory_rate, linear / self._compute_rate
+        attn_compute_s, kv_s = attn / self._compute_rate, (kv_read + kv_write) / self._kv_rate
         comm_s = self._comm_s(tokens) if self._communicates else 0.0
         overhead_s = self._fixed_overhead_s + self.eff.per_seq_overhead_s * seqs
-        return StepCost(compute_s, memory_s, comm_s, overhead_s, flops, bytes_per_gpu, tokens)
+        linear_s = max(weights_s, gemm_s) + self.eff.gemm_unhidden * min(weights_s, gemm_s)
+        return StepCost(linear_s, max(attn_compute_s, kv_s), comm_s, overhead_s, gemm_s + attn_compute_s,
+                        weights_s + kv_s, linear + attn, weights + kv_read + kv_write, tokens)
 
     def step_s(self, tokens: int, sampled: int, seqs: int, pairs: float, kv_tokens: float) -> float:
         """``step_totals(...).total_s`` without the breakdown, the same float (tests/sim/test_sim_perf.py): the
@@ -309,11 +323,14 @@ class PerfModel:
         kv_tok = self._kv_tok
         weights = (self._dense_weights[1 if sampled else 0] if self._dense_weights is not None else
                    self._weights_read_per_gpu(tokens, sampled))
-        compute_s = (2.0 * tokens * self._body_active + 2.0 * sampled * self._lm_head
-                     + self._attn_per_pair * pairs) / self._compute_rate
-        memory_s = weights / self._memory_rate + (kv_tokens * kv_tok + tokens * kv_tok) / self._kv_rate
+        weights_s = weights / self._memory_rate
+        gemm_s = (2.0 * tokens * self._body_active + 2.0 * sampled * self._lm_head) / self._compute_rate
+        linear_s = (weights_s + self.eff.gemm_unhidden * gemm_s if weights_s >= gemm_s
+                    else gemm_s + self.eff.gemm_unhidden * weights_s)
+        attention_s = max(self._attn_per_pair * pairs / self._compute_rate,
+                          (kv_tokens * kv_tok + tokens * kv_tok) / self._kv_rate)
         comm_s = self._comm_s(tokens) if self._communicates else 0.0
-        return max(compute_s, memory_s) + comm_s + (self._fixed_overhead_s + self.eff.per_seq_overhead_s * seqs)
+        return linear_s + attention_s + comm_s + (self._fixed_overhead_s + self.eff.per_seq_overhead_s * seqs)
 
     def _comm_s(self, tokens: int) -> float:
         """A step's collectives: TP all-reduces, EP dispatch and combine, PP hand-offs of its activations."""

@@ -38,6 +38,7 @@ AIM = 0.15  # the issue's aim for every point (the knee's: 0.20); reported per p
 
 RESULTS = Path("docs") / "results" / "sim.json"
 H200_RESULTS = Path("docs") / "results" / "h200-microbench.json"
+H200_STEPS = Path("docs") / "results" / "h200-steps.json"
 COMMAND = "disagg bench sim"
 
 CONFIGS = [
@@ -360,17 +361,64 @@ def h200_points(doc: dict[str, Any]) -> list[Point]:
     return out
 
 
-def load_h200(root: Path = Path(".")) -> dict[str, Any] | None:
-    path = root / H200_RESULTS
+def kernel_ms(seqs: list[SeqWork]) -> Callable[[PerfModel], float]:
+    """One step's GPU time in ms, as a torch microbenchmark of one GPU (or of one TP shard) measures it: without
+    the collectives and without vLLM's CPU work (the per-step and per-sequence overheads; the per-layer kernel
+    gaps stay)."""
+    def f(p: PerfModel) -> float:
+        c = p.step(seqs)
+        cpu = p.eff.step_overhead_s + p.eff.per_seq_overhead_s * len(seqs)
+        return (c.total_s - c.comm_s - cpu) * 1e3
+    return f
+
+
+def added_ms(base: list[SeqWork], extra: list[SeqWork]) -> Callable[[PerfModel], float]:
+    """What ``extra`` adds to a step of ``base`` (ms): a prefill chunk riding in a decode batch's step."""
+    return lambda p: (p.step(base + extra).total_s - p.step(base).total_s) * 1e3
+
+
+SHORT = {"Llama-3.1-8B": "8B", "Qwen3-32B": "32B", "Llama-3.1-70B": "70B"}
+
+
+def h200_step_points(doc: dict[str, Any]) -> list[Point]:
+    """The ``bound`` points from hack/gpu/measure_h200_steps.py (docs/results/h200-steps.json): per shape, prefill
+    of one prompt and decode steps replayed from CUDA graphs, and what one prefill chunk adds to a decode step
+    (the twin must not price a chunk as cheaper to ride along than torch found it... nor the steps as slower)."""
+    m = doc["machine"]
+    out: list[Point] = []
+    for sh in doc["results"]["shapes"]:
+        name = f"H200 {SHORT.get(sh['model'], sh['model'])}" + (f" TP{sh['tp']} shard" if sh["tp"] > 1 else "")
+        cite = Citation(H200_STEPS.as_posix(), str(m.get("date", "?"))[:10], "none: torch + SDPA, CUDA graphs",
+                        f"1× {m.get('gpu', 'H200')}, torch {m.get('torch', '?')}",
+                        f"random-weight {sh['name']} stack, bf16; " + str(doc.get("command", "")))
+        g, mod, tp = "H200", sh["model"], sh["tp"]
+        out += [Point(f"{name} prefill {r['input_tokens']} (graph)", "bound", g, mod, tp, "step ms (GPU)",
+                      r["s"] * 1e3, kernel_ms([SeqWork(r["input_tokens"], 0)]), cite) for r in sh["prefill"]]
+        out += [Point(f"{name} decode b{r['batch']} ctx {r['context']} (graph)", "bound", g, mod, tp,
+                      "step ms (GPU)", r["s"] * 1e3, kernel_ms([SeqWork(1, r["context"])] * r["batch"]), cite)
+                for r in sh["decode"]]
+        out += [Point(f"{name} b{r['batch']} ctx {r['context']} + chunk {r['chunk']}"
+                      + (f" after {r['prior']}" if r["prior"] else ""), "bound", g, mod, tp, "chunk's added ms",
+                      r["added_by_chunk_s"] * 1e3,
+                      added_ms([SeqWork(1, r["context"])] * r["batch"], [SeqWork(r["chunk"], r["prior"])]), cite)
+                for r in sh["mixed"] if r["batch"]]
+    return out
+
+
+def _load(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     doc: dict[str, Any] = json.loads(path.read_text())
     return doc
 
 
+def load_h200(root: Path = Path(".")) -> dict[str, Any] | None:
+    return _load(root / H200_RESULTS)
+
+
 def all_points(root: Path = Path(".")) -> list[Point]:
-    doc = load_h200(root)
-    return PUBLISHED + (h200_points(doc) if doc else [])
+    doc, steps = load_h200(root), _load(root / H200_STEPS)
+    return PUBLISHED + (h200_points(doc) if doc else []) + (h200_step_points(steps) if steps else [])
 
 
 def _model(gpu: str, model: str, tp: int, eff: Efficiency | None = None) -> PerfModel:
@@ -540,11 +588,40 @@ def _render_h200(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _render_h200_steps(doc: dict[str, Any]) -> str:
+    """Per shape: torch's CUDA-graph prefill, decode and mixed steps against the twin's GPU time for the same step
+    (without collectives and CPU work: :func:`kernel_ms`, :func:`added_ms`)."""
+    lines = ["| Shape | Step | torch (ms) | Twin (ms) | Twin ÷ torch |", "|---|---|---|---|---|"]
+    for sh in doc["results"]["shapes"]:
+        p = PerfModel.from_names("H200", sh["model"], tp=sh["tp"])
+        rows = [(f"prefill {r['input_tokens']}", r["s"], kernel_ms([SeqWork(r["input_tokens"], 0)])(p) / 1e3)
+                for r in sh["prefill"]]
+        rows += [(f"decode b{r['batch']} ctx {r['context']}", r["s"],
+                  kernel_ms([SeqWork(1, r["context"])] * r["batch"])(p) / 1e3) for r in sh["decode"]]
+        for r in sh["mixed"]:
+            chunk = [SeqWork(r["chunk"], r["prior"])]
+            after = f" after {r['prior']}" if r["prior"] else ""
+            if not r["batch"]:
+                rows.append((f"chunk {r['chunk']}{after} alone", r["chunk_alone_s"], kernel_ms(chunk)(p) / 1e3))
+                continue
+            base = [SeqWork(1, r["context"])] * r["batch"]
+            rows.append((f"b{r['batch']} ctx {r['context']} + chunk {r['chunk']}{after}", r["mixed_s"],
+                         kernel_ms(base + chunk)(p) / 1e3))
+            rows.append(("… what the chunk adds", r["added_by_chunk_s"], added_ms(base, chunk)(p) / 1e3))
+        for step, torch_s, twin_s in rows:
+            lines.append(f"| {sh['name']} | {step} | {torch_s * 1e3:,.2f} | {twin_s * 1e3:,.2f} | "
+                         f"{twin_s / torch_s:.2f} |")
+    return "\n".join(lines)
+
+
 def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
-    """Tables for docs/simulator.md: ``sim:calibration`` from docs/results/sim.json, and ``h200-microbench:kernels``
-    from docs/results/h200-microbench.json (both rendered here: the microbenchmark feeds the calibration)."""
+    """Tables for docs/simulator.md: ``sim:calibration`` from docs/results/sim.json, ``h200-microbench:kernels``
+    from docs/results/h200-microbench.json and ``h200-steps:steps`` from docs/results/h200-steps.json (rendered
+    here: the microbenchmarks feed the calibration)."""
     if results_doc.get("benchmark") == "h200-microbench":
         return {"kernels": _render_h200(results_doc)}
+    if results_doc.get("benchmark") == "h200-steps":
+        return {"steps": _render_h200_steps(results_doc)}
     return {"calibration": _render_calibration(results_doc["results"])}
 
 
