@@ -13,7 +13,8 @@ memory time. This measures the thing that claim rests on, on a real GPU, for thr
 Per shape: (a) prefill of one prompt, graph-replayed (no launch gaps; the 2026-11-30 eager figures of
 ``measure_h200.py`` were launch-bound at 512 tokens); (b) decode steps over batch and context, graph-replayed;
 (c) mixed steps: decode batch B at context C plus a prefill chunk of P tokens after Q tokens of its own earlier
-chunks, against the decode step alone and the chunk alone.
+chunks, against the decode step alone and the chunk alone; (d) the linear layers alone (every GEMM of a step and
+nothing else) from 1 to 4096 tokens: how a GEMM's weight stream and its FLOPs overlap, by size.
 
 Like ``measure_h200.py`` (whose ``Shape``, ``Timer`` and ``Model`` this reuses) it is **torch + SDPA, not vLLM**:
 random bf16 weights, contiguous KV caches, unfused RMSNorm/RoPE/SiLU kernels, the decode rows' attention and the
@@ -68,30 +69,43 @@ class ShapePlan:
     contexts: tuple[int, ...]
     max_kv_tokens: int  # decode cache cap (batch × context) so the caches fit beside the weights
     mixed: tuple[Mixed, ...]
+    linear_rows: tuple[int, ...] = ()  # (d) the linear layers alone at these token counts
 
 
 def _mixes(batches: tuple[int, ...], chunks: tuple[int, ...], context: int = 1024) -> tuple[Mixed, ...]:
     return tuple(Mixed(b, context, p, 0) for b in batches for p in chunks)
 
 
+LINEAR_ROWS = (1, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 4096)
 FULL = (
     ShapePlan("Llama-3.1-8B", "Llama-3.1-8B", 1, LLAMA_8B, (256, 512, 1024, 2048, 4096, 8192),
               (1, 16, 64, 128, 256), (1024, 4096), 300_000,
               _mixes((16,), (512, 2048)) + _mixes((64,), (256, 512, 1024, 2048, 4096))
               + (Mixed(64, 4096, 2048, 0), Mixed(64, 1024, 2048, 6144), Mixed(128, 1024, 2048, 0),
-                 Mixed(0, 0, 2048, 6144))),
+                 Mixed(0, 0, 2048, 6144)), LINEAR_ROWS),
     ShapePlan("Qwen3-32B", "Qwen3-32B", 1, QWEN3_32B, (512, 2048, 8192), (1, 16, 64, 128), (1024, 4096), 160_000,
-              _mixes((64,), (512, 2048))),
+              _mixes((64,), (512, 2048)), LINEAR_ROWS),
     ShapePlan("Llama-3.1-70B TP4 (one GPU's shard)", "Llama-3.1-70B", 4, LLAMA_70B_TP4, (512, 2048, 8192),
-              (1, 16, 64, 128), (1024, 4096), 300_000, _mixes((64,), (512, 2048))),
+              (1, 16, 64, 128), (1024, 4096), 300_000, _mixes((64,), (512, 2048)), LINEAR_ROWS),
 )
 SMOKE = (
     ShapePlan("tiny", "Llama-3.1-8B", 1, TINY, (16, 64), (1, 4), (32,), 10_000,
-              (Mixed(4, 32, 16, 0), Mixed(4, 32, 16, 32), Mixed(0, 0, 16, 32))),
+              (Mixed(4, 32, 16, 0), Mixed(4, 32, 16, 32), Mixed(0, 0, 16, 32)), (1, 16, 64)),
 )
 
 
 class StepModel(Model):
+    def linear_only(self, x: torch.Tensor, a: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """The step's GEMMs and nothing else: every layer's QKV, O, gate/up and down projections on ``x`` (T, hidden),
+        ``a`` (T, heads·head_dim) and ``m`` (T, intermediate), then the LM head on the last row. No norms,
+        RoPE, attention or activations: the linear layers' time as a function of T alone."""
+        for layer in self.layers:  # the results are dropped: the kernels run (and are captured) all the same
+            x @ layer["qkv"].t()
+            a @ layer["o"].t()
+            x @ layer["gate_up"].t()
+            m @ layer["down"].t()
+        return x[-1:] @ self.lm_head.t()
+
     """Model with a mixed step: decode rows and one prefill chunk share every linear layer's GEMM."""
 
     def chunk_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prior: int) -> tuple[torch.Tensor, str]:
@@ -219,6 +233,15 @@ def measure_shape(sp: ShapePlan, device: torch.device, say: Callable[[str], None
                 del caches, x
                 if graph:
                     torch.cuda.empty_cache()
+
+        for rows in sp.linear_rows:
+            x = torch.randn(rows, s.hidden, device=device, dtype=dtype, generator=gen)
+            a = torch.randn(rows, s.heads * s.head_dim, device=device, dtype=dtype, generator=gen)
+            mm = torch.randn(rows, s.intermediate, device=device, dtype=dtype, generator=gen)
+            r = timed(timer, lambda x=x, a=a, mm=mm: model.linear_only(x, a, mm), reps, warmup, graph)
+            out.setdefault("linear", []).append({"tokens": rows, **r})
+            say(f"{sp.name} linear layers, {rows} tokens: {r['s'] * 1e3:.2f} ms ({r['how']})")
+            del x, a, mm
 
         for m in sp.mixed:
             pc = kv_cache(s, 1, m.prior + m.chunk, device, dtype, gen)
