@@ -324,21 +324,35 @@ def machine(device: torch.device) -> dict[str, Any]:
     return m
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU is fine): check the script runs")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "h200-microbench.json"))
-    args = ap.parse_args(argv)
-    plan = SMOKE if args.smoke else FULL
+def start(smoke: bool) -> tuple[torch.device, float, Callable[[str], None]] | None:
+    """The device (None, after saying why, when a full run finds no GPU), the start time, and a timestamped print."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not args.smoke and device.type != "cuda":
+    if not smoke and device.type != "cuda":
         print("no CUDA device: use --smoke for a CPU check", file=sys.stderr)
-        return 2
+        return None
     t0 = time.time()
 
     def say(msg: str) -> None:
         print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
+    return device, t0, say
+
+
+def arguments(doc: str, out_name: str) -> argparse.ArgumentParser:
+    """The options both H200 scripts take: ``--smoke`` and ``--out`` (default ``$OUT/<out_name>``)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU is fine): check the script runs")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), out_name))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(__doc__, "h200-microbench.json").parse_args(argv)
+    plan = SMOKE if args.smoke else FULL
+    got = start(args.smoke)
+    if got is None:
+        return 2
+    device, t0, say = got
     say(f"device {device}, plan {'smoke' if args.smoke else 'full'}")
     results = measure(plan, device, say)
     doc = {

@@ -27,7 +27,6 @@ step* is the figure to compare with the twin, more than its absolute time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -40,7 +39,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own convention
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from measure_h200 import LLAMA_8B, TINY, Model, Shape, Timer, machine  # noqa: E402 - the script's own sibling
+from measure_h200 import LLAMA_8B, TINY, Model, Shape, Timer, arguments, machine, start
 
 # disagg/perf/presets.py MODELS["Qwen3-32B"] (Qwen/Qwen3-32B config.json)
 QWEN3_32B = Shape(hidden=5120, layers=64, heads=64, kv_heads=8, head_dim=128, intermediate=25600, vocab=151936)
@@ -108,7 +107,8 @@ class StepModel(Model):
 
     """Model with a mixed step: decode rows and one prefill chunk share every linear layer's GEMM."""
 
-    def chunk_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prior: int) -> tuple[torch.Tensor, str]:
+    def chunk_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        prior: int) -> tuple[torch.Tensor, str]:
         """Causal attention of a chunk's queries (1, H, P, D) over its prompt's keys so far (1, kvh, prior+P, D)."""
         s = self.s
         if prior == 0:
@@ -276,28 +276,19 @@ def measure_shape(sp: ShapePlan, device: torch.device, say: Callable[[str], None
             del pc, xp
             if graph:
                 torch.cuda.empty_cache()
-    del model
-    if graph:
-        torch.cuda.empty_cache()
-    return out
+    return out  # the model's weights go with this frame; the caller empties the CUDA cache
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU is fine): check the script runs")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "h200-steps.json"))
+    ap = arguments(__doc__, "h200-steps.json")
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args(argv)
     plans = SMOKE if args.smoke else FULL
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if not args.smoke and device.type != "cuda":
-        print("no CUDA device: use --smoke for a CPU check", file=sys.stderr)
+    got = start(args.smoke)
+    if got is None:
         return 2
-    t0 = time.time()
-
-    def say(msg: str) -> None:
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+    device, t0, say = got
 
     doc: dict[str, Any] = {
         "schema": 1,
@@ -314,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     for sp in plans:
         try:
             res["shapes"].append(measure_shape(sp, device, say, args.reps, args.warmup))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         except Exception as e:  # noqa: BLE001 - one shape's failure (memory, a kernel) keeps the others' figures
             res["errors"].append(f"{sp.name}: {type(e).__name__}: {str(e)[:300]}")
             say(f"{sp.name} FAILED: {e}")
