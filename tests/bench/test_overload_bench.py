@@ -39,8 +39,8 @@ def test_cli_wiring() -> None:
 
 
 def test_the_committed_results_hold_what_the_docs_say() -> None:
-    """docs/benchmarks.md §6's prose: with admission the chat tenant keeps its SLO at every step and batch keeps
-    about its knee's goodput at the top step; without it batch collapses and chat's TTFT p95 at the top step is
+    """docs/benchmarks.md §6's prose: with admission the chat tenant keeps its SLO at every step, and batch keeps
+    about its knee's goodput at the top step with Shed (less with Queue); without it batch collapses and chat's TTFT p95 at the top step is
     over twice what it is with admission (the engines serve chat first, so its attainment holds longest)."""
     doc = json.loads((REPO / "docs" / "results" / "overload.json").read_text())
     summary = {s["policy"]: s for s in doc["results"]["summary"]}
@@ -51,7 +51,10 @@ def test_the_committed_results_hold_what_the_docs_say() -> None:
     assert steps[(top, "Admit")]["chat"]["ttft_p95_ms"] > 2 * steps[(top, "Shed")]["chat"]["ttft_p95_ms"]
     for policy in ("Shed", "Queue"):
         assert summary[policy]["chat_min_attainment"] >= 0.95
-        assert summary[policy]["batch_goodput_at_top_vs_peak"] >= 0.9
+    # Shed keeps about the knee's goodput; Queue less (a released request has waited): 0.84 of it since the twin's
+    # step model of 2026-12-04, 1.02 before
+    assert summary["Shed"]["batch_goodput_at_top_vs_peak"] >= 0.9
+    assert 0.75 <= summary["Queue"]["batch_goodput_at_top_vs_peak"] < summary["Shed"]["batch_goodput_at_top_vs_peak"]
 
 
 def test_a_mix_past_the_knee_runs_every_tenant_on_the_policy() -> None:
