@@ -40,8 +40,9 @@ def test_cli_wiring() -> None:
 
 def test_the_committed_results_hold_what_the_docs_say() -> None:
     """docs/benchmarks.md §6's prose: with admission the chat tenant keeps its SLO at every step, and batch keeps
-    about its knee's goodput at the top step with Shed (less with Queue); without it batch collapses and chat's TTFT p95 at the top step is
-    over twice what it is with admission (the engines serve chat first, so its attainment holds longest)."""
+    about its knee's goodput at the top step with Shed (less with Queue); without it batch collapses and chat's
+    TTFT p95 at the top step is over twice what it is with admission (the engines serve chat first, so its
+    attainment holds longest)."""
     doc = json.loads((REPO / "docs" / "results" / "overload.json").read_text())
     summary = {s["policy"]: s for s in doc["results"]["summary"]}
     assert summary["Admit"]["batch_goodput_at_top_vs_peak"] < 0.5
