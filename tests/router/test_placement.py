@@ -58,6 +58,23 @@ def test_a_remote_prefill_into_a_queue_past_the_ttft_target_is_kept_local_when_l
     assert d.detail["deflected"] is True
 
 
+def test_the_ladders_queue_overflow_counts_as_prefill_demand_the_pool_did_not_take() -> None:
+    # the prefill queue is past maxPrefillQueueWaitMs: the ladder prefills on the decode worker (LocalPrefill), and
+    # that is demand for the prefill pool (disagg_prefill_deflections_total), not for decode
+    snap = LoadSnapshot(prefill=(WorkerLoad(url="p0", compat="c", role="prefill", cost=COST, est_wait_ms=5000),),
+                        decode=(decode(),))
+    ladder = decide(cfg(policy="Thresholds"), feats(4000), snap)
+    assert (ladder.decision, ladder.reason, ladder.detail.get("deflected")) == ("local", "prefill_queue_overload",
+                                                                                True)
+    # under the SLO placement the request stays local (or is served whole on the prefill worker): still deflected;
+    # a placement that sends it remote after all would clear the mark
+    placed = decide(cfg(), feats(4000), snap)
+    assert placed.decision == "local" and placed.detail.get("deflected") is True
+    # with room in the queue nothing is deflected
+    calm = decide(cfg(policy="Thresholds"), feats(4000), LoadSnapshot(prefill=(prefill(),), decode=(decode(),)))
+    assert calm.decision == "remote" and "deflected" not in calm.detail
+
+
 def test_a_long_prompt_goes_remote_when_its_prefill_would_push_busy_streams_over_the_tpot_slo() -> None:
     # 120 streams of 2k context, prefill traffic already arriving: their TPOT sits just under the 50 ms target
     rate = next(r for r in range(0, 100_000, 500) if COST.tpot(120, 2000, r) > 0.04)

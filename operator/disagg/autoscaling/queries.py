@@ -43,7 +43,8 @@ QUERIES: dict[str, tuple[str, str]] = {
         "sum(rate(disagg_prefill_deflections_total{{{sel}}}[{w}])) / "
         "(sum(rate(disagg_prefill_deflections_total{{{sel}}}[{w}])) + "
         'sum(rate(disagg_routing_decisions_total{{{sel},decision="remote"}}[{w}])))',
-        "share of the prefill pool's demand it did not take: requests the rule ladder sent remote that the SLO "
+        "share of the prefill pool's demand it did not take: requests prefilled on a decode worker because the "
+        "prefill queue was past maxPrefillQueueWaitMs, and requests the rule ladder sent remote that the SLO "
         "placement served elsewhere because the remote path was predicted to miss the TTFT SLO, mostly in its "
         "prefill leg (router), 0..1",
     ),

@@ -69,10 +69,11 @@ class RouterMetrics:
         self.fallbacks = Counter("disagg_fallbacks", "Requests that left their chosen path, by cause.",
                                  ["cause"], registry=r)
         self.deflections = Counter(
-            "disagg_prefill_deflections", "Requests the rule ladder sent to the prefill pool that the SLO placement "
-            "served elsewhere (whole on a decode or prefill worker) because the remote path was predicted to miss "
-            "the TTFT SLO, mostly in its prefill leg: prefill demand the pool did not take in time (the autoscaler "
-            "grows the prefill pool on it).",
+            "disagg_prefill_deflections", "Prefill demand the prefill pool did not take in time, served elsewhere: "
+            "requests the rule ladder meant for the pool but prefilled on a decode worker because the queue was past "
+            "maxPrefillQueueWaitMs (onPrefillQueueOverload: LocalPrefill), and requests the SLO placement served "
+            "whole on a decode or prefill worker because the remote path was predicted to miss the TTFT SLO, mostly "
+            "in its prefill leg (the autoscaler grows the prefill pool on it).",
             registry=r)
         self.hedges = Counter("disagg_hedges", "Remote streams whose KV hand-off was slow, raced by a local prefill, "
                               "by the path that answered (remote | local) or none (both failed).", ["winner"],

@@ -394,7 +394,11 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
             return Decision("reject", "prefill_queue_overload", tenant=tname, bucket=bname,
                             est_prefill_wait_ms=p.est_wait_ms, status=429)
         d2 = local("prefill_queue_overload")
-        return Decision(**{**d2.__dict__, "est_prefill_wait_ms": p.est_wait_ms})
+        # prefill demand the pool could not take in time, run on a decode worker: the autoscaler's prefill signal
+        # (disagg_prefill_deflections_total), as when the SLO placement moves a remote prefill off a long queue;
+        # without it the decode workers' TPOT, stalled by these prefills, reads as decode demand
+        return Decision(**{**d2.__dict__, "est_prefill_wait_ms": p.est_wait_ms,
+                           "detail": {**d2.detail, "deflected": True}})
     return remote(reason)
 
 
@@ -464,6 +468,7 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     if best is chosen:
         return base  # its detail, this request's own dict, now carries the prediction
     if best.placement == "remote" and pair is not None:
+        detail.pop("deflected", None)  # the ladder's overflow, overruled: the prefill pool takes it after all
         d, p = pair
         return Decision("remote", "slo_remote", decode=d.url, prefill=p.url, tenant=base.tenant, bucket=base.bucket,
                         est_prefill_wait_ms=p.est_wait_ms, prefix_tokens=d.prefix_tokens, local_decode=local_d.url,
