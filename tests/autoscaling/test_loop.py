@@ -132,10 +132,8 @@ class _Sizer:
 
 def _load_sample(remote: float, local: float) -> Sample:
     """A predictive sample: ``remote`` and ``local`` requests in a 30-s interval (spec's intervalSeconds)."""
-    inc = {"prefill:vllm:request_prompt_tokens_sum": remote * 8000, "prefill:vllm:request_prompt_tokens_count": remote,
-           "decode:vllm:request_prompt_tokens_sum": remote * 8000 + local * 400,
-           "decode:vllm:request_prompt_tokens_count": remote + local,
-           "decode:vllm:nixl_xfer_time_seconds_count": remote, "arrivals": remote + local}
+    inc = {"routed:prefill_sum": remote * 8000, "routed:prefill_count": remote, "routed:decode_sum": local * 400,
+           "routed:decode_count": local, "decode:vllm:nixl_xfer_time_seconds_count": remote}
     return Sample({"targets_up": 5, **{f"increase:{k}": v for k, v in inc.items()}})
 
 

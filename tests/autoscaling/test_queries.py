@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from tests.exporter import text_exporter
 
 from disagg.api.models import DisaggregatedModelSpec
@@ -137,7 +137,7 @@ def test_a_predictive_model_collects_its_increments(prometheus) -> None:
     a proportional model's sample has none (no extra queries). Its own model name: the module's Prometheus still
     holds the other tests' series of model m within the averaging window."""
     registry = CollectorRegistry()
-    decisions = Counter("disagg_routing_decisions", "decisions", ["decision"], registry=registry)
+    routed = Histogram("disagg_routed_prompt_tokens", "routed", ["pool"], registry=registry)
     Gauge("vllm:num_requests_running", "running", registry=registry).set(4)
     server = text_exporter(registry)
     autoscaling: dict[str, Any] = {"enabled": True, "prometheus": {"url": "http://p"}, "intervalSeconds": 10}
@@ -150,9 +150,9 @@ def test_a_predictive_model_collects_its_increments(prometheus) -> None:
                                                                                     "policy": "Predictive"}})
 
         def counted() -> Sample | None:
-            decisions.labels("remote").inc()
+            routed.labels("prefill").observe(8000)
             sample = collect(query, "ns", "pm", predictive)
-            return sample if (sample.get(LOAD_PREFIX + "arrivals") or 0) > 0 else None
+            return sample if (sample.get(LOAD_PREFIX + "routed:prefill_count") or 0) > 0 else None
 
         sample = wait_for(counted, 30, "routed requests counted in the interval", interval=0.5)
         assert sample.error is None
@@ -176,8 +176,6 @@ def _kv_counters() -> tuple[CollectorRegistry, Any, Any, Any]:
     """The router's fallbacks and remote decisions and the decode engine's failed NIXL transfers, in one registry:
     one exporter (labelled role=decode, which only the vllm: series are selected by) makes one scrape see every
     increase at once, so the ratio of their rates is exact."""
-    from prometheus_client import Counter
-
     registry = CollectorRegistry()
     return (registry, Counter("disagg_fallbacks", "fallbacks", ["cause"], registry=registry),
             Counter("disagg_routing_decisions", "decisions", ["decision"], registry=registry),

@@ -12,7 +12,7 @@ from disagg.api.contract import EngineProfile, RouterConfig
 from disagg.perf.costs import EngineCost, decode_chunk_budget
 from disagg.router import placement as pl
 from disagg.router.load import STREAM_MIN_SEEN, Worker
-from disagg.router.policy import LoadSnapshot, RequestFeatures, WorkerLoad, decide
+from disagg.router.policy import LoadSnapshot, RequestFeatures, WorkerLoad, decide, demand_pool
 
 COST = EngineCost.from_profile(None)  # H100-SXM, Llama-3.1-8B, vLLM's defaults
 SLO = {"ttftP95Ms": 1000, "tpotP95Ms": 50}
@@ -73,6 +73,10 @@ def test_the_ladders_queue_overflow_counts_as_prefill_demand_the_pool_did_not_ta
     # with room in the queue nothing is deflected
     calm = decide(cfg(policy="Thresholds"), feats(4000), LoadSnapshot(prefill=(prefill(),), decode=(decode(),)))
     assert calm.decision == "remote" and "deflected" not in calm.detail
+    # the autoscaler's load per role (disagg_routed_prompt_tokens): the spilled prompt is the prefill pool's demand,
+    # as the remote one is; a short prompt prefilled where it decodes is the decode pool's
+    short = decide(cfg(policy="Thresholds"), feats(200), snap)
+    assert [demand_pool(x) for x in (ladder, placed, calm, short)] == ["prefill", "prefill", "prefill", "decode"]
 
 
 def test_a_long_prompt_goes_remote_when_its_prefill_would_push_busy_streams_over_the_tpot_slo() -> None:

@@ -87,9 +87,13 @@ def test_idle_pools_shrink_only_after_the_stabilisation_window() -> None:
 def test_no_ready_decode_worker_holds() -> None:
     ctl = TwinAutoscaler(proportional(make_spec()), interval_s=10.0)
 
+    from types import SimpleNamespace
+
+    from disagg.router.metrics import RouterMetrics
+
     class Empty:
         def __init__(self):
-            self.workers, self.decisions, self.now = {}, {}, 10.0
+            self.workers, self.now, self.core = {}, 10.0, SimpleNamespace(metrics=RouterMetrics())
 
         def pool(self, _role):
             return []
@@ -161,3 +165,24 @@ def test_predictive_policy_through_the_connector_sizes_a_long_prompt_step_with_t
     assert any("forecast" in e.reason for e in ctl.timeline)
     assert sum(x.meets(r.slo) for x in r.records if x.arrival_s >= 45) / max(
         1, sum(1 for x in r.records if x.arrival_s >= 45)) >= 0.9  # held once the pods are in
+
+
+def test_prompts_the_ladder_spills_onto_decode_stay_prefill_demand() -> None:
+    # one prefill worker for 2 req/s of 8k-token prompts: its queue passes maxPrefillQueueWaitMs and the ladder
+    # prefills the overflow on the decode worker (onPrefillQueueOverload: LocalPrefill). The load the connector
+    # reads is demand per role at the router: every long prompt stays prefill demand, the local mean prompt stays
+    # the short ones' (a decode pool sized on the spill would grow for the prefill pool's shortage)
+    routing = {**ROUTING, "fallback": {"onPrefillQueueOverload": "LocalPrefill"}}
+    spec = ClusterSpec(prefill=PoolSpec(1, gpu="L40S"), decode=PoolSpec(2, gpu="L40S"),
+                       router={"mode": "Disaggregated", "routing": routing})
+    long = steady(2.0, 60, 8000, 32)
+    short = [Arrival(at=a.at + 0.25, input_tokens=300, output_tokens=32, request_id=f"s{i}")
+             for i, a in enumerate(long)]
+    ctl = TwinAutoscaler(lambda *_: {}, interval_s=10.0, start_s=5.0, until_s=60.0)  # holds: it only observes
+    r = simulate(spec, sorted(long + short, key=lambda a: a.at), controller=ctl)
+    assert any(x.reason == "prefill_queue_overload" for x in r.records)  # it spilled
+    loads = [x["load"] for x in ctl.samples if x["load"] is not None]
+    assert len(loads) >= 5
+    for load in loads:
+        assert load.remote_rps == pytest.approx(2.0, abs=0.15) and load.remote_in == pytest.approx(8000, rel=0.01)
+        assert load.local_rps == pytest.approx(2.0, abs=0.15) and load.local_in == pytest.approx(300, rel=0.01)

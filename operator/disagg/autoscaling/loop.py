@@ -133,8 +133,9 @@ def _observation(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], s
         for part in ("sum", "count"):
             key = f"{family}_{part}"
             inc[pool][key] = sample.get(f"{LOAD_PREFIX}{pool}:{key}") or 0.0
-    obs = observation(now, float(spec.autoscaling.interval_seconds), inc["prefill"], inc["decode"],
-                      sample.get(LOAD_PREFIX + "arrivals") or 0.0,
+    routed = {f"{pool}_{part}": sample.get(f"{LOAD_PREFIX}routed:{pool}_{part}") or 0.0
+              for pool in ("prefill", "decode") for part in ("sum", "count")}
+    obs = observation(now, float(spec.autoscaling.interval_seconds), inc["prefill"], inc["decode"], routed,
                       sample.get(LOAD_PREFIX + "decode:vllm:num_requests_running") or 0.0,
                       {n: p.ready for n, p in pools.items()}, {n: p.replicas for n, p in pools.items()},
                       state.last_load)

@@ -3,13 +3,14 @@
 deltas over its virtual interval, twin/autoscaler.py) and the operator's (Prometheus ``increase()`` over the
 autoscaling interval, controller/autoscaler.py through :data:`INCREASES`).
 
-What each figure is made of (vLLM's own series; the names as sim/metrics.py and vLLM 0.32/0.33 export them):
+What each figure is made of (the router's own series, and vLLM's as sim/metrics.py and vLLM 0.32/0.33 export them):
 
-- arrivals: the routers' decisions (``disagg_routing_decisions_total``, every request once);
-- remote requests and their mean prompt: the prefill pool's ``vllm:request_prompt_tokens`` histogram (only remote
-  prefills run there);
-- local requests' mean prompt: the decode pool counts every request's prompt, the remote ones' too (those pulled
-  their KV: the NIXL transfer count, ``vllm:nixl_xfer_time_seconds``); what is left is the local requests';
+- arrivals per role and their mean prompts: the routers' ``disagg_routed_prompt_tokens{pool}`` histogram, counted
+  at the routing decision (router/policy.py ``demand_pool``): ``prefill`` — remote prefills, and prefill work meant
+  for the prefill pool that it did not take in time (deflected to a decode worker, refused on its queue);
+  ``decode`` — prompts prefilled where they decode by choice. Demand, not service: a queue that lags behind its
+  arrivals, or the ladder's spill of long prompts onto the decode workers while the prefill pool is short, does not
+  turn prefill demand into decode demand (role-aware: a short prefill pool grows the prefill pool);
 - mean output tokens: Little's law on the decode pool — running = completions/s × E[out] × TPOT, with the mean
   per-request TPOT (``vllm:request_time_per_output_token_seconds``) and the running gauge averaged over the interval;
 - remote TTFT: the prefill pool's queue wait + prefill time (``vllm:request_queue_time_seconds``,
@@ -25,55 +26,53 @@ from .predictive import Observation
 
 # (pool, histogram family): the _sum and _count increments the observation needs from each pool
 HISTOGRAMS: tuple[tuple[str, str], ...] = (
-    ("prefill", "vllm:request_prompt_tokens"),
     ("prefill", "vllm:request_queue_time_seconds"),
     ("prefill", "vllm:request_prefill_time_seconds"),
-    ("decode", "vllm:request_prompt_tokens"),
     ("decode", "vllm:nixl_xfer_time_seconds"),
     ("decode", "vllm:request_time_per_output_token_seconds"),
 )
+
+ROUTED = "disagg_routed_prompt_tokens"  # router/metrics.py, by the pool whose prefill the request demands
 
 # name → PromQL template ({sel}: the model's selector, {w}: the interval) of every increment and gauge
 # :func:`observation` reads, as the operator queries them (autoscaling/queries.py collects them)
 INCREASES: dict[str, str] = {
     **{f"{pool}:{family}_{part}": f'sum(increase({family}_{part}{{{{{{sel}},role="{pool}"}}}}[{{w}}]))'
        for pool, family in HISTOGRAMS for part in ("sum", "count")},
-    "arrivals": "sum(increase(disagg_routing_decisions_total{{{sel}}}[{w}]))",
+    **{f"routed:{pool}_{part}": f'sum(increase({ROUTED}_{part}{{{{{{sel}},pool="{pool}"}}}}[{{w}}]))'
+       for pool in ("prefill", "decode") for part in ("sum", "count")},
     "decode:vllm:num_requests_running": 'sum(avg_over_time(vllm:num_requests_running{{{sel},role="decode"}}[{w}]))',
 }
 
-DEFAULT_LOCAL_IN = 512.0  # tokens, until the local requests' mean prompt has been measured once
+DEFAULT_REMOTE_IN = 4096.0  # tokens, until a remote request's prompt has been measured once
+DEFAULT_LOCAL_IN = 512.0  # tokens, until a local request's prompt has been measured once
 DEFAULT_OUT = 256.0  # tokens, until the mean output has been measured once
 MAX_OUT = 8192.0
 
 
-def observation(now: float, dt: float, prefill: Mapping[str, float], decode: Mapping[str, float], arrivals: float,
-                running: float, ready: Mapping[str, int], desired: Mapping[str, int],
+def observation(now: float, dt: float, prefill: Mapping[str, float], decode: Mapping[str, float],
+                routed: Mapping[str, float], running: float, ready: Mapping[str, int], desired: Mapping[str, int],
                 last: Load | None) -> Observation:
     """The interval's :class:`Observation`. ``prefill`` / ``decode``: each pool's ``<family>_sum`` /
-    ``<family>_count`` increments over the interval (:data:`HISTOGRAMS`; a missing one is 0); ``arrivals``: requests
-    routed in it; ``running``: the decode pool's running sequences (averaged over the interval); ``last``: the
-    previous interval's load (means not measurable in this one are kept from it)."""
+    ``<family>_count`` increments over the interval (:data:`HISTOGRAMS`; a missing one is 0); ``routed``: the
+    routers' demand histogram's increments, ``prefill_sum``, ``prefill_count``, ``decode_sum``, ``decode_count``;
+    ``running``: the decode pool's running sequences (averaged over the interval); ``last``: the previous
+    interval's load (means not measurable in this one are kept from it)."""
 
     def mean(acc: Mapping[str, float], h: str) -> float | None:
         c = acc.get(h + "_count", 0.0)
         return acc.get(h + "_sum", 0.0) / c if c > 0 else None
 
     p, d = prefill, decode
-    remote = p.get("vllm:request_prompt_tokens_count", 0.0)
-    remote_in = mean(p, "vllm:request_prompt_tokens") or 1.0
-    pulled = d.get("vllm:nixl_xfer_time_seconds_count", 0.0)
-    local_n = d.get("vllm:request_prompt_tokens_count", 0.0) - pulled
-    local_sum = d.get("vllm:request_prompt_tokens_sum", 0.0) - remote_in * pulled
-    local = max(0.0, arrivals - remote)
-    local_in = local_sum / local_n if local_n >= 1 and local_sum > 0 else None
+    remote, local = routed.get("prefill_count", 0.0), routed.get("decode_count", 0.0)
+    remote_in, local_in = mean(routed, "prefill"), mean(routed, "decode")
     tpot = mean(d, "vllm:request_time_per_output_token_seconds")
     done = d.get("vllm:request_time_per_output_token_seconds_count", 0.0) / dt
     out = running / (done * tpot) if done > 0 and tpot else None
     load = None
-    if arrivals > 0:
-        if local_in is None or local_in > remote_in:  # too few local requests to measure: keep the last mean
-            local_in = last.local_in if last is not None else DEFAULT_LOCAL_IN
+    if remote + local > 0:  # a role with no request this interval keeps its last mean prompt
+        remote_in = remote_in or (last.remote_in if last is not None else DEFAULT_REMOTE_IN)
+        local_in = local_in or (last.local_in if last is not None else DEFAULT_LOCAL_IN)
         load = Load(remote / dt, local / dt, max(1.0, remote_in), max(1.0, local_in),
                     min(MAX_OUT, max(1.0, out)) if out else (last.out if last is not None else DEFAULT_OUT))
     qwait, pfill = mean(p, "vllm:request_queue_time_seconds"), mean(p, "vllm:request_prefill_time_seconds")

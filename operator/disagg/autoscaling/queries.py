@@ -41,8 +41,7 @@ QUERIES: dict[str, tuple[str, str]] = {
     ),
     "prefill_deflected_share": (
         "sum(rate(disagg_prefill_deflections_total{{{sel}}}[{w}])) / "
-        "(sum(rate(disagg_prefill_deflections_total{{{sel}}}[{w}])) + "
-        'sum(rate(disagg_routing_decisions_total{{{sel},decision="remote"}}[{w}])))',
+        'sum(rate(disagg_routed_prompt_tokens_count{{{sel},pool="prefill"}}[{w}]))',
         "share of the prefill pool's demand it did not take: requests prefilled on a decode worker because the "
         "prefill queue was past maxPrefillQueueWaitMs, and requests the rule ladder sent remote that the SLO "
         "placement served elsewhere because the remote path was predicted to miss the TTFT SLO, mostly in its "

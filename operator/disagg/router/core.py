@@ -60,7 +60,16 @@ from .paths import (  # the transport contract and the cause mapping live with t
     OnCommit,
 )
 from .placement import Prediction
-from .policy import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide, find_tenant
+from .policy import (
+    Decision,
+    LoadSnapshot,
+    RequestFeatures,
+    Tuning,
+    WorkerLoad,
+    decide,
+    demand_pool,
+    find_tenant,
+)
 from .prefix import PrefixIndex
 from .probe import ProbeLimiter, probe_decision
 from .proxy import UpstreamError
@@ -235,12 +244,17 @@ class RequestCore(Generic[R]):
         """Features → snapshot → decision for ``ctx`` (its input tokens counted), recorded on ``ctx`` (decision,
         reason, tenant, probe, the log's prefix family) and in ``disagg_routing_decisions_total``."""
         d, ticket, _ = self._decide(ctx, cfg, tenant, max_tokens, hashes)
-        return self._count(d), ticket
+        return self._count(d, ctx), ticket
 
-    def _count(self, d: Decision) -> Decision:
+    def _count(self, d: Decision, ctx: Ctx, demand: Decision | None = None) -> Decision:
+        """Count decision ``d`` and its prompt as demand on a pool (:func:`demand_pool` of ``demand``, the placement
+        a shed request was refused on, else ``d``)."""
         self.metrics.decisions.labels(d.decision, d.reason).inc()
         if d.detail.get("deflected"):
             self.metrics.deflections.inc()
+        pool = demand_pool(demand or d)
+        if pool is not None and ctx.input_tokens > 0:
+            self.metrics.routed_prompt_tokens.labels(pool).observe(ctx.input_tokens)
         return d
 
     def _decide(self, ctx: Ctx, cfg: RouterConfig, tenant: str | None, max_tokens: int | None,
@@ -302,7 +316,7 @@ class RequestCore(Generic[R]):
         d, ticket, snap = self._decide(ctx, cfg, tenant, max_tokens, hashes)
         if d.decision == "reject" or not admission_active(cfg.routing):
             ctx.admitted_at = self.clock()
-            return self._count(d), ticket
+            return self._count(d, ctx), ticket
         t = find_tenant(cfg, tenant)
         policy = t.overload if t is not None else "Admit"
         prio = t.priority if t is not None else "Interactive"
@@ -333,7 +347,7 @@ class RequestCore(Generic[R]):
                 d, ticket, snap = self._decide(ctx, cfg, tenant, max_tokens, hashes)
                 if d.decision == "reject":
                     outcome = "rejected"
-                    return self._count(d), ticket
+                    return self._count(d, ctx), ticket
                 over, _ = self._over_slo(cfg, d, snap, ctx, max_tokens)
                 if not over or self.serving == 0:
                     outcome = "admitted"
@@ -353,7 +367,7 @@ class RequestCore(Generic[R]):
                   reason: str) -> tuple[Decision, Ticket | None]:
         ctx.admission, ctx.admission_reason, ctx.admitted_at = "admitted", reason, self.clock()
         self.metrics.admission.labels(d.tenant, prio, "admitted", reason).inc()
-        return self._count(d), ticket
+        return self._count(d, ctx), ticket
 
     def _shed(self, ctx: Ctx, d: Decision, prio: str, reason: str, decision_reason: str,
               retry_after_s: float) -> Decision:
@@ -363,7 +377,7 @@ class RequestCore(Generic[R]):
         ctx.placement = ctx.rejected_placement = ctx.prediction = None
         self.metrics.admission.labels(d.tenant, prio, "shed", reason).inc()
         return self._count(Decision("reject", decision_reason, tenant=d.tenant, bucket=d.bucket, status=429,
-                                    detail={"retry_after": max(1, math.ceil(retry_after_s))}))
+                                    detail={"retry_after": max(1, math.ceil(retry_after_s))}), ctx, demand=d)
 
     def _over_slo(self, cfg: RouterConfig, d: Decision, snap: LoadSnapshot, ctx: Ctx,
                   max_tokens: int | None) -> tuple[bool, float]:

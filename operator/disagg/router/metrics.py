@@ -18,6 +18,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
                 0.3, 0.5, 0.75, 1.0, 2.5)
 
+# prompt lengths, 16 tokens to 128k (the demand histogram's _sum and _count are what the autoscaler reads)
+PROMPT_TOKEN_BUCKETS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
 # observed ÷ predicted: 1 is exact; the tails say how far the placement's model drifts from the workers
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0)
 
@@ -75,6 +78,13 @@ class RouterMetrics:
             "whole on a decode or prefill worker because the remote path was predicted to miss the TTFT SLO, mostly "
             "in its prefill leg (the autoscaler grows the prefill pool on it).",
             registry=r)
+        self.routed_prompt_tokens = Histogram(
+            "disagg_routed_prompt_tokens", "Prompt tokens of the requests routed, by the pool whose prefill capacity "
+            "they demand (pool=prefill: sent for remote prefill, or meant for the prefill pool and deflected from it "
+            "or refused on its queue: the pool's demand whether or not it took it in time; pool=decode: prefilled "
+            "where they decode by choice). Counted at the routing decision: the autoscaler's arrival rate and token "
+            "mix per role (docs/autoscaling.md), free of the prefill queue's lag and of the ladder's spill.",
+            ["pool"], registry=r, buckets=PROMPT_TOKEN_BUCKETS)
         self.hedges = Counter("disagg_hedges", "Remote streams whose KV hand-off was slow, raced by a local prefill, "
                               "by the path that answered (remote | local) or none (both failed).", ["winner"],
                               registry=r)

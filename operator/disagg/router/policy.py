@@ -143,6 +143,18 @@ class EffectivePolicy:
     prefer_when_prefix_cache_hit: bool
 
 
+def demand_pool(d: Decision) -> Literal["prefill", "decode"] | None:
+    """The pool whose prefill capacity decision ``d`` demands (``disagg_routed_prompt_tokens``, the autoscaler's
+    load per role): ``prefill`` for a remote prefill and for prefill work meant for the prefill pool that it did not
+    take in time (deflected to a decode or idle prefill worker, or refused on its queue); ``decode`` for a prompt
+    prefilled where it decodes by the rules' choice (an elastic fleet's idle prefill worker lends its capacity to
+    decode demand); None for other refusals."""
+    if d.decision == "remote" or d.detail.get("deflected") or (
+            d.decision == "reject" and d.reason == "prefill_queue_overload"):
+        return "prefill"
+    return "decode" if d.decision == "local" else None
+
+
 def effective_policy(cfg: RouterConfig, tenant: TenantPolicy | None) -> EffectivePolicy:
     r, lp = cfg.routing.remote_prefill, cfg.routing.local_prefill
     ro = tenant.remote_prefill if tenant and tenant.remote_prefill else None

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.models import DisaggregatedModelSpec
-from ..autoscaling.observe import observation
+from ..autoscaling.observe import ROUTED, observation
 from ..autoscaling.policy import Decision, History, PoolSignals, Signals, decide
 from ..autoscaling.predictive import Observation
 from ..perf.presets import get_model
@@ -109,7 +109,7 @@ class TwinAutoscaler:
     starting_gpu_s: float = 0.0  # GPU-seconds of pods while they started (the cluster counts them from ready)
     cluster: TwinCluster | None = None
     _prev: dict[str, dict[str, float]] = field(default_factory=dict)
-    _prev_decisions: float = 0.0
+    _prev_router: dict[str, float] = field(default_factory=dict)  # the router's demand counters at the last tick
     _leaving: set[str] = field(default_factory=set)
     _gauge_sum: dict[str, float] = field(default_factory=dict)
     _gauge_n: int = 0
@@ -147,7 +147,7 @@ class TwinAutoscaler:
 
     def _snapshot(self, cluster: TwinCluster) -> None:
         self._prev = {w.url: w.scrape() for w in cluster.workers.values()}
-        self._prev_decisions = float(sum(cluster.decisions.values()))
+        self._prev_router = _router_counters(cluster)
 
     def _ready(self, cluster: TwinCluster) -> dict[str, int]:
         return {n: sum(1 for w in cluster.pool(n) if w.url not in self._leaving) for n in ("prefill", "decode")}
@@ -182,14 +182,15 @@ class TwinAutoscaler:
                 if k.endswith(("_sum", "_count")):
                     acc[k] = acc.get(k, 0.0) + float(v) - float(prev.get(k, 0.0))
         self._prev = cur
-        arrivals = float(sum(cluster.decisions.values()))
-        n_arr, self._prev_decisions = arrivals - self._prev_decisions, arrivals
+        router = _router_counters(cluster)
+        routed = {k: v - self._prev_router.get(k, 0.0) for k, v in router.items()}
+        self._prev_router = router
         ready = self._ready(cluster)
         desired = {n: self._desired(cluster, n) for n in ("prefill", "decode")}
         p, d = delta["prefill"], delta["decode"]
         running = gauges["decode"].get("vllm:num_requests_running", 0.0)
         last = self.samples[-1]["load"] if self.samples and self.samples[-1]["load"] else None
-        obs = observation(now, dt, p, d, n_arr, running, ready, desired, last)
+        obs = observation(now, dt, p, d, routed, running, ready, desired, last)
         qwait = _mean(p, "vllm:request_queue_time_seconds")
         ttft, tpot = obs.remote_ttft_s, obs.tpot_s
         np_, nd = max(1, ready["prefill"]), max(1, ready["decode"])
@@ -200,7 +201,10 @@ class TwinAutoscaler:
                                 ttft_p95_ms=None if ttft is None or qwait is None else
                                 (ttft + (P95_OF_MEAN_WAIT - 1) * qwait) * 1000,
                                 waiting_per_replica=gauges["prefill"].get("vllm:num_requests_waiting", 0.0) / np_
-                                if ready["prefill"] else None),
+                                if ready["prefill"] else None,
+                                # as queries.py prefill_deflected_share: deflections ÷ the pool's demand
+                                deflected_share=routed["deflections"] / routed["prefill_count"]
+                                if routed["prefill_count"] > 0 else None),
             decode=PoolSignals(desired["decode"], ready["decode"],
                                tpot_p95_ms=None if tpot is None else tpot * 1000,
                                running_per_replica=running / nd,
@@ -246,3 +250,13 @@ class TwinAutoscaler:
         self.starting_gpu_s += self._gpus(cluster, name) * (cluster.now - t0)
         self._pending[name] = [(t, s) for t, s in self._pending[name] if t is not asyncio.current_task()]
         await cluster.add_worker(name)
+
+
+def _router_counters(cluster: TwinCluster) -> dict[str, float]:
+    """The router's demand histogram (``disagg_routed_prompt_tokens``: sum and count per pool) and its deflection
+    counter, as the operator's Prometheus reads them (autoscaling/observe.py, queries.py)."""
+    reg = cluster.core.metrics.registry
+    out = {f"{pool}_{part}": reg.get_sample_value(f"{ROUTED}_{part}", {"pool": pool}) or 0.0
+           for pool in ("prefill", "decode") for part in ("sum", "count")}
+    out["deflections"] = reg.get_sample_value("disagg_prefill_deflections_total") or 0.0
+    return out
