@@ -81,6 +81,15 @@ def test_scale_down_waits_for_stabilisation_window() -> None:
     assert later["prefill"].desired == 4 and "maxStep" in later["prefill"].reason
 
 
+def test_a_pool_that_deflects_nothing_still_shrinks() -> None:
+    # remote traffic and no deflection: a share of 0, which is no pressure to hold the pool (a term of 1 would sit
+    # inside the tolerance and keep a quiet prefill pool at its peak size all night)
+    spec, h = make_spec(), History()
+    decide(spec, sig(0, p=6, qwait=40, deflected=0.0), h)
+    out = decide(spec, sig(400, p=6, qwait=40, deflected=0.0), h)
+    assert out["prefill"].desired == 4 and "prefill queue wait" in out["prefill"].reason
+
+
 def test_scale_up_is_immediate_and_capped_by_max_step_and_max_replicas() -> None:
     spec = make_spec(maxStep=5)
     out = decide(spec, sig(0, p=8, qwait=2400), History())  # pressure 10x → 80, step 5, max 10

@@ -77,6 +77,20 @@ def test_correction_tightens_the_target() -> None:
     assert hist[-1][0] >= math.ceil(4.0 * 1.8 / (CAP * 0.8))
 
 
+def test_the_interval_after_an_overload_does_not_correct_the_model() -> None:
+    # a burst the ready pods cannot hold, then a normal rate whose latencies still carry the burst's backlog
+    # (observed 3× the model): that interval is not the model's error and leaves the correction alone; the next
+    # one, served from empty queues, is compared again
+    pol = PredictivePolicy(LinearSizer(), settings())
+    pol.step(obs(0.0, 4.0, 4, 4))  # 4 replicas hold 4 req/s at 80 % (need ⌈4 / 1.6⌉ = 3): compared, as expected
+    assert pol.state.ttft.value == 1.0 and pol.state.ttft.samples == 1
+    pol.step(obs(30.0, 12.0, 4, 4, ttft=9.0))  # overloaded: not compared
+    pol.step(obs(60.0, 4.0, 4, 4, ttft=3.0))  # the backlog drains: not compared either
+    assert pol.state.ttft.value == 1.0 and pol.state.ttft.samples == 1
+    pol.step(obs(90.0, 4.0, 4, 4, ttft=1.5))
+    assert pol.state.ttft.samples == 2 and pol.state.ttft.value > 1.0
+
+
 def test_scale_down_waits_for_the_window_and_the_hysteresis_band() -> None:
     pol = PredictivePolicy(LinearSizer(), settings())
     hist = drive(pol, [8.0] * 12 + [3.0] * 30)

@@ -130,8 +130,9 @@ def decode_pressure(spec: DisaggregatedModelSpec, s: PoolSignals,
 
 def deflected_pressure(s: PoolSignals) -> float | None:
     """The prefill pool's pressure from the demand it did not take: ``1 / (1 − share)``, at most
-    :data:`MAX_DEFLECTED_PRESSURE`; None without data."""
-    if s.deflected_share is None:
+    :data:`MAX_DEFLECTED_PRESSURE`; None without data and when nothing was deflected (a share of 0 says the pool
+    took its demand, not that it is at its target: as a term of 1 it would keep a quiet pool from shrinking)."""
+    if not s.deflected_share:
         return None
     return 1.0 / max(1.0 - s.deflected_share, 1.0 / MAX_DEFLECTED_PRESSURE)
 

@@ -140,6 +140,7 @@ class PredictiveState:
     proposals: dict[str, list[tuple[float, int]]] = field(default_factory=lambda: {"prefill": [], "decode": []})
     downs: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": []})
     first_seen: float | None = None
+    held: bool = True  # the ready pods held the last interval's load in the model (no backlog carried into this one)
 
 
 def _bound(current: int, target: int, s: PredictiveSettings, i: int) -> int:
@@ -164,7 +165,7 @@ class PredictivePolicy:
         if st.first_seen is None:
             st.first_seen = obs.time
         # 2. correct the model at the observed load on the ready pods (samples from warming pods are not in obs)
-        correct(self.sizer, obs, st.ttft, st.tpot, s.headroom)
+        st.held = correct(self.sizer, obs, st.ttft, st.tpot, s.headroom, held_before=st.held)
         # 3. forecast over the horizon a pod started now needs
         st.forecaster.update(obs.load)
         peak = st.forecaster.peak(s.horizon) or obs.load
@@ -233,18 +234,22 @@ class ReactivePolicy:
 
 
 def correct(sizer: Sizer, obs: Observation, ttft: Correction, tpot: Correction,
-            headroom: float = 0.8) -> None:
+            headroom: float = 0.8, held_before: bool = True) -> bool:
     """Update the corrections from one interval — only when the ready pods hold its load with the sizing's headroom
     in the model (the model is compared with the engines, not with an overload or a knee it already predicts: a
-    burst's queues would otherwise keep the correction, and the pools, high long after it)."""
+    burst's queues would otherwise keep the correction, and the pools, high long after it), and held the interval
+    before too (``held_before``): an interval that follows an overload serves the backlog that overload left, so its
+    latencies are not those of its own arrival rate. Returns whether the ready pods hold this interval's load."""
     if obs.load is None or obs.prefill_ready <= 0 or obs.decode_ready <= 0:
-        return
+        return False
     need = sizer.size(obs.load, headroom, 1.0, 1.0)
     if need.prefill > obs.prefill_ready or need.decode > obs.decode_ready:
-        return
-    exp = sizer.expected(obs.load, obs.prefill_ready, obs.decode_ready)
-    ttft.update(obs.remote_ttft_s, exp.remote_ttft_s)
-    tpot.update(obs.tpot_s, exp.tpot_s)
+        return False
+    if held_before:
+        exp = sizer.expected(obs.load, obs.prefill_ready, obs.decode_ready)
+        ttft.update(obs.remote_ttft_s, exp.remote_ttft_s)
+        tpot.update(obs.tpot_s, exp.tpot_s)
+    return True
 
 
 def _pools(cur: dict[str, int]) -> list[tuple[PoolName, int]]:
