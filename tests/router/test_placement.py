@@ -77,6 +77,9 @@ def test_the_ladders_queue_overflow_counts_as_prefill_demand_the_pool_did_not_ta
     # as the remote one is; a short prompt prefilled where it decodes is the decode pool's
     short = decide(cfg(policy="Thresholds"), feats(200), snap)
     assert [demand_pool(x) for x in (ladder, placed, calm, short)] == ["prefill", "prefill", "prefill", "decode"]
+    # a long prompt no remote pair can take (here: no prefill worker ready) is the prefill pool's demand too
+    none_ready = decide(cfg(policy="Thresholds"), feats(4000), LoadSnapshot(prefill=(), decode=(decode(),)))
+    assert (none_ready.reason, demand_pool(none_ready)) == ("no_prefill_worker", "prefill")
 
 
 def test_a_long_prompt_goes_remote_when_its_prefill_would_push_busy_streams_over_the_tpot_slo() -> None:

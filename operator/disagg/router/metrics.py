@@ -80,9 +80,10 @@ class RouterMetrics:
             registry=r)
         self.routed_prompt_tokens = Histogram(
             "disagg_routed_prompt_tokens", "Prompt tokens of the requests routed, by the pool whose prefill capacity "
-            "they demand (pool=prefill: sent for remote prefill, or meant for the prefill pool and deflected from it "
-            "or refused on its queue: the pool's demand whether or not it took it in time; pool=decode: prefilled "
-            "where they decode by choice). Counted at the routing decision: the autoscaler's arrival rate and token "
+            "they demand (pool=prefill: sent for remote prefill, or meant for the prefill pool by the rules and "
+            "prefilled elsewhere or refused because no remote pair could take it (starting, none ready, breakers "
+            "open, queue past maxPrefillQueueWaitMs) or deflected by the SLO placement: the pool's demand whether "
+            "or not it took it; pool=decode: prefilled where they decode by the rules' choice). Counted at the routing decision: the autoscaler's arrival rate and token "
             "mix per role (docs/autoscaling.md), free of the prefill queue's lag and of the ladder's spill.",
             ["pool"], registry=r, buckets=PROMPT_TOKEN_BUCKETS)
         self.hedges = Counter("disagg_hedges", "Remote streams whose KV hand-off was slow, raced by a local prefill, "

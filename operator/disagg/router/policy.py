@@ -143,14 +143,19 @@ class EffectivePolicy:
     prefer_when_prefix_cache_hit: bool
 
 
+# rule 11–13's local and reject reasons: the rules meant the prompt for the prefill pool, and no remote pair could
+# take it (starting, none ready, breakers open, its queue past the limit)
+NO_REMOTE_PAIR = frozenset({"prefill_pool_starting", "no_prefill_worker", "no_compatible_pair", "circuit_open",
+                            "prefill_queue_overload"})
+
+
 def demand_pool(d: Decision) -> Literal["prefill", "decode"] | None:
     """The pool whose prefill capacity decision ``d`` demands (``disagg_routed_prompt_tokens``, the autoscaler's
-    load per role): ``prefill`` for a remote prefill and for prefill work meant for the prefill pool that it did not
-    take in time (deflected to a decode or idle prefill worker, or refused on its queue); ``decode`` for a prompt
-    prefilled where it decodes by the rules' choice (an elastic fleet's idle prefill worker lends its capacity to
-    decode demand); None for other refusals."""
-    if d.decision == "remote" or d.detail.get("deflected") or (
-            d.decision == "reject" and d.reason == "prefill_queue_overload"):
+    load per role): ``prefill`` for a remote prefill and for prefill work the rules meant for the prefill pool that
+    it did not take (no remote pair could: :data:`NO_REMOTE_PAIR`, or deflected by the SLO placement to a decode or
+    idle prefill worker); ``decode`` for a prompt prefilled where it decodes by the rules' choice (an elastic
+    fleet's idle prefill worker lends its capacity to decode demand); None for other refusals."""
+    if d.decision == "remote" or d.detail.get("deflected") or d.reason in NO_REMOTE_PAIR:
         return "prefill"
     return "decode" if d.decision == "local" else None
 
