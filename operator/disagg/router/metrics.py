@@ -83,8 +83,9 @@ class RouterMetrics:
             "they demand (pool=prefill: sent for remote prefill, or meant for the prefill pool by the rules and "
             "prefilled elsewhere or refused because no remote pair could take it (starting, none ready, breakers "
             "open, queue past maxPrefillQueueWaitMs) or deflected by the SLO placement: the pool's demand whether "
-            "or not it took it; pool=decode: prefilled where they decode by the rules' choice). Counted at the routing decision: the autoscaler's arrival rate and token "
-            "mix per role (docs/autoscaling.md), free of the prefill queue's lag and of the ladder's spill.",
+            "or not it took it; pool=decode: prefilled where they decode by the rules' choice). Counted at the "
+            "routing decision: the autoscaler's arrival rate and token mix per role (docs/autoscaling.md), free of "
+            "the prefill queue's lag and of the ladder's spill.",
             ["pool"], registry=r, buckets=PROMPT_TOKEN_BUCKETS)
         self.hedges = Counter("disagg_hedges", "Remote streams whose KV hand-off was slow, raced by a local prefill, "
                               "by the path that answered (remote | local) or none (both failed).", ["winner"],
