@@ -41,6 +41,9 @@ def test_a_known_mix_is_read_back() -> None:
     assert obs.remote_ttft_s == pytest.approx(0.1 + 0.4 + 0.05)  # queue wait counts in TTFT
     assert obs.tpot_s == pytest.approx(0.02)
     assert (obs.prefill_ready, obs.decode_replicas, obs.stale_reason) == (2, 3, None)
+    assert obs.prefill_waiting == 0.0
+    queued = observation(100.0, DT, prefill, decode, routed, running, READY, READY, None, prefill_waiting=12.0)
+    assert queued.prefill_waiting == 12.0 and queued.load == obs.load
 
 
 def test_means_it_cannot_measure_are_kept_from_the_last_interval() -> None:

@@ -39,8 +39,11 @@ def sig(t: float, p: int = 2, d: int = 2, *, qwait=None, ttft=None, tpot=None, r
         (dict(qwait=720, ttft=900, tpot=40, running=80), 4, 2, "queue"),
         # long-output step: decode batch full and TPOT high → decode up, prefill unchanged
         (dict(qwait=240, ttft=800, tpot=60, running=100), 2, 3, "TPOT"),  # 60/(0.8·50) = 1.5 → ceil(2·1.5)
-        # both saturated
-        (dict(qwait=900, tpot=80), 4, 4, "both"),
+        # both saturated: the decode batch is full (running 400 of 0.8 × 256) as well as the prefill queue
+        (dict(qwait=900, tpot=80, running=400), 4, 4, "both"),
+        # a long-prompt step whose TPOT rises too: the prefill pool grows this interval, and its queue, released,
+        # is what the decode workers' TPOT feels; decode's own capacity signals (batch, KV) are calm: decode waits
+        (dict(qwait=900, tpot=80, running=80), 4, 2, "prefill growing, TPOT up"),
         # long prompts absorbed by the SLO placement: the prefill queue looks fine, a third of the pool's demand
         # went whole to decode workers → prefill up by 1 / (1 − 1/3) = 1.5
         (dict(qwait=100, ttft=500, tpot=40, running=80, deflected=1 / 3), 3, 2, "deflected"),
@@ -98,7 +101,7 @@ def test_scale_up_is_immediate_and_capped_by_max_step_and_max_replicas() -> None
 
 def test_gpu_budget_takes_growth_from_the_less_pressured_pool() -> None:
     spec = make_spec(gpuBudget=6, prefillDecodeRatio={"min": 0.1, "max": 10})
-    out = decide(spec, sig(0, qwait=960, tpot=48, running=85), History())  # prefill 4x, decode ~1.2x
+    out = decide(spec, sig(0, qwait=960, tpot=48, running=230), History())  # prefill 4x, decode's batch ~1.1x
     assert out["prefill"].desired + out["decode"].desired <= 6
     assert out["prefill"].desired == 4  # the more pressured pool keeps its growth
     assert "gpuBudget" in out["decode"].reason

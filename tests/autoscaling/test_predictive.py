@@ -77,6 +77,16 @@ def test_correction_tightens_the_target() -> None:
     assert hist[-1][0] >= math.ceil(4.0 * 1.8 / (CAP * 0.8))
 
 
+def test_the_prefill_queue_at_the_tick_is_sized_to_drain_within_an_interval() -> None:
+    # 4 remote req/s and 48 requests queued on the prefill pool: sized for 4 + 48 / 30 = 5.6 req/s, so the new
+    # capacity drains the backlog a step built within an interval of arriving; with no queue, for 4 req/s
+    queued = PredictivePolicy(LinearSizer(), settings()).step(
+        Observation(0.0, Load(4.0, 0.0, 8000, 400, 250), 1, 1, 1, 1, 1.0, 0.02, prefill_waiting=48.0))
+    calm = PredictivePolicy(LinearSizer(), settings()).step(obs(0.0, 4.0, 1, 1))
+    assert queued["prefill"].desired == math.ceil(5.6 / (CAP * 0.8)) == 4
+    assert calm["prefill"].desired == math.ceil(4.0 / (CAP * 0.8)) == 3
+
+
 def test_the_interval_after_an_overload_does_not_correct_the_model() -> None:
     # a burst the ready pods cannot hold, then a normal rate whose latencies still carry the burst's backlog
     # (observed 3× the model): that interval is not the model's error and leaves the correction alone; the next

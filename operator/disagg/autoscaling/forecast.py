@@ -74,6 +74,14 @@ class Load:
     def scaled(self, factor: float) -> Load:
         return Load(self.remote_rps * factor, self.local_rps * factor, self.remote_in, self.local_in, self.out)
 
+    def with_backlog(self, prefill_waiting: float, drain_s: float) -> Load:
+        """This load plus the prefill pool's queue drained within ``drain_s``: ``prefill_waiting`` requests (of
+        the remote mix) as extra remote arrivals over that time."""
+        if prefill_waiting <= 0 or drain_s <= 0:
+            return self
+        return Load(self.remote_rps + prefill_waiting / drain_s, self.local_rps, self.remote_in, self.local_in,
+                    self.out)
+
 
 @dataclass
 class LoadForecaster:

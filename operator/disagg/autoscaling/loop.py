@@ -138,7 +138,7 @@ def _observation(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], s
     obs = observation(now, float(spec.autoscaling.interval_seconds), inc["prefill"], inc["decode"], routed,
                       sample.get(LOAD_PREFIX + "decode:vllm:num_requests_running") or 0.0,
                       {n: p.ready for n, p in pools.items()}, {n: p.replicas for n, p in pools.items()},
-                      state.last_load)
+                      state.last_load, sample.get(LOAD_PREFIX + "prefill:vllm:num_requests_waiting") or 0.0)
     if obs.load is not None:
         state.last_load = obs.load
     return replace(obs, stale_reason=sample.error) if sample.error else obs

@@ -13,6 +13,8 @@ What each figure is made of (the router's own series, and vLLM's as sim/metrics.
   turn prefill demand into decode demand (role-aware: a short prefill pool grows the prefill pool);
 - mean output tokens: Little's law on the decode pool — running = completions/s × E[out] × TPOT, with the mean
   per-request TPOT (``vllm:request_time_per_output_token_seconds``) and the running gauge averaged over the interval;
+- the prefill pool's backlog: the requests waiting in its engines' queues at the tick
+  (``vllm:num_requests_waiting``, its last sample in the interval);
 - remote TTFT: the prefill pool's queue wait + prefill time (``vllm:request_queue_time_seconds``,
   ``vllm:request_prefill_time_seconds``) + the decode pool's KV transfer time: queue wait counts.
 """
@@ -42,6 +44,7 @@ INCREASES: dict[str, str] = {
     **{f"routed:{pool}_{part}": f'sum(increase({ROUTED}_{part}{{{{{{sel}},pool="{pool}"}}}}[{{w}}]))'
        for pool in ("prefill", "decode") for part in ("sum", "count")},
     "decode:vllm:num_requests_running": 'sum(avg_over_time(vllm:num_requests_running{{{sel},role="decode"}}[{w}]))',
+    "prefill:vllm:num_requests_waiting": 'sum(last_over_time(vllm:num_requests_waiting{{{sel},role="prefill"}}[{w}]))',
 }
 
 DEFAULT_REMOTE_IN = 4096.0  # tokens, until a remote request's prompt has been measured once
@@ -52,12 +55,13 @@ MAX_OUT = 8192.0
 
 def observation(now: float, dt: float, prefill: Mapping[str, float], decode: Mapping[str, float],
                 routed: Mapping[str, float], running: float, ready: Mapping[str, int], desired: Mapping[str, int],
-                last: Load | None) -> Observation:
+                last: Load | None, prefill_waiting: float = 0.0) -> Observation:
     """The interval's :class:`Observation`. ``prefill`` / ``decode``: each pool's ``<family>_sum`` /
     ``<family>_count`` increments over the interval (:data:`HISTOGRAMS`; a missing one is 0); ``routed``: the
     routers' demand histogram's increments, ``prefill_sum``, ``prefill_count``, ``decode_sum``, ``decode_count``;
     ``running``: the decode pool's running sequences (averaged over the interval); ``last``: the previous
-    interval's load (means not measurable in this one are kept from it)."""
+    interval's load (means not measurable in this one are kept from it); ``prefill_waiting``: requests waiting in
+    the prefill pool's queues now."""
 
     def mean(acc: Mapping[str, float], h: str) -> float | None:
         c = acc.get(h + "_count", 0.0)
@@ -79,5 +83,5 @@ def observation(now: float, dt: float, prefill: Mapping[str, float], decode: Map
     xfer = mean(d, "vllm:nixl_xfer_time_seconds") or 0.0
     ttft = qwait + pfill + xfer if qwait is not None and pfill is not None else None
     return Observation(now, load, desired["prefill"], ready["prefill"], desired["decode"], ready["decode"],
-                       remote_ttft_s=ttft, tpot_s=tpot,
+                       remote_ttft_s=ttft, tpot_s=tpot, prefill_waiting=max(0.0, prefill_waiting),
                        stale_reason=None if ready["decode"] else "no ready decode worker")

@@ -9,8 +9,9 @@ Prefill pressure: prefill-queue wait p95 ÷ its budget (remotePrefill.maxPrefill
 waiting requests per replica ÷ target, and the demand it did not take: under the SLO placement a request whose
 remote path is predicted to miss is served whole elsewhere (deflected), which keeps the prefill queue — and so the
 first three signals — below target while the pool is short; with a share ``x`` of its demand deflected the pool
-needs ``1 / (1 − x)`` of its capacity; while that term asks the prefill pool to grow, the decode pool's TPOT (which
-then carries the deflected prefill chunks) is not a decode signal — the shortage is the prefill pool's. Decode
+needs ``1 / (1 − x)`` of its capacity. While the prefill pool is short — its demand deflected, or growing this
+interval — the decode pool's TPOT (which then carries the deflected prefill chunks, or the wave of streams a
+draining prefill queue releases) is not a decode signal: the shortage is the prefill pool's (role-aware). Decode
 pressure: TPOT p95 ÷ SLO, running sequences per replica ÷ (maxNumSeqs × target utilisation), KV-cache usage ÷
 target. Targets sit below the SLO (``headroom``) so the pool
 scales before the SLO is breached. Dynamo's SLA planner predicts load and corrects by observed ÷ expected latency;
@@ -111,20 +112,27 @@ def prefill_pressure(spec: DisaggregatedModelSpec, s: PoolSignals) -> tuple[floa
     return _dominant(terms)
 
 
+# why the decode pool's TPOT is not its own signal in an interval (decode_pressure's ``tpot_left``)
+TPOT_DEFLECTED = "its demand is deflected to decode"
+TPOT_PREFILL_GROWING = "it grows this interval: its backlog reaches the decode workers in waves"
+
+
 def decode_pressure(spec: DisaggregatedModelSpec, s: PoolSignals,
-                    prefill_deflecting: bool = False) -> tuple[float | None, str]:
-    """``prefill_deflecting``: the prefill pool is short and its demand runs on the decode workers (deflected);
-    their TPOT then carries prefill chunks that are the prefill pool's to take, so TPOT is not the decode pool's
-    signal this interval (it grows the prefill pool instead; batch and KV still count)."""
+                    tpot_left: str | None = None) -> tuple[float | None, str]:
+    """``tpot_left``: why TPOT is the prefill pool's signal this interval, not decode's — the prefill pool is
+    short, and either its demand runs on the decode workers (deflected: their TPOT carries prefill chunks that are
+    the prefill pool's to take) or it grows now (a queue that a short prefill pool built reaches the decode workers
+    as a wave of new streams and KV pulls when it drains). The prefill pool takes it; the decode pool's batch and
+    KV cache, which measure its own capacity, still count, and TPOT counts again once the prefill pool holds."""
     max_seqs = spec.decode.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     terms = {
-        "TPOT p95": (None if prefill_deflecting else _ratio(s.tpot_p95_ms, HEADROOM * spec.slo.tpot_p95_ms)),
+        "TPOT p95": (None if tpot_left else _ratio(s.tpot_p95_ms, HEADROOM * spec.slo.tpot_p95_ms)),
         "running sequences per replica": _ratio(s.running_per_replica, RUNNING_UTILISATION_TARGET * max_seqs),
         "KV-cache usage": _ratio(s.kv_cache_usage, KV_USAGE_TARGET),
     }
     p, why = _dominant(terms)
-    if prefill_deflecting and s.tpot_p95_ms is not None:
-        why += "; TPOT left to the prefill pool (its demand is deflected to decode)"
+    if tpot_left and s.tpot_p95_ms is not None:
+        why += f"; TPOT left to the prefill pool ({tpot_left})"
     return p, why
 
 
@@ -194,9 +202,11 @@ def decide(spec: DisaggregatedModelSpec, signals: Signals, history: History) -> 
     desired: dict[PoolName, int] = {}
     pressure: dict[PoolName, float | None] = {}
     reasons: dict[PoolName, str] = {}
-    deflecting = prefill_deflecting(signals.prefill)
-    for name, (pool, s) in pools.items():
-        p, why = prefill_pressure(spec, s) if name == "prefill" else decode_pressure(spec, s, deflecting)
+    tpot_left = TPOT_DEFLECTED if prefill_deflecting(signals.prefill) else None
+    for name, (pool, s) in pools.items():  # prefill first: whether it grows decides what decode's TPOT says
+        if name == "decode" and tpot_left is None and desired["prefill"] > signals.prefill.replicas:
+            tpot_left = TPOT_PREFILL_GROWING
+        p, why = prefill_pressure(spec, s) if name == "prefill" else decode_pressure(spec, s, tpot_left)
         pressure[name] = p
         current = s.replicas
         proposal = _stabilise(history, name, signals.time, current, _propose(current, p), a)

@@ -11,7 +11,9 @@ Per interval (:meth:`PredictivePolicy.step`):
    uses — Dynamo's SLA planner's correction factor (``prefill_correction = actual_ttft / expected_ttft``,
    https://docs.nvidia.com/dynamo/design-docs/planner-design, "Correction Factor Calculation").
 3. **Forecast** the load over the horizon a pod started now needs to be useful: ``ceil((pod start + interval) ÷
-   interval)`` intervals, Holt's linear method (forecast.py); the peak over that horizon is what is sized.
+   interval)`` intervals, Holt's linear method (forecast.py); the peak over that horizon, plus the requests
+   waiting in the prefill pool's queues at the tick as extra remote arrivals over one interval (the backlog a step
+   or a burst built drains within an interval of the capacity arriving), is what is sized.
 4. **Size**: the fewest prefill and decode replicas that hold the forecast at ``headroom`` × SLO (a
    :class:`Sizer`: the planner's model, plan/sizing.py, injected so that this layer stays below the planner).
 5. **Hysteresis**: scale up to the sized need at once; scale down only to what the model says holds at the
@@ -54,6 +56,7 @@ class Observation:
     decode_ready: int
     remote_ttft_s: float | None = None  # mean over the interval: queue wait + prefill + KV transfer
     tpot_s: float | None = None  # mean TPOT of the requests that finished on decode
+    prefill_waiting: float = 0.0  # requests waiting in the ready prefill workers' queues at the tick
     stale_reason: str | None = None
 
 
@@ -168,7 +171,8 @@ class PredictivePolicy:
         st.held = correct(self.sizer, obs, st.ttft, st.tpot, s.headroom, held_before=st.held)
         # 3. forecast over the horizon a pod started now needs
         st.forecaster.update(obs.load)
-        peak = st.forecaster.peak(s.horizon) or obs.load
+        # … plus the queue the prefill pool holds now, drained within one interval once the capacity is there
+        peak = (st.forecaster.peak(s.horizon) or obs.load).with_backlog(obs.prefill_waiting, s.interval_s)
         # 4. size for it; 5. hysteresis
         up = self.sizer.size(peak, s.headroom, st.ttft.value, st.tpot.value)
         down = self.sizer.size(peak, s.down_headroom, st.ttft.value, st.tpot.value)

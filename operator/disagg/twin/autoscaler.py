@@ -190,7 +190,9 @@ class TwinAutoscaler:
         p, d = delta["prefill"], delta["decode"]
         running = gauges["decode"].get("vllm:num_requests_running", 0.0)
         last = self.samples[-1]["load"] if self.samples and self.samples[-1]["load"] else None
-        obs = observation(now, dt, p, d, routed, running, ready, desired, last)
+        waiting = sum(float(w.rw.scraped.get("vllm:num_requests_waiting", 0.0)) for w in cluster.pool("prefill")
+                      if w.url not in self._leaving)
+        obs = observation(now, dt, p, d, routed, running, ready, desired, last, waiting)
         qwait = _mean(p, "vllm:request_queue_time_seconds")
         ttft, tpot = obs.remote_ttft_s, obs.tpot_s
         np_, nd = max(1, ready["prefill"]), max(1, ready["decode"])
