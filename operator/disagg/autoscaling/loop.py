@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from ..api.models import ActiveMode, DisaggregatedModelSpec, Mode, ObservedStatus
 from .forecast import Load
 from .mode import ModeSignals, ModeState, next_state
-from .observe import HISTOGRAMS, observation
+from .observe import HISTOGRAMS, ROUTED_KEYS, observation
 from .policy import Decision, History, PoolSignals, Signals, bounded, decide
 from .predictive import Observation, PredictivePolicy
 from .queries import LOAD_PREFIX, Sample
@@ -133,8 +133,7 @@ def _observation(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], s
         for part in ("sum", "count"):
             key = f"{family}_{part}"
             inc[pool][key] = sample.get(f"{LOAD_PREFIX}{pool}:{key}") or 0.0
-    routed = {f"{pool}_{part}": sample.get(f"{LOAD_PREFIX}routed:{pool}_{part}") or 0.0
-              for pool in ("prefill", "decode") for part in ("sum", "count")}
+    routed = {key: sample.get(f"{LOAD_PREFIX}routed:{key}") or 0.0 for key, _, _ in ROUTED_KEYS}
     obs = observation(now, float(spec.autoscaling.interval_seconds), inc["prefill"], inc["decode"], routed,
                       sample.get(LOAD_PREFIX + "decode:vllm:num_requests_running") or 0.0,
                       {n: p.ready for n, p in pools.items()}, {n: p.replicas for n, p in pools.items()},

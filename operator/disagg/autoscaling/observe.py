@@ -6,8 +6,8 @@ autoscaling interval, controller/autoscaler.py through :data:`INCREASES`).
 What each figure is made of (the router's own series, and vLLM's as sim/metrics.py and vLLM 0.32/0.33 export them):
 
 - arrivals per role and their mean prompts: the routers' ``disagg_routed_prompt_tokens{pool}`` histogram, counted
-  at the routing decision (router/policy.py ``demand_pool``): ``prefill`` — remote prefills, and prefill work meant
-  for the prefill pool that it did not take in time (deflected to a decode worker, refused on its queue);
+  at the routing decision (router/policy.py ``demand_pool``): ``prefill`` — remote prefills, and prefill work the
+  rules meant for the prefill pool that it did not take (no remote pair could, or the SLO placement deflected it);
   ``decode`` — prompts prefilled where they decode by choice. Demand, not service: a queue that lags behind its
   arrivals, or the ladder's spill of long prompts onto the decode workers while the prefill pool is short, does not
   turn prefill demand into decode demand (role-aware: a short prefill pool grows the prefill pool);
@@ -35,14 +35,17 @@ HISTOGRAMS: tuple[tuple[str, str], ...] = (
 )
 
 ROUTED = "disagg_routed_prompt_tokens"  # router/metrics.py, by the pool whose prefill the request demands
+# (key in :func:`observation`'s ``routed``, pool label, histogram part) of its increments
+ROUTED_KEYS: tuple[tuple[str, str, str], ...] = tuple(
+    (f"{pool}_{part}", pool, part) for pool in ("prefill", "decode") for part in ("sum", "count"))
 
 # name → PromQL template ({sel}: the model's selector, {w}: the interval) of every increment and gauge
 # :func:`observation` reads, as the operator queries them (autoscaling/queries.py collects them)
 INCREASES: dict[str, str] = {
     **{f"{pool}:{family}_{part}": f'sum(increase({family}_{part}{{{{{{sel}},role="{pool}"}}}}[{{w}}]))'
        for pool, family in HISTOGRAMS for part in ("sum", "count")},
-    **{f"routed:{pool}_{part}": f'sum(increase({ROUTED}_{part}{{{{{{sel}},pool="{pool}"}}}}[{{w}}]))'
-       for pool in ("prefill", "decode") for part in ("sum", "count")},
+    **{f"routed:{key}": f'sum(increase({ROUTED}_{part}{{{{{{sel}},pool="{pool}"}}}}[{{w}}]))'
+       for key, pool, part in ROUTED_KEYS},
     "decode:vllm:num_requests_running": 'sum(avg_over_time(vllm:num_requests_running{{{sel},role="decode"}}[{w}]))',
     "prefill:vllm:num_requests_waiting": 'sum(last_over_time(vllm:num_requests_waiting{{{sel},role="prefill"}}[{w}]))',
 }

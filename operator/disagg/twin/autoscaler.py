@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.models import DisaggregatedModelSpec
-from ..autoscaling.observe import ROUTED, observation
+from ..autoscaling.observe import ROUTED, ROUTED_KEYS, observation
 from ..autoscaling.policy import Decision, History, PoolSignals, Signals, decide
 from ..autoscaling.predictive import Observation
 from ..perf.presets import get_model
@@ -258,7 +258,6 @@ def _router_counters(cluster: TwinCluster) -> dict[str, float]:
     """The router's demand histogram (``disagg_routed_prompt_tokens``: sum and count per pool) and its deflection
     counter, as the operator's Prometheus reads them (autoscaling/observe.py, queries.py)."""
     reg = cluster.core.metrics.registry
-    out = {f"{pool}_{part}": reg.get_sample_value(f"{ROUTED}_{part}", {"pool": pool}) or 0.0
-           for pool in ("prefill", "decode") for part in ("sum", "count")}
+    out = {key: reg.get_sample_value(f"{ROUTED}_{part}", {"pool": pool}) or 0.0 for key, pool, part in ROUTED_KEYS}
     out["deflections"] = reg.get_sample_value("disagg_prefill_deflections_total") or 0.0
     return out
