@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from disagg.api.models import ActiveMode, DisaggregatedModelSpec
 from disagg.autoscaling.loop import LoopState, PoolReplicas, step
 from disagg.autoscaling.queries import Sample
@@ -150,7 +152,10 @@ def test_the_predictive_policy_sizes_from_the_samples_increments() -> None:
     state = _predictive_state(s)
     pools = {"prefill": PoolReplicas(1, 1), "decode": PoolReplicas(1, 1)}
     out = step(s, pools, _load_sample(90, 210), state, 0, "t")  # 3 remote + 7 local req/s
-    assert out.decisions["prefill"].desired == 2 and out.decisions["decode"].desired == 7  # ⌈3/1.6⌉, ⌈10/1.6⌉
+    assert state.predictive is not None
+    per = 2 * state.predictive.s.headroom  # the stand-in's req/s per replica at the policy's headroom
+    assert (out.decisions["prefill"].desired, out.decisions["decode"].desired) == (math.ceil(3 / per),
+                                                                                   math.ceil(10 / per))
     assert out.decisions["prefill"].reason.startswith("up: model needs 2")
     assert state.last_load is not None and state.last_load.remote_rps == 3.0
 

@@ -33,8 +33,9 @@ class LinearSizer:
 
 
 def settings(**kw) -> PredictiveSettings:
+    # the stand-in sizer's arithmetic below is at 80 % (70 % down), whatever the defaults are
     base: dict = dict(interval_s=30.0, pod_start_s=60.0, scale_down_stabilization_s=300.0, max_step=10,
-                      max_downs_per_hour=6)
+                      max_downs_per_hour=6, headroom=0.8, down_headroom=0.7)
     base.update(kw)
     return PredictiveSettings(**base)
 

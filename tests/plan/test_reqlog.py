@@ -45,6 +45,9 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     live = to_model(res, res.ranked[0])
     live["spec"]["routing"]["tenants"] = [{"name": n, "match": {"header": "x-tenant", "values": [n]}}
                                           for n in ("chat", "batch")]
+    # short prompts stay local whatever split the plan picked, so that the log holds prefix-cache hits
+    live["spec"]["routing"]["remotePrefill"]["minInputTokens"] = 256
+    live["spec"]["routing"]["localPrefill"] = {"maxInputTokens": 255, "preferWhenPrefixCacheHit": True}
     # the first arrival at 0, as a replay of the log starts (the twin's periodic work — scrapes, ticks — then has
     # the same phase in both runs, and a request whose placement is a close call is placed the same way)
     arr = profile_arrivals(p, 60.0, seed=5)

@@ -59,6 +59,14 @@ class Workload:
     mean_in: float
     decode_context: float  # time-weighted mean context of a decoding sequence
     ca2: float = 1.0  # squared coefficient of variation of the inter-arrival times (1: Poisson)
+    # time-weighted mean squared context of a decoding sequence (0: unknown, taken as decode_context²)
+    decode_context_sq: float = 0.0
+
+    @property
+    def context_cv2(self) -> float:
+        """The squared coefficient of variation of a decoding sequence's context (time-weighted)."""
+        c = self.decode_context
+        return max(0.0, self.decode_context_sq / (c * c) - 1.0) if c > 0 and self.decode_context_sq > 0 else 0.0
 
     def remote_share(self, threshold: float) -> float:
         return sum(w for t, w in zip(self.in_tokens, self.in_weight, strict=True) if t >= threshold)
@@ -102,7 +110,7 @@ def build_workload(p: Profile) -> Workload:
     out_tokens: list[float] = []
     out_weight: list[float] = []
     out_tenant: list[int] = []
-    ctx_num = out_sum = in_sum = 0.0
+    ctx_num = ctx_sq_num = out_sum = in_sum = 0.0
     for k, share in enumerate(shares):
         t = tenants[k] if tenants else None
         ind = (t.input_tokens if t and t.input_tokens else tr.input_tokens)
@@ -122,13 +130,18 @@ def build_workload(p: Profile) -> Workload:
         e_in = sum(tok * w for tok, w in ib)
         e_out = sum(tok * w for tok, w in ob)
         e_out2 = sum(tok * tok * w for tok, w in ob)
+        e_out3 = sum(tok ** 3 * w for tok, w in ob)
+        e_in2 = sum(tok * tok * w for tok, w in ib)
         ctx_num += share * (e_out * e_in + e_out2 / 2)
+        # over a stream's life its context runs from in to in + out: E[(in + x)²], x uniform on [0, out], weighted
+        # by out (time), in and out independent within a tenant
+        ctx_sq_num += share * (e_out * e_in2 + e_out2 * e_in + e_out3 / 3)
         out_sum += share * e_out
         in_sum += share * e_in
     return Workload(tuple(names), tuple(shares), tuple(in_tokens), tuple(in_prefill), tuple(in_weight),
                     tuple(in_tenant), tuple(out_tokens), tuple(out_weight), tuple(out_tenant),
                     p.traffic.rate.mean_rps, p.traffic.rate.peak, out_sum, in_sum, ctx_num / out_sum,
-                    p.traffic.burstiness.ca2)
+                    p.traffic.burstiness.ca2, ctx_sq_num / out_sum)
 
 
 # ------------------------------------------------------------------------------------------------- pools
@@ -287,23 +300,56 @@ class DecodeSide:
     local_queue: Queue
     local_fixed: tuple[float, ...]  # per input bin (NaN-free; unused for remote bins)
     tpot_ok: tuple[float, ...]  # per output bin: P(TPOT ≤ SLO)
+    # the decode batch's KV moves with its occupancy and its streams' contexts: the standard deviation of TPOT
+    # that moves a step (:func:`occupancy_sd`) before a stream's life averages it, and the mean output over which
+    # that averaging is reckoned (a stream as long as the mean lives one correlation time of the occupancy)
+    occupancy_sd_s: float = 0.0
+    mean_out: float = 0.0
 
     def tpot_cdf(self, wl: Workload, tau: float) -> list[float]:
         return [_tpot_ok(self, out, tau) for out in wl.out_tokens]
 
 
+def life_average(r: float) -> float:
+    """The share of a stationary process's variance left in its mean over a window ``r`` correlation times long,
+    for an exponential autocorrelation (the occupancy of an M/M/∞ system: Cov(u) ∝ e^(−u/L), L the mean life):
+    2·(r − 1 + e^(−r)) / r²; 1 for a window that is short against the process, 2/r for a long one."""
+    if r < 1e-3:
+        return 1.0 - r / 3.0
+    return 2.0 * (r - 1.0 + math.exp(-r)) / (r * r)
+
+
 def _tpot_ok(d: DecodeSide, out: float, tau: float, stall_s: float = 0.0) -> float:
     """P(TPOT ≤ tau) of a stream of ``out`` tokens; ``stall_s``: one more stall of its steps (a prefill placed
-    beside it) spread over its output."""
+    beside it) spread over its output. Two independent spreads, normal: the prefill work that lands in its
+    lifetime (compound renewal), and the decode batch it runs in (its occupancy and its streams' contexts, averaged
+    over the stream's life)."""
     if d.saturated:
         return 0.0
     if out <= 1:
         return 1.0
     m = d.tpot_mean_s + stall_s / out
-    var = d.interference_m2 * out * m
+    var = d.interference_m2 * m / out  # TPOT² (the work in a lifetime out·m, spread over out tokens)
+    if d.occupancy_sd_s > 0:
+        var += d.occupancy_sd_s ** 2 * life_average(out / d.mean_out if d.mean_out > 0 else 1.0)
     if var <= 0:
         return 1.0 if m <= tau + 1e-12 else 0.0
-    return phi((tau - m) * out / math.sqrt(var))
+    return phi((tau - m) / math.sqrt(var))
+
+
+def occupancy_sd(dm: PoolModel, wl: Workload, n: float, replicas: int, rho_p: float) -> float:
+    """The standard deviation of the decode step time, as TPOT, that the batch's KV moves it by. Per replica the KV
+    read is the sum of its streams' contexts. Their count is Poisson-like: an infinite-server occupancy of mean
+    ``n``, variance ``z·n`` with peakedness z = (1 + ca²)/2 (Whitt 1984, *Heavy-traffic approximations for service
+    systems with blocking*, the GI/M/∞ peakedness), of which the router's least-loaded choice leaves each of
+    ``replicas`` a 1/replicas share. Each stream's context spreads around the mean (``wl.context_cv2``). In units
+    of mean-context streams: Var = n·(z/replicas + cv²); a stream costs the step's slope at ``n``."""
+    if n <= 0 or rho_p >= 1:
+        return 0.0
+    z = (1.0 + wl.ca2) / 2.0
+    var = n * (z / max(1, replicas) + wl.context_cv2)
+    slope = dm.t_dec(n + 1.0) - dm.t_dec(n)
+    return slope * math.sqrt(var) / (1.0 - rho_p)
 
 
 def decode_side(dm: PoolModel, replicas: int, wl: Workload, rate: float, local: Sequence[float],
@@ -352,9 +398,10 @@ def decode_side(dm: PoolModel, replicas: int, wl: Workload, rate: float, local: 
     else:
         q = IDLE
     fixed = tuple(so + ch * step for so, ch in zip(dm.solo, dm.chunks, strict=True))
-    d = DecodeSide(replicas, "", n, limit, step, tpot, rho_p, m2, q, fixed, zero)
+    occ = occupancy_sd(dm, wl, n, replicas, rho_p)
+    d = DecodeSide(replicas, "", n, limit, step, tpot, rho_p, m2, q, fixed, zero, occ, wl.mean_out)
     ok = tuple(_tpot_ok(d, out, tpot_slo_s) for out in wl.out_tokens)
-    return DecodeSide(replicas, "", n, limit, step, tpot, rho_p, m2, q, fixed, ok)
+    return DecodeSide(replicas, "", n, limit, step, tpot, rho_p, m2, q, fixed, ok, occ, wl.mean_out)
 
 
 def prefill_queue(pm: PoolModel, replicas: int, wl: Workload, rate: float, remote: Sequence[bool]) -> Queue:

@@ -49,9 +49,11 @@ class ModelSizer:
         if wr + wl <= 0:
             wr, wl = 0.0, 1.0
         ctx = (wr * load.remote_in + wl * load.local_in) + load.out / 2
+        o = load.out  # a stream's context runs from its prompt to prompt + output (model.py build_workload)
+        ctx_sq = sum(w * (x * x + o * x + o * o / 3) for w, x in ((wr, load.remote_in), (wl, load.local_in)))
         return Workload(("all",), (1.0,), (load.remote_in, load.local_in), (load.remote_in, load.local_in),
                         (wr, wl), (0, 0), (load.out,), (1.0,), (0,), rps, rps, load.out,
-                        wr * load.remote_in + wl * load.local_in, ctx)
+                        wr * load.remote_in + wl * load.local_in, ctx, decode_context_sq=ctx_sq)
 
     def _pools(self, wl: Workload) -> tuple[PoolModel, PoolModel]:
         _, chunk = vllm_batch_defaults(self.gpu)
