@@ -16,7 +16,9 @@ Pure functions, no I/O. docs/planning.md derives every formula; in brief:
 - **Decode.** Concurrency per decode replica solves Little's law n = λ_d · E[out] · TPOT(n) (fixed point);
   TPOT = step(n) / (1 − ρ_p) where ρ_p is the share of the replica's time spent on local prefill chunks
   (aggregated and conditional serving); a request's TPOT varies with the prefill work that lands in its lifetime
-  (compound renewal: variance λ·t·(E[X²] + (ca² − 1)·E[X]²), normal approximation).
+  (compound renewal: variance λ·t·(E[X²] + (ca² − 1)·E[X]²), normal approximation), and with the decode batch it
+  runs in (the occupancy and the streams' contexts move the step's KV read: :func:`occupancy_sd`, averaged over
+  the stream's life, :func:`life_average`).
 - **TTFT** = wait + own prefill (+ KV transfer + the first decode step on the remote path; + the decode batch
   that rides along every local chunk step).
 - **Goodput** = Σ tenants share · P(TTFT ≤ SLO) · P(TPOT ≤ SLO), TTFT and TPOT independent within a tenant.
