@@ -16,7 +16,7 @@ from disagg.bench.plan_accuracy import gamma_times, mmpp_times
 from disagg.cli import main
 from disagg.plan import burst
 from disagg.plan.model import erlang_c, mgc, split_ca2
-from disagg.plan.profile import ProfileError, parse_profile
+from disagg.plan.profile import ProfileError, parse_profile, window_peak
 from disagg.plan.reqlog import LogError, read_lines, read_times, traffic_from_log
 from disagg.plan.search import search
 from disagg.plan.verify import (
@@ -209,10 +209,37 @@ def test_bursts_that_need_one_more_replica_get_it() -> None:
 
 
 def test_arrival_variability_alone_can_need_one_more_replica() -> None:
-    base = search(parse_profile(tiny())).winner
-    w = search(parse_profile(tiny(interarrivalCv=5.0))).winner
+    """The queues' wait alone (G/G/c with ca²), sized at peakRps: no cover rate."""
+    def at_peak(d: dict[str, Any]) -> dict[str, Any]:
+        d["search"]["coverPeak"] = "none"
+        return d
+
+    base = search(parse_profile(at_peak(tiny()))).winner
+    w = search(parse_profile(at_peak(tiny(interarrivalCv=5.0)))).winner
     assert base is not None and w is not None
     assert w.gpus == base.gpus + 1
+
+
+def test_undeclared_window_peaks_are_what_the_arrivals_show_at_peak_rps() -> None:
+    """No peakRps10s declared: the cover is the rate one 10-s window in twenty exceeds with arrivals at peakRps —
+    for Poisson arrivals (simulated here) and, wider, for burstier ones."""
+    p = parse_profile(tiny())
+    cover, what = p.cover_rate()
+    assert cover == pytest.approx(window_peak(10.0, 10.0)) and what == "peakRps's own 10s windows (p95, cv 1)"
+    times = poisson(10.0, 200_000, seed=3)
+    counts = [0] * int(times[-1] // 10)
+    for t in times:
+        if int(t // 10) < len(counts):
+            counts[int(t // 10)] += 1
+    rates = sorted(c / 10.0 for c in counts)
+    assert rates[int(0.95 * len(rates))] == pytest.approx(cover, abs=0.25)
+    assert parse_profile(tiny(interarrivalCv=3.0)).cover_rate()[0] == pytest.approx(window_peak(10.0, 10.0, 9.0))
+    assert window_peak(10.0, 10.0, 9.0) > cover > 10.0
+    declared = parse_profile(tiny(peakRps10s=11.0)).cover_rate()  # a measured peak wins over the model's
+    assert declared == (11.0, "traffic.burstiness.peakRps10s")
+    none = tiny()
+    none["search"]["coverPeak"] = "none"
+    assert parse_profile(none).cover_rate() == (10.0, "peakRps")
 
 
 def test_a_peak_below_capacity_or_cover_none_changes_nothing() -> None:
@@ -250,9 +277,10 @@ def test_extra_headroom_scales_the_cover_rate() -> None:
     d = tiny()
     d["search"]["extraHeadroom"] = 0.5
     p = parse_profile(d)
-    assert p.cover_rate() == (15.0, "peakRps + 50%")
+    want = (pytest.approx(1.5 * window_peak(10.0, 10.0)), "peakRps's own 10s windows (p95, cv 1) + 50%")
+    assert p.cover_rate() == want
     w = search(p).winner
-    assert w is not None and w.margin is not None and w.margin.capacity_rps >= 15.0
+    assert w is not None and w.margin is not None and w.margin.capacity_rps >= 1.5 * window_peak(10.0, 10.0)
 
 
 def test_plan_text_and_spec_say_what_margin_was_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -344,7 +372,7 @@ def test_verify_replays_the_recorded_times_and_judges_windows() -> None:
     for r in rows:
         assert r.simulated.requests == sum(1 for t in times if t >= times[-1] * 0.2)
         assert r.simulated.windows and all(w["rps"] > 0 for w in r.simulated.windows)
-        assert r.cover_rps == 10
+        assert r.cover_rps == pytest.approx(window_peak(10.0, 10.0))  # peakRps's own 10-s windows
         assert r.misses == (r.simulated.attainment < 0.9 or (r.worst_window or 1.0) < 0.9)
     again = verify(result, VERIFY, rec=rec)
     assert [r.simulated.windows for r in again] == [r.simulated.windows for r in rows]

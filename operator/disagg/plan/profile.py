@@ -133,7 +133,8 @@ class Rate(_Model):
 
 class Burstiness(_Model):
     """How bursty the arrivals are beyond their mean and peak rates (``disagg plan --from-log`` measures it; plan/
-    burst.py). Unknown → Poisson: ``interarrivalCv`` 1 and no short-window peaks (the plan is sized for peakRps)."""
+    burst.py). Unknown → Poisson: ``interarrivalCv`` 1, and a short window's peak is what arrivals at peakRps show in
+    one such window in twenty (``window_peak``)."""
 
     interarrival_cv: float = Field(default=1.0, ge=0, le=100,
                                    description="Coefficient of variation of the gaps between arrivals (1: Poisson, "
@@ -323,10 +324,24 @@ class Search(_Model):
     gpu_memory_utilization: float = Field(default=0.9, gt=0.1, le=1)
     cover_peak: Literal["none", "1s", "10s", "60s"] = Field(
         default="10s", description="Headroom: a candidate must also meet the SLOs at traffic.burstiness's peak over "
-        "this window (when the profile declares it and it is above peakRps); none: at peakRps only.")
+        "this window when the profile declares it, else at the rate arrivals at peakRps (with the declared "
+        "interarrivalCv) exceed in one such window in twenty; none: at peakRps only.")
     extra_headroom: float = Field(default=0.0, ge=0, le=10,
                                   description="Headroom: the rate covered is (1 + this) × the larger of peakRps and "
                                   "the coverPeak window's peak.")
+
+
+WINDOW_S = {"1s": 1.0, "10s": 10.0, "60s": 60.0}
+
+
+def window_peak(rate: float, window_s: float, ca2: float = 1.0) -> float:
+    """The rate one window of ``window_s`` seconds in twenty exceeds when arrivals come at ``rate`` with inter-arrival
+    cv² ``ca2``: a renewal process's count over a window of length t has mean λt and variance ≈ ca²·λt (Cox 1962,
+    *Renewal Theory*, §4.5), taken as normal. Poisson arrivals at a declared peak rate are not at that rate in every
+    window, and a queue near its limit keeps the backlog of the busier windows into the next."""
+    if rate <= 0 or window_s <= 0:
+        return rate
+    return rate + Z95 * math.sqrt(ca2 * rate / window_s)
 
 
 class Profile(_Model):
@@ -351,13 +366,18 @@ class Profile(_Model):
         return v
 
     def cover_rate(self) -> tuple[float, str]:
-        """The arrival rate a plan must meet the SLOs at, and what it is: the larger of ``peakRps`` and the declared
-        peak over ``search.coverPeak``, times (1 + ``search.extraHeadroom``)."""
+        """The arrival rate a plan must meet the SLOs at, and what it is: the larger of ``peakRps`` and the peak over
+        ``search.coverPeak`` — the declared one, else what arrivals at ``peakRps`` with the declared inter-arrival
+        cv show in one window of that length in twenty (:func:`window_peak`) — times (1 + ``search.extraHeadroom``)."""
         peak = self.traffic.rate.peak
         w = self.search.cover_peak
-        short = self.traffic.burstiness.peak(w) if w != "none" else None
-        base, what = ((short, f"traffic.burstiness.peakRps{w}") if short is not None and short > peak
-                      else (peak, "peakRps"))
+        b = self.traffic.burstiness
+        short = b.peak(w) if w != "none" else None
+        what = f"traffic.burstiness.peakRps{w}"
+        if short is None and w != "none":
+            short = window_peak(peak, WINDOW_S[w], b.ca2)
+            what = f"peakRps's own {w} windows (p95, cv {b.interarrival_cv:g})"
+        base, what = (short, what) if short is not None and short > peak else (peak, "peakRps")
         x = self.search.extra_headroom
         if x > 0:
             return base * (1 + x), f"{what} + {x:.0%}"

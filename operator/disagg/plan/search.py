@@ -5,8 +5,9 @@ Shapes: aggregated (decode workers prefill locally), disaggregated (every prompt
 pool; replicas per pool. Candidates are sized for the peak rate; feasible ones are ranked by cost, then goodput.
 
 **Headroom.** A candidate is feasible when it meets the SLOs at the peak rate *and* at the profile's cover rate
-(``Profile.cover_rate``: the declared short-window peak of ``search.coverPeak`` when it is above peakRps, plus
-``search.extraHeadroom``); one that meets them at the peak only is reported as short of headroom. Every candidate
+(``Profile.cover_rate``: the short-window peak of ``search.coverPeak`` — declared, else what arrivals at peakRps
+show in one such window in twenty — when it is above peakRps, plus ``search.extraHeadroom``); one that meets them at
+the peak only is reported as short of headroom. Every candidate
 shown carries its :class:`Margin`: utilisation per pool, TTFT/TPOT p95 as a share of the SLO, and its capacity —
 the highest arrival rate at which the model still says it meets the SLOs.
 """
