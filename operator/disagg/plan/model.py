@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..perf.presets import GPUPreset, ModelPreset, TransportPreset, vllm_batch_defaults
 from ..perf.roofline import PerfModel, SeqWork
@@ -98,6 +98,18 @@ def _dist_bins(d: TokenDist, n: int) -> list[tuple[float, float]]:
     return out
 
 
+def context_sq_sum(ins: Sequence[tuple[float, float]], outs: Sequence[tuple[float, float]]) -> float:
+    """E[out · ctx²] over (tokens, weight) bins of prompts and answers, independent: over a stream's life its
+    context runs from in to in + out, so weighted by its time (out) the mean of ctx² is E[(in + x)²] with x uniform
+    on [0, out] — out·in² + out²·in + out³/3. Divided by E[out]: the time-weighted mean squared context."""
+    e_in = sum(t * w for t, w in ins)
+    e_in2 = sum(t * t * w for t, w in ins)
+    e_out = sum(t * w for t, w in outs)
+    e_out2 = sum(t * t * w for t, w in outs)
+    e_out3 = sum(t ** 3 * w for t, w in outs)
+    return e_out * e_in2 + e_out2 * e_in + e_out3 / 3
+
+
 def build_workload(p: Profile) -> Workload:
     tr = p.traffic
     tenants = tr.tenants or []
@@ -132,12 +144,8 @@ def build_workload(p: Profile) -> Workload:
         e_in = sum(tok * w for tok, w in ib)
         e_out = sum(tok * w for tok, w in ob)
         e_out2 = sum(tok * tok * w for tok, w in ob)
-        e_out3 = sum(tok ** 3 * w for tok, w in ob)
-        e_in2 = sum(tok * tok * w for tok, w in ib)
         ctx_num += share * (e_out * e_in + e_out2 / 2)
-        # over a stream's life its context runs from in to in + out: E[(in + x)²], x uniform on [0, out], weighted
-        # by out (time), in and out independent within a tenant
-        ctx_sq_num += share * (e_out * e_in2 + e_out2 * e_in + e_out3 / 3)
+        ctx_sq_num += share * context_sq_sum(ib, ob)
         out_sum += share * e_out
         in_sum += share * e_in
     return Workload(tuple(names), tuple(shares), tuple(in_tokens), tuple(in_prefill), tuple(in_weight),
@@ -400,10 +408,9 @@ def decode_side(dm: PoolModel, replicas: int, wl: Workload, rate: float, local: 
     else:
         q = IDLE
     fixed = tuple(so + ch * step for so, ch in zip(dm.solo, dm.chunks, strict=True))
-    occ = occupancy_sd(dm, wl, n, replicas, rho_p)
-    d = DecodeSide(replicas, "", n, limit, step, tpot, rho_p, m2, q, fixed, zero, occ, wl.mean_out)
-    ok = tuple(_tpot_ok(d, out, tpot_slo_s) for out in wl.out_tokens)
-    return DecodeSide(replicas, "", n, limit, step, tpot, rho_p, m2, q, fixed, ok, occ, wl.mean_out)
+    d = DecodeSide(replicas, "", n, limit, step, tpot, rho_p, m2, q, fixed, zero,
+                   occupancy_sd(dm, wl, n, replicas, rho_p), wl.mean_out)
+    return replace(d, tpot_ok=tuple(_tpot_ok(d, out, tpot_slo_s) for out in wl.out_tokens))
 
 
 def prefill_queue(pm: PoolModel, replicas: int, wl: Workload, rate: float, remote: Sequence[bool]) -> Queue:

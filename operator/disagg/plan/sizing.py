@@ -26,7 +26,7 @@ from ..api.models import DisaggregatedModelSpec
 from ..autoscaling.forecast import Load
 from ..autoscaling.predictive import Expected, Need
 from ..perf.presets import GPUPreset, ModelPreset, TransportPreset, vllm_batch_defaults
-from .model import PoolModel, Workload, decode_side, pool_model, prefill_queue, transfers
+from .model import PoolModel, Workload, context_sq_sum, decode_side, pool_model, prefill_queue, transfers
 
 QUANTILE = 0.95  # the share of requests whose TTFT the sizing keeps within the target (the SLO is a p95)
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
@@ -49,8 +49,8 @@ class ModelSizer:
         if wr + wl <= 0:
             wr, wl = 0.0, 1.0
         ctx = (wr * load.remote_in + wl * load.local_in) + load.out / 2
-        o = load.out  # a stream's context runs from its prompt to prompt + output (model.py build_workload)
-        ctx_sq = sum(w * (x * x + o * x + o * o / 3) for w, x in ((wr, load.remote_in), (wl, load.local_in)))
+        o = max(load.out, 1e-9)  # one answer length: E[out·ctx²] ÷ out is the mean squared context
+        ctx_sq = context_sq_sum(((load.remote_in, wr), (load.local_in, wl)), ((o, 1.0),)) / o
         return Workload(("all",), (1.0,), (load.remote_in, load.local_in), (load.remote_in, load.local_in),
                         (wr, wl), (0, 0), (load.out,), (1.0,), (0,), rps, rps, load.out,
                         wr * load.remote_in + wl * load.local_in, ctx, decode_context_sq=ctx_sq)
