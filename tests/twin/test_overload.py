@@ -63,11 +63,10 @@ def test_the_interactive_tenant_keeps_its_attainment_and_batch_absorbs_the_overl
     assert not refusals(admit, "batch") and all(x.ok for x in admit.records)
     assert attainment(admit, "batch") < 0.2
     assert attainment(admit, "chat") < 0.95
-    # with it: chat is served within its SLO, and batch gets twice the goodput it had (2.3× since the SLO placement
-    # overrules the ladder on any clear saving, which alone keeps more of batch within its SLO: it was over 3×)
+    # with it: chat is served within its SLO, and batch gets several times the goodput it had
     assert attainment(r, "chat") >= 0.95
     assert all(x.ok for x in r.records if x.tenant == "chat")
-    assert goodput(r, "batch") > 2 * goodput(admit, "batch")
+    assert goodput(r, "batch") > 3 * goodput(admit, "batch")
     # what batch was refused, it was refused with 429 and a reason; nothing of chat's
     reasons = refusals(r, "batch")
     assert reasons and {status for status, _ in reasons} == {429}

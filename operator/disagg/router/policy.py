@@ -109,15 +109,12 @@ class Tuning:
     hedge_factor: float = 8.0
     hedge_min_s: float = 0.25
     # SLO placement (placement.py): the output a stream is assumed to have when nothing says more, and by how many
-    # expected misses a placement must beat the ladder's choice by to overrule it: one in a hundred, a noise floor.
-    # Any clear saving overrules (the placement predicted to keep the most requests within the SLO wins); a
-    # difference within the model's own error at light load keeps the ladder's choice (docs/router.md "How much an
-    # overrule must save": the goodput benchmark at margins of 0.5/0.2, 0.01 and 0)
+    # expected misses a placement must beat the ladder's choice to overrule it
     default_output_tokens: int = 256
-    slo_override: float = 0.01
+    slo_override: float = 0.5
     # … and by how many when the ladder's rule is in its grey zone (GREY_REASONS: a prompt between the local and
     # the remote thresholds, a long prompt with a short answer), where a static rule knows least
-    slo_override_grey: float = 0.01
+    slo_override_grey: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -436,9 +433,8 @@ def _spent(o: pl.Prediction, local_d: WorkerLoad, pw: WorkerLoad | None, slo_tpo
 def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning,
                  base: Decision, picks: _Picks) -> Decision:
     """``spec.routing.policy: SLO``: the ladder's choice ``base``, overruled by the placement predicted to keep
-    more requests within spec.slo (placement.py: by more than ``tuning.slo_override`` expected misses, or
-    ``tuning.slo_override_grey`` where the ladder's rule is in its grey zone, :data:`GREY_REASONS`; both 0.01 by
-    default: a noise floor, not a prior for the ladder),
+    clearly more requests within spec.slo (placement.py: by at least ``tuning.slo_override`` expected misses, or
+    ``tuning.slo_override_grey`` where the ladder's rule is in its grey zone, :data:`GREY_REASONS`),
     among the whole request on the chosen decode worker, remote prefill on a compatible pair (closed breakers, the
     prefill pool not starting), and the whole request on the least busy prefill worker."""
     local_d = picks.local_d
@@ -460,8 +456,7 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
             remote = pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out,
                                        slo_ttft_s=slo_ttft)
             options.append(remote)
-        elastic = cfg.routing.elastic_fleet and tuning.elastic_idle_s > 0  # Tuning.elastic_idle_s 0: off, here too
-        pw = base_worker or (picks.any_prefill() if elastic else None)
+        pw = base_worker or (picks.any_prefill() if cfg.routing.elastic_fleet else None)
         if pw is not None:  # a stream there shares its steps with the pool's remote prefills to come
             pool_rate = sum([w.prefill_rate for w in snap.prefill]) / len(snap.prefill)
             options.append(pl.predict_whole(pw, pl.cost_of(pw), f.input_tokens, "prefill_worker", slo_tpot, out,
@@ -474,8 +469,7 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     # them is past what the stall model sees (the load they live through grows), and the ladder's own choice stands
     best, best_misses = next(x for x in order if x[0] is chosen or not _spent(x[0], local_d, pw, slo_tpot))
     margin = tuning.slo_override_grey if base.reason in GREY_REASONS else tuning.slo_override
-    # ties (equal expected misses at the ranking's precision) and savings within the margin keep the ladder's choice
-    if best is not chosen and round(chosen_misses, 3) - round(best_misses, 3) <= margin + 1e-9:
+    if best is not chosen and chosen_misses - best_misses < margin:
         best = chosen
     # the predictions themselves (formatted for the log line and the span only when the request is logged)
     detail: dict[str, Any] = base.detail
