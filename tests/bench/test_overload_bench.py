@@ -40,22 +40,21 @@ def test_cli_wiring() -> None:
 
 def test_the_committed_results_hold_what_the_docs_say() -> None:
     """docs/benchmarks.md §6's prose: with admission the chat tenant keeps its SLO at every step, and batch keeps
-    about its knee's goodput at the top step with Shed (less with Queue); without it batch collapses and chat's
-    TTFT p95 at the top step is over twice what it is with admission (the engines serve chat first, so its
-    attainment holds longest)."""
+    about its knee's goodput at the top step with Shed and with Queue; without it batch collapses and chat's
+    attainment at the top step falls below 90 % (its streams' TPOT: the placement keeps its TTFT p95 under the
+    target, but not the streams it shares the decode worker with batch's)."""
     doc = json.loads((REPO / "docs" / "results" / "overload.json").read_text())
     summary = {s["policy"]: s for s in doc["results"]["summary"]}
     assert summary["Admit"]["batch_goodput_at_top_vs_peak"] < 0.5
     assert summary["Admit"]["chat_min_attainment"] <= summary["Shed"]["chat_min_attainment"]
     steps = {(r["batch_rate"], r["policy"]): r for r in doc["results"]["steps"]}
     top = max(rate for rate, _ in steps)
-    assert steps[(top, "Admit")]["chat"]["ttft_p95_ms"] > 2 * steps[(top, "Shed")]["chat"]["ttft_p95_ms"]
+    assert steps[(top, "Admit")]["chat"]["attainment"] < 0.9
+    assert steps[(top, "Admit")]["chat"]["ttft_p95_ms"] < 1000
     for policy in ("Shed", "Queue"):
         assert summary[policy]["chat_min_attainment"] >= 0.95
-    # Shed keeps about the knee's goodput; Queue less (a released request has waited): 0.84 of it since the twin's
-    # step model of 2026-12-04, 1.02 before
-    assert summary["Shed"]["batch_goodput_at_top_vs_peak"] >= 0.9
-    assert 0.75 <= summary["Queue"]["batch_goodput_at_top_vs_peak"] < summary["Shed"]["batch_goodput_at_top_vs_peak"]
+        # each keeps about the knee's goodput (Queue: 0.84 of it with the placement's margins until 2026-12-05)
+        assert summary[policy]["batch_goodput_at_top_vs_peak"] >= 0.9
 
 
 def test_a_mix_past_the_knee_runs_every_tenant_on_the_policy() -> None:
@@ -86,10 +85,12 @@ def test_the_mixes_summary_shares_of_the_peak_and_renders() -> None:
 
 def test_the_committed_mixes_hold_what_the_docs_say() -> None:
     """docs/benchmarks.md §6 on the goodput sweep's mixes: without admission no mix keeps 90 % of its peak at twice
-    its top rate, with Shed every one does; and below the knee Shed costs goodput (long-rag at 18 req/s)."""
+    its top rate, with Shed every one but short-chat does; and below the knee Shed costs goodput (long-rag at
+    18 req/s)."""
     m = json.loads((REPO / "docs" / "results" / "overload.json").read_text())["results"]["mixes"]
     names = sorted({r["mix"] for r in m["rows"]})
     assert names == sorted(overload.MIX_NAMES)
-    assert m["held_at_top"]["Admit"] == [] and sorted(m["held_at_top"]["Shed"]) == names
+    assert m["held_at_top"]["Admit"] == []
+    assert sorted(m["held_at_top"]["Shed"]) == [n for n in names if n != "short-chat"]
     at = {(r["mix"], r["rate"], r["policy"]): r["goodput_rps"] for r in m["rows"]}
-    assert at[("long-rag", 18.0, "Shed")] < 0.8 * at[("long-rag", 18.0, "Admit")]
+    assert at[("long-rag", 18.0, "Shed")] < 0.9 * at[("long-rag", 18.0, "Admit")]

@@ -28,10 +28,12 @@ def poisson(rate: float, tenant: str, input_tokens: int, output_tokens: int, see
 
 @cache
 def run(batch_overload: str, policy: str = "SLO") -> TwinResult:
-    # batch at 48 req/s: far past one decode worker's knee. (32 was, until the perf model read an H100's memory as
+    # batch at 80 req/s: far past one decode worker's knee. (32 was, until the perf model read an H100's memory as
     # CUDA reports it, 79.22 GiB not 80e9 B: issue 26. With ~5 GiB more KV the decode worker absorbed 32 req/s
-    # of batch without costing chat its SLO under Admit, so it was no longer an overload for everyone.)
-    arrivals = sorted(poisson(4.0, "chat", 1000, 128, 1) + poisson(48.0, "batch", 3000, 256, 2), key=lambda a: a.at)
+    # of batch without costing chat its SLO under Admit, so it was no longer an overload for everyone. 48 was until
+    # the SLO placement overruled a ladder choice at risk on any clear saving (2026-12-05): that alone kept chat
+    # at 0.96 under Admit at 48, and at 0.95 at 64.)
+    arrivals = sorted(poisson(4.0, "chat", 1000, 128, 1) + poisson(80.0, "batch", 3000, 256, 2), key=lambda a: a.at)
     arrivals = [Arrival(**{**a.__dict__, "request_id": f"r{i:04d}"}) for i, a in enumerate(arrivals)]
     tenants: list[dict[str, Any]] = [
         {"name": "chat", "match": {"values": ["chat"]}, "priority": "Interactive"},
@@ -63,10 +65,11 @@ def test_the_interactive_tenant_keeps_its_attainment_and_batch_absorbs_the_overl
     assert not refusals(admit, "batch") and all(x.ok for x in admit.records)
     assert attainment(admit, "batch") < 0.2
     assert attainment(admit, "chat") < 0.95
-    # with it: chat is served within its SLO, and batch gets several times the goodput it had
+    # with it: chat is served within its SLO, and batch gets twice the goodput it had (2.5×; over 3× before the SLO
+    # placement overruled a ladder choice at risk on any clear saving, which alone keeps more of batch within its SLO)
     assert attainment(r, "chat") >= 0.95
     assert all(x.ok for x in r.records if x.tenant == "chat")
-    assert goodput(r, "batch") > 3 * goodput(admit, "batch")
+    assert goodput(r, "batch") > 2 * goodput(admit, "batch")
     # what batch was refused, it was refused with 429 and a reason; nothing of chat's
     reasons = refusals(r, "batch")
     assert reasons and {status for status, _ in reasons} == {429}

@@ -46,7 +46,9 @@ Mode = Literal["aggregated", "disaggregated", "conditional"]
 THRESHOLDS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 P95 = 0.95
 SPILL_FLOOR = 1e-4  # an overflow share below this leaves the decode side as it is (a cached one)
-OVERRULE_MARGIN = Tuning.slo_override  # expected misses an SLO overrule must save (the shipped router's)
+# a remote prompt whose queue wait takes it past the TTFT target is one expected miss; the shipped router's SLO
+# placement moves it to its decode worker when its stall there costs fewer, by the margin an overrule must save
+SPILL_HARM_LIMIT = 1.0 - Tuning.slo_override
 
 
 @dataclass(frozen=True)
@@ -168,13 +170,13 @@ def spills(pq: Queue, remote: Sequence[bool], rfixed: Sequence[float], ds: Decod
     """Per input bin, the share of its remote prompts the router prefills on the decode pool instead: those whose
     prefill-queue wait would take the remote TTFT past the target (``tau`` less the bin's own prefill, transfer
     and first step: :func:`overflow_share`), as the SLO placement moves them — where the local path meets the
-    target and the prompt's stall pushes fewer streams over the TPOT target than the margin an overrule needs
-    (Tuning.slo_override; the ladder's maxPrefillQueueWaitMs proposes the move, the placement keeps the prompt
-    remote otherwise). () when no bin spills more than :data:`SPILL_FLOOR`."""
+    target and the prompt's stall pushes fewer streams over the TPOT target than the remote path's own miss, less
+    the margin an overrule must save (:data:`SPILL_HARM_LIMIT`; the ladder's maxPrefillQueueWaitMs proposes the
+    move, the placement keeps the prompt remote otherwise). () when no bin spills more than :data:`SPILL_FLOOR`."""
     if pq.saturated or pq.c_wait <= 0:
         return ()
     out = tuple(round(overflow_share(pq, tau - f), 4)
-                if r and lf <= tau and stall_harm(ds, wl, so, tpot_tau) <= OVERRULE_MARGIN else 0.0
+                if r and lf <= tau and stall_harm(ds, wl, so, tpot_tau) <= SPILL_HARM_LIMIT else 0.0
                 for r, f, lf, so in zip(remote, rfixed, ds.local_fixed, dm.solo, strict=True))
     return out if any(x > SPILL_FLOOR for x in out) else ()
 

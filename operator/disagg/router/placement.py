@@ -1,7 +1,9 @@
 """SLO-predictive placement (``spec.routing.policy: SLO``). PURE: features + load snapshot + SLO → the placement
 that keeps the most requests within the SLO, with its prediction. No I/O, no clock. policy.py ``slo_decision``
-prices the ladder's choice and the alternatives with these functions and overrules the ladder only when another
-placement is clearly better (``Tuning.slo_override`` expected misses).
+prices the ladder's choice and the alternatives with these functions and, once the ladder's choice is at risk
+(``Tuning.slo_keep`` expected misses), overrules it when another placement is predicted to keep more requests
+within the SLO (by more than ``Tuning.slo_override`` expected misses: 0.01 by default, a noise floor, so the fewest
+expected misses wins unless the difference is within it).
 
 For a request of ``n`` prompt tokens the router prices every feasible placement on the workers it would use
 (docs/router.md "SLO placement"):
@@ -22,8 +24,10 @@ The choice minimises the **expected misses**: a prediction is a median, so the c
 target is taken as a logistic in predicted ÷ target with a relative spread :data:`SPREAD` (about the twin's own
 prediction error below the knee); the expected misses of a placement are this request's chance to miss TTFT or TPOT
 plus, over the streams already there, the rise of their chance to miss TPOT. Ties: the most headroom (the smallest
-of predicted ÷ SLO over TTFT and TPOT). A prefill worker takes a whole request only with slack (its expected misses
-below :data:`SLACK`): its first job is the remote prefills.
+of predicted ÷ SLO over TTFT and TPOT). A whole request on a prefill worker is judged as any other placement: its
+stream is priced under the pool's remote prefill traffic (``rate_floor``), so it wins only where that still beats
+the decode worker (no slack is asked of it: that kept the prefill pool out of whole requests exactly when the fleet
+was loaded; docs/router.md "One elastic fleet").
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ if TYPE_CHECKING:  # policy.py imports this module (its SLO policy)
 SPREAD = 0.15  # relative spread of an outcome around its prediction (logistic scale)
 # the streams on a worker spread around its mean TPOT (each its own context and output) wider than one prediction
 STREAM_SPREAD = 0.3
-SLACK = 0.05  # a prefill worker serves a whole request only when the expected misses stay below this
 LOGISTIC_PER_SD = math.sqrt(3.0) / math.pi  # a logistic's scale per unit of its standard deviation
 Z95 = 1.6449  # the standard normal's 95th percentile: spec.slo's targets are p95s
 MIN_STREAM_SPREAD = 0.02  # a worker whose streams all took the same TPOT still spreads them this much
@@ -204,7 +207,7 @@ def _headroom(o: Prediction, slo_ttft_s: float, slo_tpot_s: float) -> float:
 
 def choose(options: list[Prediction], slo: SLOSpec) -> Prediction:
     """Fewest expected misses (this request and those it harms), then the most headroom; ties keep the listed
-    order (local, remote, prefill worker). A prefill worker takes a whole request only with slack."""
+    order (local, remote, prefill worker)."""
     return rank(options, slo.ttft_p95_ms / 1000.0, slo.tpot_p95_ms / 1000.0)[0][0]
 
 
@@ -214,8 +217,7 @@ def rank(options: list[Prediction], slo_ttft_s: float, slo_tpot_s: float) -> lis
     keyed = []
     for i, o in enumerate(options):
         misses = _misses(o, slo_ttft_s, slo_tpot_s)
-        keyed.append(((o.placement == "prefill_worker" and misses >= SLACK, round(misses, 3),
-                       _headroom(o, slo_ttft_s, slo_tpot_s), i), o, misses))
+        keyed.append(((round(misses, 3), _headroom(o, slo_ttft_s, slo_tpot_s), i), o, misses))
     keyed.sort()  # by the key alone: its last element (the listed order) is unique
     return [(o, misses) for _, o, misses in keyed]
 

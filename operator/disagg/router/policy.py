@@ -109,12 +109,22 @@ class Tuning:
     hedge_factor: float = 8.0
     hedge_min_s: float = 0.25
     # SLO placement (placement.py): the output a stream is assumed to have when nothing says more, and by how many
-    # expected misses a placement must beat the ladder's choice to overrule it
+    # expected misses a placement must beat the ladder's choice by to overrule it: one in a hundred, a noise floor.
+    # Any clear saving overrules (the placement predicted to keep the most requests within the SLO wins); a
+    # difference within the model's own error at light load keeps the ladder's choice (docs/router.md "How much an
+    # overrule must save": the goodput benchmark at margins of 0.5/0.2, 0.01 and 0)
     default_output_tokens: int = 256
-    slo_override: float = 0.5
+    slo_override: float = 0.01
     # … and by how many when the ladder's rule is in its grey zone (GREY_REASONS: a prompt between the local and
     # the remote thresholds, a long prompt with a short answer), where a static rule knows least
-    slo_override_grey: float = 0.2
+    slo_override_grey: float = 0.01
+    # … but the ladder's choice stands, whatever another placement saves, while its own expected misses stay below
+    # this: a choice predicted to keep this request and those it would slow within the SLO needs no overrule. At
+    # light load every placement meets, and the differences left (a long prompt's KV transfer against its prefill
+    # on an idle decode worker) are in the logistic's tail, not in the SLO: there the ladder's intent — long
+    # prompts on the prefill pool, decode steps free of their chunks — holds (docs/router.md "How much an overrule
+    # must save"). 0: the margin alone decides
+    slo_keep: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -433,8 +443,10 @@ def _spent(o: pl.Prediction, local_d: WorkerLoad, pw: WorkerLoad | None, slo_tpo
 def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning,
                  base: Decision, picks: _Picks) -> Decision:
     """``spec.routing.policy: SLO``: the ladder's choice ``base``, overruled by the placement predicted to keep
-    clearly more requests within spec.slo (placement.py: by at least ``tuning.slo_override`` expected misses, or
-    ``tuning.slo_override_grey`` where the ladder's rule is in its grey zone, :data:`GREY_REASONS`),
+    more requests within spec.slo (placement.py: by more than ``tuning.slo_override`` expected misses, or
+    ``tuning.slo_override_grey`` where the ladder's rule is in its grey zone, :data:`GREY_REASONS`; both 0.01 by
+    default: a noise floor, not a prior for the ladder) once the ladder's choice is at risk (its expected misses at
+    least ``tuning.slo_keep``),
     among the whole request on the chosen decode worker, remote prefill on a compatible pair (closed breakers, the
     prefill pool not starting), and the whole request on the least busy prefill worker."""
     local_d = picks.local_d
@@ -456,7 +468,8 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
             remote = pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), f.input_tokens, slo_tpot, out,
                                        slo_ttft_s=slo_ttft)
             options.append(remote)
-        pw = base_worker or (picks.any_prefill() if cfg.routing.elastic_fleet else None)
+        elastic = cfg.routing.elastic_fleet and tuning.elastic_idle_s > 0  # Tuning.elastic_idle_s 0: off, here too
+        pw = base_worker or (picks.any_prefill() if elastic else None)
         if pw is not None:  # a stream there shares its steps with the pool's remote prefills to come
             pool_rate = sum([w.prefill_rate for w in snap.prefill]) / len(snap.prefill)
             options.append(pl.predict_whole(pw, pl.cost_of(pw), f.input_tokens, "prefill_worker", slo_tpot, out,
@@ -469,7 +482,10 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     # them is past what the stall model sees (the load they live through grows), and the ladder's own choice stands
     best, best_misses = next(x for x in order if x[0] is chosen or not _spent(x[0], local_d, pw, slo_tpot))
     margin = tuning.slo_override_grey if base.reason in GREY_REASONS else tuning.slo_override
-    if best is not chosen and chosen_misses - best_misses < margin:
+    # a choice predicted to meet stands; otherwise ties (equal expected misses at the ranking's precision) and
+    # savings within the margin keep it
+    if best is not chosen and (chosen_misses < tuning.slo_keep
+                               or round(chosen_misses, 3) - round(best_misses, 3) <= margin + 1e-9):
         best = chosen
     # the predictions themselves (formatted for the log line and the span only when the request is logged)
     detail: dict[str, Any] = base.detail
