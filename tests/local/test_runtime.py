@@ -7,6 +7,7 @@ cluster.)"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -102,3 +103,30 @@ def test_deployment_pods_run_with_their_own_ips(kube: client.ApiClient, namespac
         return len(pods) == 1 and sum(p.poll() is None for p in procs.values()) == 1
 
     wait_for(one_left, 60, "scale-down to 1 pod and 1 process")
+
+
+def test_labelled_env_reaches_only_containers_started_later_with_those_labels(
+        kube: client.ApiClient, namespace: str, runtime: LocalRuntime) -> None:
+    """A standing fault (set_env_for) is in the environment of a pod the Deployment adds later, and not in the
+    running pod's nor in another Deployment's."""
+    apps, core = client.AppsV1Api(kube), client.CoreV1Api(kube)
+    apps.create_namespaced_deployment(namespace, _deployment("w", 1))
+    apps.create_namespaced_deployment(namespace, _deployment("other", 0))
+
+    def ready_ips(app: str, n: int) -> list[str]:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
+        ips = [ip for p in pods if pod_ready(p) and (ip := pod_ip(p))]
+        return ips if len(ips) == n else []
+
+    (first,) = wait_for(lambda: ready_ips("w", 1), 60, "1 ready pod", interval=0.3)
+    runtime.set_env_for({"app": "w"}, {"DISAGG_SIM_FAULT_KV_TRANSFER_DELAY_MS": "1234"})
+    apps.patch_namespaced_deployment_scale("w", namespace, {"spec": {"replicas": 2}})
+    apps.patch_namespaced_deployment_scale("other", namespace, {"spec": {"replicas": 1}})
+    (second,) = wait_for(lambda: [ip for ip in ready_ips("w", 2) if ip != first], 60, "the added pod", interval=0.3)
+    (other,) = wait_for(lambda: ready_ips("other", 1), 60, "the other Deployment's pod", interval=0.3)
+
+    def delay(ip: str) -> float:
+        with urllib.request.urlopen(f"http://{ip}:8000/sim/faults", timeout=5) as r:
+            return float(json.loads(r.read())["kv_transfer_delay_ms"])
+
+    assert (delay(first), delay(second), delay(other)) == (0.0, 1234.0, 0.0)

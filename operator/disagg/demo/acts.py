@@ -54,10 +54,12 @@ class Outcome:
 
 
 def load_step(model: ModelHarness, name: str, mix: Mix, *, rate: float, seconds: float, seed: int) -> LoadStep:
-    """``mix`` at ``rate`` for ``seconds``, then on until the autoscaler has grown a pool (the step's answer), for
+    """Once the signals of what came before have cleared (:meth:`ModelHarness.wait_quiet`), ``mix`` at ``rate`` for
+    ``seconds``, then on until the autoscaler has grown a pool (the step's answer), for
     at most 3 × ``seconds`` in all. The autoscaler decides on windows of Prometheus
     samples, so on a loaded machine its decision can come later than a fixed drive would wait; the step runs until
     it comes rather than sampling once and finding none."""
+    model.wait_quiet()  # the previous step's scaling is over: this step's growth answers this step
     t = time.monotonic() - model.t0
     before = {p: model.desired(p) for p in POOLS}
     start = time.monotonic()

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..load import loadgen
 from ..load.workload import Mix, Request, generate
 from ..poll import WaitTimeoutError
+from ..sim.args import env_name
+from ..sim.faults import FAULTS_BY_NAME
 from .controlplane import REPO_ROOT
-from .stack import LocalStack
+from .stack import LocalStack, pod_ready
 
 DEMO_MODEL = REPO_ROOT / "docs" / "examples" / "local-demo.yaml"
 POOLS = ("prefill", "decode")
@@ -277,6 +280,19 @@ class ModelHarness:
 
     # ------------------------------------------------------------------ faults
     def set_decode_faults(self, **faults: float) -> None:
+        """A standing fault of the decode pool (``POST /sim/faults`` keys): on every decode worker serving now
+        and on every one started later — the autoscaler may add one mid-fault, and a fault of the KV path would
+        reach it too. The later ones start with the fault in their environment; those running now are waited
+        for until ready (one still starting took its environment before the fault) and then told."""
+        self.stack.set_pod_env(self.name, "decode", {env_name(FAULTS_BY_NAME[k].flag): str(v)
+                                                     for k, v in faults.items()})
+
+        def settled() -> bool:
+            pods = [p for p in self.stack.pods(self.name, "decode")
+                    if not (p.metadata and p.metadata.deletion_timestamp)]
+            return all(pod_ready(p) for p in pods)
+
+        self.stack.wait_for(settled, 120, "every decode pod ready before the fault is set on them")
         for ip in self.stack.ready_pod_ips(self.name, "decode"):
             req = urllib.request.Request(f"http://{ip}:8000/sim/faults", data=json.dumps(faults).encode(),
                                          headers={"Content-Type": "application/json"}, method="POST")
@@ -319,6 +335,24 @@ class ModelHarness:
                             f"the operator to set the model's mode to {mode}")
         self.sample_once()
         self.timeline.mark(self.t0, label)
+
+    def wait_quiet(self, timeout: float = 90) -> None:
+        """Wait until an observation the operator made after this call began shows no SLO pressure: its p95 TTFT
+        and TPOT (over spec.modePolicy.windowSeconds) within spec.slo, or no requests in the window. The last
+        requests of a load step finish, and are counted, at its end; until they leave the window the autoscaler
+        still answers that step, and a next step's scaling would start from its decisions."""
+        since = datetime.now(UTC).replace(microsecond=0)
+        ttft_slo, tpot_slo = self.slo
+
+        def quiet() -> bool:
+            seen = self.status().get("observed") or {}
+            at = seen.get("time")
+            if not at or datetime.fromisoformat(str(at).replace("Z", "+00:00")) <= since:
+                return False
+            ttft, tpot = seen.get("ttftP95Ms"), seen.get("tpotP95Ms")
+            return (ttft is None or ttft <= ttft_slo) and (tpot is None or tpot <= tpot_slo)
+
+        self.stack.wait_for(quiet, timeout, "an observation without SLO pressure (the last step out of the window)")
 
     def status(self) -> dict[str, Any]:
         return self.stack.model(self.name).get("status") or {}

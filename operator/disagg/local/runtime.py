@@ -137,6 +137,8 @@ class LocalRuntime:
         self.kubeconfig = kubeconfig
         self.namespaces = namespaces
         self.extra_env = dict(extra_env or {})
+        # extra environment for containers started later in pods carrying all of a set of labels (set_env_for)
+        self._labelled_env: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
         self.python = python
         self.engine = engine
         self.poll = poll_seconds
@@ -148,6 +150,14 @@ class LocalRuntime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    def set_env_for(self, labels: dict[str, str], env: dict[str, str]) -> None:
+        """Extra environment for every container started from now on in a pod carrying all of ``labels`` (on
+        top of earlier calls for the same labels): a fault that must also hold in the pods an autoscaler adds
+        later, as a fault of the network would."""
+        key = tuple(sorted(labels.items()))
+        with self._lock:
+            self._labelled_env[key] = {**self._labelled_env.get(key, {}), **env}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -328,6 +338,10 @@ class LocalRuntime:
             assert self.engine is not None
             env.update(self.engine.env)
         env.update(self.extra_env)
+        labels = _meta(pod).labels or {}
+        for selector, extra in self._labelled_env.items():  # the caller (_loop) holds self._lock
+            if all(labels.get(k) == v for k, v in selector):
+                env.update(extra)
         env["KUBECONFIG"] = str(self.kubeconfig)
         fields = {"metadata.name": _name(pod), "metadata.namespace": _ns(pod),
                   "metadata.uid": _uid(pod), "status.podIP": local.ip, "status.hostIP": "127.0.0.1",

@@ -168,6 +168,11 @@ class LocalStack:
         return core.list_namespaced_pod(self.namespace,
                                         label_selector=f"{LABEL_MODEL}={model},{LABEL_ROLE}={role}").items
 
+    def set_pod_env(self, model: str, role: str, env: dict[str, str]) -> None:
+        """Extra environment for the containers of the model's ``role`` pods started from now on."""
+        assert self.runtime is not None
+        self.runtime.set_env_for({LABEL_MODEL: model, LABEL_ROLE: role}, env)
+
     def ready_pod_ips(self, model: str, role: str) -> list[str]:
         return [ip for p in self.pods(model, role)
                 if (ip := pod_ip(p)) and not (p.metadata and p.metadata.deletion_timestamp) and pod_ready(p)]
