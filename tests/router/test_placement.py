@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +14,7 @@ from disagg.api.contract import EngineProfile, RouterConfig
 from disagg.perf.costs import EngineCost, decode_chunk_budget
 from disagg.router import placement as pl
 from disagg.router.load import STREAM_MIN_SEEN, Worker
-from disagg.router.policy import LoadSnapshot, RequestFeatures, WorkerLoad, decide, demand_pool
+from disagg.router.policy import LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide, demand_pool
 
 COST = EngineCost.from_profile(None)  # H100-SXM, Llama-3.1-8B, vLLM's defaults
 SLO = {"ttftP95Ms": 1000, "tpotP95Ms": 50}
@@ -41,7 +43,7 @@ def test_the_ladders_choice_stands_when_no_placement_is_clearly_better() -> None
     d = decide(cfg(), feats(200), LoadSnapshot(prefill=(prefill(),), decode=(decode(),)))
     assert (d.decision, d.reason, d.decode) == ("local", "short_prompt", "d0")
     # the prediction of the placement taken, and the runner-up, for the log line and the span
-    chosen, rejected = d.detail["prediction"], d.detail["rejected"]
+    chosen, rejected = d.detail["prediction"], d.detail["rejected"].get()
     assert isinstance(chosen, pl.Prediction) and isinstance(rejected, pl.Prediction)
     assert chosen.placement == "local" and chosen.as_detail()["predicted_ttft_ms"] < 100
     assert "deflected" not in d.detail
@@ -53,14 +55,12 @@ def test_a_ladder_choice_predicted_to_meet_stands_however_small_the_alternatives
     is predicted to miss a little less still (no transfer). The ladder's choice stands: the prefill pool is idle,
     and the decode worker's streams keep their steps free of the long prompt's chunks. With no keep, the
     noise-floor margin alone decides and the saving overrules it."""
-    from disagg.router.policy import Tuning
-
     snap = LoadSnapshot(prefill=(prefill(),), decode=(decode(running=2, kv=0.01),))
     tight = RouterConfig.model_validate({"model": "m", "mode": "Disaggregated", "routing": {"policy": "SLO"},
                                          "slo": {"ttftP95Ms": 300, "tpotP95Ms": 50}})
     kept = decide(tight, feats(6000), snap)
     assert (kept.decision, kept.reason) == ("remote", "policy")
-    chosen, other = kept.detail["prediction"], kept.detail["rejected"]
+    chosen, other = kept.detail["prediction"], kept.detail["rejected"].get()
     slo = tight.slo
     assert chosen.expected_misses(slo) < Tuning().slo_keep
     assert other.placement in ("local", "prefill_worker")  # a whole request: no transfer
@@ -73,8 +73,6 @@ def test_a_ladder_choice_predicted_to_miss_is_overruled_on_a_small_saving() -> N
     """Past Tuning.slo_keep the ladder's choice is at risk, and a placement predicted to keep more requests
     within the SLO wins by the noise floor alone (Tuning.slo_override): here the long prompt's remote prefill
     waits behind a queue near the TTFT target."""
-    from disagg.router.policy import Tuning
-
     p = prefill(ahead=40_000)
     snap = LoadSnapshot(prefill=(p,), decode=(decode(running=2, kv=0.01),))
     d = decide(cfg(), feats(4000), snap)
@@ -93,7 +91,7 @@ def test_a_remote_prefill_into_a_queue_past_the_ttft_target_is_kept_local_when_l
     p = prefill(ahead=80_000)
     d = decide(cfg(), feats(4000), LoadSnapshot(prefill=(p,), decode=(decode(running=4, kv=0.01),)))
     assert (d.decision, d.reason) == ("local", "slo_local")
-    assert d.detail["rejected"].placement in ("remote", "prefill_worker")
+    assert d.detail["rejected"].get().placement in ("remote", "prefill_worker")
     # prefill demand the pool did not take: counted for the autoscaler (disagg_prefill_deflections_total)
     assert d.detail["deflected"] is True
 
@@ -292,8 +290,6 @@ def test_the_ladders_grey_zone_is_overruled_on_less_evidence() -> None:
     """A prompt between maxInputTokens and minInputTokens (reason below_remote_threshold) is where the static rule
     knows least: a user who sets margins (both 0.01 by default) can ask less evidence of an overrule there
     (Tuning.slo_override_grey) than for a short prompt, the rule's confident zone (Tuning.slo_override)."""
-    from disagg.router.policy import Tuning
-
     margins = Tuning(slo_override=0.5, slo_override_grey=0.2)
 
     tight = RouterConfig.model_validate({"model": "m", "mode": "Disaggregated", "routing": {"policy": "SLO"},
@@ -303,7 +299,7 @@ def test_the_ladders_grey_zone_is_overruled_on_less_evidence() -> None:
     snap = LoadSnapshot(prefill=(busy_prefill,), decode=(decode(running=8, rate=4000, kv=0.3),))
 
     grey = decide(tight, feats(1500, 16), snap, margins)
-    local = grey.detail["rejected"].as_detail()
+    local = grey.detail["rejected"].get().as_detail()
     gap = (1 - (1 - pl.p_miss(local["predicted_ttft_ms"], 1000)) * (1 - pl.p_miss(local["predicted_tpot_ms"], 25))
            + local["harm"]) - grey.detail["prediction"].expected_misses(tight.slo)
     assert margins.slo_override_grey < gap < margins.slo_override  # the case the two margins tell apart
@@ -367,3 +363,32 @@ def test_a_workers_streams_tpot_estimates_centre_and_spread() -> None:
     assert abs(w.stream_tpot[0] / 0.08 - 1) < 0.1
     w.observe_stream(0.0)  # not a stream's TPOT: ignored
     assert w.streams_seen == STREAM_MIN_SEEN - 1 + 3300
+
+
+def test_a_kept_choice_is_the_only_placement_priced_on_the_decision_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ladder choice predicted to meet stands whatever the others would save, so they are priced only when the
+    log line asks for the runner-up — on the same snapshot, to the same prediction as pricing them at once."""
+    calls: list[str] = []
+    whole, remote = pl.predict_whole, pl.predict_remote
+
+    def counted_whole(*a: Any, **k: Any) -> pl.Prediction:
+        calls.append(a[3])
+        return whole(*a, **k)
+
+    def counted_remote(*a: Any, **k: Any) -> pl.Prediction:
+        calls.append("remote")
+        return remote(*a, **k)
+
+    monkeypatch.setattr(pl, "predict_whole", counted_whole)
+    monkeypatch.setattr(pl, "predict_remote", counted_remote)
+    snap = LoadSnapshot(prefill=(prefill(),), decode=(decode(),))
+    d = decide(cfg(), feats(200), snap)
+    assert (d.decision, d.reason) == ("local", "short_prompt") and calls == ["local"]
+    runner_up = d.detail["rejected"].get()
+    assert calls[1:] and "local" not in calls[1:]  # the others, priced now; the chosen one reused
+    assert runner_up is not None and runner_up.placement in ("remote", "prefill_worker")
+    # the same runner-up as when every placement is priced on the decision path (no keep: the margin decides)
+    calls.clear()
+    eager = decide(cfg(), feats(200), snap, Tuning(slo_keep=0.0))
+    assert (eager.decision, eager.reason) == (d.decision, d.reason) and len(calls) >= 2
+    assert eager.detail["rejected"].get() == runner_up

@@ -277,9 +277,8 @@ class RequestCore(Generic[R]):
             ctx.priority = TENANT_PRIORITY[t.priority] if t is not None else 0
         if "prediction" in d.detail:  # the SLO placement: what it chose, over what, and what it expects
             ctx.prediction = d.detail["prediction"]
-            rejected = d.detail["rejected"]
+            ctx.runner_up = d.detail["rejected"]
             ctx.placement = ctx.prediction.as_detail()
-            ctx.rejected_placement = rejected.as_detail() if rejected is not None else None
         ctx.probe = d.reason == "mode_probe"
         if d.est_prefill_wait_ms is not None:
             ctx.timings["est_prefill_wait"] = d.est_prefill_wait_ms / 1000.0
@@ -374,7 +373,7 @@ class RequestCore(Generic[R]):
         """A 429 for admission: a ``reject`` decision with the seconds after which a retry may find room."""
         ctx.admission, ctx.admission_reason = "shed", reason
         ctx.decision, ctx.reason = "reject", decision_reason
-        ctx.placement = ctx.rejected_placement = ctx.prediction = None
+        ctx.placement = ctx.runner_up = ctx.prediction = None
         self.metrics.admission.labels(d.tenant, prio, "shed", reason).inc()
         return self._count(Decision("reject", decision_reason, tenant=d.tenant, bucket=d.bucket, status=429,
                                     detail={"retry_after": max(1, math.ceil(retry_after_s))}), ctx, demand=d)

@@ -33,6 +33,7 @@ was loaded; docs/router.md "One elastic fleet").
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..api.models import SLOSpec
@@ -69,7 +70,7 @@ class Prediction(NamedTuple):  # a NamedTuple: three per request on the hot path
     prefill_s: float = 0.0  # remote: the prefill leg (queue + compute) predicted
 
     def expected_misses(self, slo: SLOSpec) -> float:
-        return _misses(self, slo.ttft_p95_ms / 1000.0, slo.tpot_p95_ms / 1000.0)
+        return misses(self, slo.ttft_p95_ms / 1000.0, slo.tpot_p95_ms / 1000.0)
 
     def headroom(self, slo: SLOSpec) -> float:
         return _headroom(self, slo.ttft_p95_ms / 1000.0, slo.tpot_p95_ms / 1000.0)
@@ -194,7 +195,8 @@ def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: Eng
     return Prediction("remote", d.url, ttft, tpot, harm, prefill_worker=p.url, prefill_s=prefill_s)
 
 
-def _misses(o: Prediction, slo_ttft_s: float, slo_tpot_s: float) -> float:
+def misses(o: Prediction, slo_ttft_s: float, slo_tpot_s: float) -> float:
+    """The expected misses of a placement: this request's chance to miss TTFT or TPOT, plus its harm."""
     meet = (1.0 - p_miss(o.ttft_s, slo_ttft_s)) * (1.0 - p_miss(o.tpot_s, slo_tpot_s))
     return 1.0 - meet + o.harm
 
@@ -216,10 +218,27 @@ def rank(options: list[Prediction], slo_ttft_s: float, slo_tpot_s: float) -> lis
     first after any other option the choice without it. Each option priced once (the hot path)."""
     keyed = []
     for i, o in enumerate(options):
-        misses = _misses(o, slo_ttft_s, slo_tpot_s)
-        keyed.append(((round(misses, 3), _headroom(o, slo_ttft_s, slo_tpot_s), i), o, misses))
+        m = misses(o, slo_ttft_s, slo_tpot_s)
+        keyed.append(((round(m, 3), _headroom(o, slo_ttft_s, slo_tpot_s), i), o, m))
     keyed.sort()  # by the key alone: its last element (the listed order) is unique
-    return [(o, misses) for _, o, misses in keyed]
+    return [(o, m) for _, o, m in keyed]
+
+
+class RunnerUp:
+    """The best placement a request did not take (its log line's and span's ``rejected_placement``), priced when
+    first asked for: a ladder choice predicted to meet stands without its alternatives priced on the decision's
+    path (policy.py ``slo_decision``), and the log line, written when the request ends, prices them then, on the
+    same snapshot, to the same result."""
+
+    __slots__ = ("_price", "_value")
+
+    def __init__(self, value: Prediction | None = None, price: Callable[[], Prediction | None] | None = None) -> None:
+        self._value, self._price = value, price
+
+    def get(self) -> Prediction | None:
+        if self._price is not None:
+            self._value, self._price = self._price(), None
+        return self._value
 
 
 def cost_of(w: WorkerLoad) -> EngineCost:

@@ -66,7 +66,7 @@ class Ctx:
     # the SLO placement's choice and runner-up (placement.py Prediction.as_detail), and the chosen prediction itself
     priority: int | None = None  # vLLM request priority sent on every leg (None: priority scheduling is off)
     placement: dict[str, Any] | None = None
-    rejected_placement: dict[str, Any] | None = None
+    runner_up: Any = None  # placement.RunnerUp: priced when the log line asks for it (rejected_placement)
     prediction: Any = None
     # admission under overload (core.py RequestCore.admit): outcome and reason (None: admission is off), and when
     # the request left the admission queue (core clock; the prediction ratios start there)
@@ -88,6 +88,12 @@ class Ctx:
     def mark_upstream(self) -> None:
         if self.first_upstream_at is None:
             self.first_upstream_at = time.monotonic()
+
+    @property
+    def rejected_placement(self) -> dict[str, Any] | None:
+        """The SLO placement's runner-up (placement.py Prediction.as_detail), None under Thresholds."""
+        got = self.runner_up.get() if self.runner_up is not None else None
+        return got.as_detail() if got is not None else None
 
 
 @dataclass(frozen=True)
