@@ -96,6 +96,21 @@ def test_a_remote_prefill_into_a_queue_past_the_ttft_target_is_kept_local_when_l
     assert d.detail["deflected"] is True
 
 
+def test_a_remote_prefill_at_risk_on_its_ttft_is_prefill_demand_before_its_prediction_passes_the_target() -> None:
+    """The placement overrules a remote path once it is at risk (Tuning.slo_keep), well before its predicted TTFT
+    passes the target; the prefill pool's demand it did not take is counted from the same point, or the autoscaler
+    would see the shortage only as the decode pool's TPOT (the demo's long-prompt step grew decode, not prefill)."""
+    p, d = prefill(ahead=24_000), decode(running=4, kv=0.01)
+    placed = decide(cfg(), feats(4000), LoadSnapshot(prefill=(p,), decode=(d,)))
+    remote = pl.predict_remote(p, COST, d, COST, 4000, 0.05, 256, slo_ttft_s=1.0)
+    assert remote.ttft_s < 1.0 and pl.p_miss(remote.ttft_s, 1.0) >= Tuning().slo_keep
+    assert remote.prefill_s >= 0.5 * remote.ttft_s  # lost on the prefill leg
+    assert (placed.decision, placed.reason, placed.detail.get("deflected")) == ("local", "slo_local", True)
+    # a remote path that is not at risk on its TTFT stays remote, and nothing is deflected
+    calm = decide(cfg(), feats(4000), LoadSnapshot(prefill=(prefill(ahead=4_000),), decode=(d,)))
+    assert calm.decision == "remote" and "deflected" not in calm.detail
+
+
 def test_the_ladders_queue_overflow_counts_as_prefill_demand_the_pool_did_not_take() -> None:
     # the prefill queue is past maxPrefillQueueWaitMs: the ladder prefills on the decode worker (LocalPrefill), and
     # that is demand for the prefill pool (disagg_prefill_deflections_total), not for decode

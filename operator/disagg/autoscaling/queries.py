@@ -44,7 +44,7 @@ QUERIES: dict[str, tuple[str, str]] = {
         'sum(rate(disagg_routed_prompt_tokens_count{{{sel},pool="prefill"}}[{w}]))',
         "share of the prefill pool's demand it did not take: requests prefilled on a decode worker because the "
         "prefill queue was past maxPrefillQueueWaitMs, and requests the rule ladder sent remote that the SLO "
-        "placement served elsewhere because the remote path was predicted to miss the TTFT SLO, mostly in its "
+        "placement served elsewhere because the remote path was at risk on the TTFT SLO, mostly in its "
         "prefill leg (router), 0..1",
     ),
     "tpot_p95": (

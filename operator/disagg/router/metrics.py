@@ -75,8 +75,9 @@ class RouterMetrics:
             "disagg_prefill_deflections", "Prefill demand the prefill pool did not take in time, served elsewhere: "
             "requests the rule ladder meant for the pool but prefilled on a decode worker because the queue was past "
             "maxPrefillQueueWaitMs (onPrefillQueueOverload: LocalPrefill), and requests the SLO placement served "
-            "whole on a decode or prefill worker because the remote path was predicted to miss the TTFT SLO, mostly "
-            "in its prefill leg (the autoscaler grows the prefill pool on it).",
+            "whole on a decode or prefill worker because the remote path was at risk on the TTFT SLO (a predicted "
+            "chance to miss it of at least 0.1, the floor of any overrule), mostly in its prefill leg (the "
+            "autoscaler grows the prefill pool on it).",
             registry=r)
         self.routed_prompt_tokens = Histogram(
             "disagg_routed_prompt_tokens", "Prompt tokens of the requests routed, by the pool whose prefill capacity "

@@ -550,11 +550,13 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     detail["prediction"] = best
     detail["rejected"] = pl.RunnerUp(next((x[0] for x in order if x[0] is not best), None))
     if (base.decision == "remote" and best is not remote and remote is not None
-            and remote.ttft_s > slo_ttft and remote.prefill_s >= 0.5 * remote.ttft_s):
-        # prefill work the ladder meant for the prefill pool, placed elsewhere because the remote path misses its
-        # TTFT and its prefill leg (queue + compute on the prefill worker) is most of it: demand the prefill pool
-        # could not take in time (the autoscaler's prefill signal: disagg_prefill_deflections_total). Not counted
-        # when the remote path lost on the decode side (a full decode worker, a slow transfer, harm to streams).
+            and pl.p_miss(remote.ttft_s, slo_ttft) >= tuning.slo_keep and remote.prefill_s >= 0.5 * remote.ttft_s):
+        # prefill work the ladder meant for the prefill pool, placed elsewhere because the remote path is at risk on
+        # its TTFT — its chance to miss it alone reaches the floor that lets an overrule happen at all
+        # (Tuning.slo_keep) — and its prefill leg (queue + compute on the prefill worker) is most of it: demand the
+        # prefill pool could not take in time (the autoscaler's prefill signal: disagg_prefill_deflections_total).
+        # Not counted when the remote path lost on the decode side (a full decode worker, a slow transfer, harm to
+        # streams). A predicted TTFT past the target alone would miss most of them: an overrule comes well before.
         detail["deflected"] = True
     if best is chosen:
         return base  # its detail, this request's own dict, now carries the prediction
