@@ -37,6 +37,19 @@ def test_free_ports_are_distinct_and_bindable() -> None:
             s.close()
 
 
+def test_free_ports_lie_below_the_ephemeral_range_and_are_not_handed_out_twice() -> None:
+    """An outgoing connection's local port comes from the kernel's ephemeral range; a port handed out to a child
+    process from that range could be taken by one before the child binds it (a sim's NIXL side channel did, in CI)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    seen: list[int] = []
+    for _ in range(50):
+        seen += free_ports(3)
+    base = free_port_block(4)
+    seen += range(base, base + 4)
+    assert max(seen) < low
+    assert len(set(seen)) == len(seen)  # none handed out twice by this process
+
+
 def test_wait_for_returns_the_first_truthy_value() -> None:
     calls = iter([None, 0, "", "got it", "later"])
     assert wait_for(lambda: next(calls), 5, "a value", interval=0.001) == "got it"

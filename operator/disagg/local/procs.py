@@ -19,12 +19,14 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -41,15 +43,61 @@ SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 # ---------------------------------------------------------------------------------------------------- ports
+# Ports handed out here lie below the kernel's ephemeral range. A port taken from that range (bind to port 0) is free
+# when it is chosen, but until the child process binds it the kernel may give it to any outgoing connection as its
+# local port — a client of a sim, a Prometheus scrape — and the child's bind fails with EADDRINUSE (it did in CI: a
+# sim's NIXL side channel). Below the range no connect() ever takes it; a port this process handed out recently is
+# not handed out again, and one another process holds fails the bind check.
+PORT_SPAN = 16_000  # how far below the ephemeral range to draw from
+_RECENT_PORTS: dict[int, None] = {}  # handed out lately, oldest first (insertion order)
+_RECENT_MAX = 4096
+_RECENT_LOCK = threading.Lock()
+
+
+def _port_range() -> range:
+    """Ports below the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range; Linux's default 32768–60999)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    start = max(1024, low - PORT_SPAN)
+    return range(start, low) if low - start >= 1024 else range(10_000, 26_000)
+
+
+def _handed_out(ports: Sequence[int]) -> None:
+    with _RECENT_LOCK:
+        for port in ports:
+            _RECENT_PORTS[port] = None
+        while len(_RECENT_PORTS) > _RECENT_MAX:
+            del _RECENT_PORTS[next(iter(_RECENT_PORTS))]
+
+
 def free_ports(n: int, host: str = HOST) -> list[int]:
-    """n distinct free ports (all sockets held open together, so no port is handed out twice)."""
+    """n distinct free ports below the ephemeral range, none handed out lately by this process (all sockets held
+    open together, so no port is handed out twice)."""
+    ports = _port_range()
+    rng = random.SystemRandom()
     socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        for _ in range(50 * n + 200):
+            if len(socks) == n:
+                break
+            port = rng.choice(ports)
+            with _RECENT_LOCK:
+                if port in _RECENT_PORTS:
+                    continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+        if len(socks) < n:
+            raise OSError(f"no {n} free ports on {host} in {ports.start}–{ports.stop - 1}")
+        got = [s.getsockname()[1] for s in socks]
+        _handed_out(got)
+        return got
     finally:
         for s in socks:
             s.close()
@@ -64,7 +112,7 @@ def free_port_block(n: int, host: str = HOST, attempts: int = 200) -> int:
     """The first of ``n`` consecutive free ports (a data-parallel sim listens on its side-channel port + rank)."""
     for _ in range(attempts):
         base = free_port(host)
-        if base + n > 65536:
+        if base + n > _port_range().stop:  # the block stays below the ephemeral range too
             continue
         socks: list[socket.socket] = []
         try:
@@ -72,6 +120,7 @@ def free_port_block(n: int, host: str = HOST, attempts: int = 200) -> int:
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 socks.append(s)
                 s.bind((host, port))
+            _handed_out(range(base, base + n))
             return base
         except OSError:
             continue
