@@ -287,12 +287,8 @@ class ModelHarness:
         self.stack.set_pod_env(self.name, "decode", {env_name(FAULTS_BY_NAME[k].flag): str(v)
                                                      for k, v in faults.items()})
 
-        def settled() -> bool:
-            pods = [p for p in self.stack.pods(self.name, "decode")
-                    if not (p.metadata and p.metadata.deletion_timestamp)]
-            return all(pod_ready(p) for p in pods)
-
-        self.stack.wait_for(settled, 120, "every decode pod ready before the fault is set on them")
+        self.stack.wait_for(lambda: all(pod_ready(p) for p in self.stack.live_pods(self.name, "decode")), 120,
+                            "every decode pod ready before the fault is set on them")
         for ip in self.stack.ready_pod_ips(self.name, "decode"):
             req = urllib.request.Request(f"http://{ip}:8000/sim/faults", data=json.dumps(faults).encode(),
                                          headers={"Content-Type": "application/json"}, method="POST")

@@ -16,6 +16,7 @@ reaches whatever it forked.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -54,6 +55,7 @@ _RECENT_MAX = 4096
 _RECENT_LOCK = threading.Lock()
 
 
+@functools.cache
 def _port_range() -> range:
     """Ports below the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range; Linux's default 32768–60999)."""
     try:

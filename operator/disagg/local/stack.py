@@ -173,9 +173,12 @@ class LocalStack:
         assert self.runtime is not None
         self.runtime.set_env_for({LABEL_MODEL: model, LABEL_ROLE: role}, env)
 
+    def live_pods(self, model: str, role: str) -> list[client.V1Pod]:
+        """The model's ``role`` pods not being deleted."""
+        return [p for p in self.pods(model, role) if not (p.metadata and p.metadata.deletion_timestamp)]
+
     def ready_pod_ips(self, model: str, role: str) -> list[str]:
-        return [ip for p in self.pods(model, role)
-                if (ip := pod_ip(p)) and not (p.metadata and p.metadata.deletion_timestamp) and pod_ready(p)]
+        return [ip for p in self.live_pods(model, role) if (ip := pod_ip(p)) and pod_ready(p)]
 
     def children(self, model: str) -> dict[str, list[tuple[str, str]]]:
         """The model's labelled children by ``Kind/role``: (name, uid) of each, for duplicate and re-creation
