@@ -19,9 +19,13 @@ def _interval(remote: int = 60, local: int = 240, remote_in: float = 8000.0, loc
                                                              float]:
     """Increments of one interval of a steady mix: ``remote`` and ``local`` requests, their mean prompts, the mean
     output and TPOT; the decode pool's running count from Little's law."""
+    # the prefill engines' TTFT (0.6 s) counts from their API servers: more than queue (0.1) + prefill (0.4) time,
+    # which leave out the API server's share and the wait for the step in flight (vLLM's QUEUED event)
     prefill = {"vllm:request_queue_time_seconds_sum": remote * 0.1, "vllm:request_queue_time_seconds_count": remote,
                "vllm:request_prefill_time_seconds_sum": remote * 0.4,
-               "vllm:request_prefill_time_seconds_count": remote}
+               "vllm:request_prefill_time_seconds_count": remote,
+               "vllm:time_to_first_token_seconds_sum": remote * 0.6,
+               "vllm:time_to_first_token_seconds_count": remote}
     n = remote + local
     decode = {"vllm:nixl_xfer_time_seconds_sum": remote * 0.05, "vllm:nixl_xfer_time_seconds_count": remote,
               "vllm:request_time_per_output_token_seconds_sum": n * tpot,
@@ -38,7 +42,7 @@ def test_a_known_mix_is_read_back() -> None:
     assert obs.load is not None
     got = (obs.load.remote_rps, obs.load.local_rps, obs.load.remote_in, obs.load.local_in, obs.load.out)
     assert got == pytest.approx((2.0, 8.0, 8000.0, 450.0, 200.0))
-    assert obs.remote_ttft_s == pytest.approx(0.1 + 0.4 + 0.05)  # queue wait counts in TTFT
+    assert obs.remote_ttft_s == pytest.approx(0.6 + 0.05)  # the prefill engines' TTFT and the KV transfer
     assert obs.tpot_s == pytest.approx(0.02)
     assert (obs.prefill_ready, obs.decode_replicas, obs.stale_reason) == (2, 3, None)
     assert obs.prefill_waiting == 0.0

@@ -15,8 +15,11 @@ What each figure is made of (the router's own series, and vLLM's as sim/metrics.
   per-request TPOT (``vllm:request_time_per_output_token_seconds``) and the running gauge averaged over the interval;
 - the prefill pool's backlog: the requests waiting in its engines' queues at the tick
   (``vllm:num_requests_waiting``, its last sample in the interval);
-- remote TTFT: the prefill pool's queue wait + prefill time (``vllm:request_queue_time_seconds``,
-  ``vllm:request_prefill_time_seconds``) + the decode pool's KV transfer time: queue wait counts.
+- remote TTFT: the prefill pool's TTFT (``vllm:time_to_first_token_seconds``: from when its API server took the
+  request, so its share of TTFT, the wait for the step in flight and the queue all count) + the decode pool's KV
+  transfer time. Not queue + prefill time: vLLM's queue time starts when the engine core adds the request, between
+  steps (v1/engine/core.py ``run_busy_loop``, 0.32.0), so the step in flight at arrival and the API server's share
+  are in neither.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from .predictive import Observation
 # (pool, histogram family): the _sum and _count increments the observation needs from each pool
 HISTOGRAMS: tuple[tuple[str, str], ...] = (
     ("prefill", "vllm:request_queue_time_seconds"),
-    ("prefill", "vllm:request_prefill_time_seconds"),
+    ("prefill", "vllm:time_to_first_token_seconds"),
     ("decode", "vllm:nixl_xfer_time_seconds"),
     ("decode", "vllm:request_time_per_output_token_seconds"),
 )
@@ -82,9 +85,9 @@ def observation(now: float, dt: float, prefill: Mapping[str, float], decode: Map
         local_in = local_in or (last.local_in if last is not None else DEFAULT_LOCAL_IN)
         load = Load(remote / dt, local / dt, max(1.0, remote_in), max(1.0, local_in),
                     min(MAX_OUT, max(1.0, out)) if out else (last.out if last is not None else DEFAULT_OUT))
-    qwait, pfill = mean(p, "vllm:request_queue_time_seconds"), mean(p, "vllm:request_prefill_time_seconds")
+    prefill_ttft = mean(p, "vllm:time_to_first_token_seconds")
     xfer = mean(d, "vllm:nixl_xfer_time_seconds") or 0.0
-    ttft = qwait + pfill + xfer if qwait is not None and pfill is not None else None
+    ttft = prefill_ttft + xfer if prefill_ttft is not None else None
     return Observation(now, load, desired["prefill"], ready["prefill"], desired["decode"], ready["decode"],
                        remote_ttft_s=ttft, tpot_s=tpot, prefill_waiting=max(0.0, prefill_waiting),
                        stale_reason=None if ready["decode"] else "no ready decode worker")

@@ -195,6 +195,7 @@ class Engine:
         self.ff = FastForward(self) if self.clock.advance is not None and not self._per_step else None
         self.steps = 0
         self.busy_s = 0.0  # simulated seconds spent in steps (utilisation)
+        self._step_end = float("-inf")  # the end of the last step started (step_in_flight_end)
         self.transfers_ok = 0
         self.kv_sink: Callable[[list[Any]], None] | None = None
         self.kv_clock: Callable[[], float] = time.time
@@ -247,6 +248,7 @@ class Engine:
             req.remote_prefill = None
         if self.kvt is None:
             req.remote_decode = False
+        req.queued = max(req.arrival, self.step_in_flight_end())
         self.sched.add(req)
         self.metrics.req_max_tokens.observe(ctx.max_tokens_param or req.max_new_tokens)
         self.update_gauges()
@@ -276,6 +278,15 @@ class Engine:
         self._record_finish(req, self.clock.now())
         self.update_gauges()
         self.wake()
+
+    def step_in_flight_end(self) -> float:
+        """When the step in flight ends (the fast-forward's, after an interrupt cut it there), or an instant
+        already past when none is: a request that arrives meanwhile reaches the scheduler then, as vLLM's engine
+        core takes new requests between steps."""
+        plan = self.ff.current if self.ff is not None else None
+        if plan is not None:
+            return plan.ends[plan.last - 1]
+        return self._step_end
 
     @property
     def busy(self) -> bool:
@@ -341,6 +352,7 @@ class Engine:
             if self.ff is not None and (plan := self.ff.plan(batch, end, dt, newest)) is not None:
                 await self.ff.run(plan)  # several decode steps at once (fastforward.py)
                 continue
+            self._step_end = end
             if not self.clock.jump_to(end):
                 await self.clock.sleep_until(end)
             self.busy_until = end
@@ -410,7 +422,7 @@ class Engine:
             m = self.metrics
             m.generation_tokens.inc()
             if req.num_output == 1:
-                m.ttft.observe(now - req.arrival)
+                m.ttft.observe(now - req.received_at)
                 m.prompt_tokens.inc(req.prompt_len)
                 external = req.num_external if not req.recomputed else 0
                 m.prompt_local_cache_hit.inc(req.num_cached)
@@ -436,11 +448,11 @@ class Engine:
         m = self.metrics
         reason = req.finish_reason or "abort"
         m.success.get(reason, m.success["abort"]).inc()
-        m.e2e.observe(now - req.arrival)
+        m.e2e.observe(now - req.received_at)
         m.req_prompt_tokens.observe(req.prompt_len)
         m.req_generation_tokens.observe(req.num_output)
         if req.first_scheduled is not None:
-            m.queue_time.observe(max(0.0, req.first_scheduled - req.arrival))
+            m.queue_time.observe(max(0.0, req.first_scheduled - req.queued_at))
             if req.first_token is not None:
                 m.prefill_time.observe(req.first_token - req.first_scheduled)
                 m.inference_time.observe((req.last_token or now) - req.first_scheduled)
@@ -452,8 +464,8 @@ class Engine:
         if self.cfg.log_requests:
             log.info("request_finished", request_id=req.request_id, prompt_tokens=req.prompt_len,
                      cached_tokens=req.num_cached, external_tokens=req.num_external, output_tokens=req.num_output,
-                     finish_reason=reason, ttft_s=(req.first_token - req.arrival) if req.first_token else None,
-                     e2e_s=now - req.arrival, preemptions=req.preemptions, recomputed=req.recomputed)
+                     finish_reason=reason, ttft_s=(req.first_token - req.received_at) if req.first_token else None,
+                     e2e_s=now - req.received_at, preemptions=req.preemptions, recomputed=req.recomputed)
         if ctx.sink is not None:
             ctx.sink("finish", reason, now)
         else:
@@ -625,10 +637,10 @@ class Engine:
 
 def make_request(request_id: str, prompt_ids: list[int], max_new_tokens: int, arrival: float, *,
                  limit_reason: str = "length", kv_params: dict[str, Any] | None = None, seed: int = 0,
-                 priority: int = 0) -> Request:
+                 priority: int = 0, received: float | None = None) -> Request:
     remote_decode = bool(kv_params and kv_params.get("do_remote_decode"))
     remote_prefill = dict(kv_params) if kv_params and kv_params.get("do_remote_prefill") else None
     return Request(request_id=request_id, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, arrival=arrival,
                    limit_reason=limit_reason, remote_decode=remote_decode, remote_prefill=remote_prefill, seed=seed,
-                   priority=priority)
+                   priority=priority, received=received)
 

@@ -58,6 +58,14 @@ class Request:
     recomputed: bool = False  # remote KV failed and the prompt was prefilled locally
     preemptions: int = 0
     kv_requested: float | None = None  # when the pull was handed to the engine (the decode span's KV-pull start)
+    # vLLM's two earlier instants (0.32.0): ``arrival_time``, when the API server took the request, before its
+    # share of TTFT (request_overhead_s; v1/engine/input_processor.py), which TTFT and e2e latency count from
+    # (v1/metrics/stats.py ``_time_since(req_stats.arrival_time)``); and the QUEUED event, when the engine core's
+    # busy loop adds it to the scheduler — between steps, after the step in flight at ``arrival`` (v1/engine/core.py
+    # ``run_busy_loop``: ``_process_input_queue`` then the step; v1/core/sched/scheduler.py ``add_request``), which
+    # queue time counts from (``queued_time = scheduled_ts - queued_ts``). None: ``arrival``.
+    received: float | None = None
+    queued: float | None = None
     first_scheduled: float | None = None
     first_token: float | None = None
     last_token: float | None = None
@@ -72,6 +80,16 @@ class Request:
     @property
     def prompt_len(self) -> int:
         return self.plen
+
+    @property
+    def received_at(self) -> float:
+        """vLLM's ``arrival_time``: what TTFT and e2e latency count from."""
+        return self.arrival if self.received is None else self.received
+
+    @property
+    def queued_at(self) -> float:
+        """vLLM's QUEUED event: what queue time counts from."""
+        return self.arrival if self.queued is None else self.queued
 
     @property
     def num_tokens(self) -> int:

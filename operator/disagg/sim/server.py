@@ -251,9 +251,9 @@ class Api:
         now = self.engine.clock.now()
         sched, first, last = req.first_scheduled, req.first_token, req.last_token
         attrs: dict[str, Any] = {
-            tracing.ATTR_TTFT: (first - req.arrival) * scale if first is not None else 0.0,
-            tracing.ATTR_E2E: (now - req.arrival) * scale,
-            tracing.ATTR_QUEUE: (sched - req.arrival) * scale if sched is not None else 0.0,
+            tracing.ATTR_TTFT: (first - req.received_at) * scale if first is not None else 0.0,
+            tracing.ATTR_E2E: (now - req.received_at) * scale,
+            tracing.ATTR_QUEUE: (sched - req.queued_at) * scale if sched is not None else 0.0,
             tracing.ATTR_PROMPT_TOKENS: req.prompt_len,
             tracing.ATTR_COMPLETION_TOKENS: req.num_output,
             tracing.ATTR_PREFILL: (first - sched) * scale if first is not None and sched is not None else 0.0,
@@ -265,7 +265,7 @@ class Api:
             attrs[tracing.ATTR_MAX_TOKENS] = max_tokens
         attrs[tracing.ATTR_N] = 1
         parent = tracing.parent_context(headers)
-        span = tr.start(tracing.LLM_REQUEST_SPAN, parent, "SERVER", self._wall_ns(req.arrival), attrs)
+        span = tr.start(tracing.LLM_REQUEST_SPAN, parent, "SERVER", self._wall_ns(req.received_at), attrs)
         ctx: ReqCtx = req.ctx
         if req.kv_requested is not None:  # the decode side's KV pull (twin-only span, inside time_in_queue)
             start = max(req.kv_requested, req.arrival)
@@ -292,7 +292,7 @@ class Api:
             if n > 1:
                 out["mean_itl_ms"] = (last - first) / (n - 1) * ms
         if sched is not None:
-            out["queue_time_ms"] = (sched - req.arrival) * ms
+            out["queue_time_ms"] = (sched - req.queued_at) * ms
         if sched is not None and last is not None and last > sched:
             out["tokens_per_second"] = n / ((last - sched) * ms) * 1000.0
         return out
@@ -362,6 +362,7 @@ class Api:
         # the API server's share of TTFT (HTTP, tokenising, the hand-off to the engine core) before the request
         # reaches the scheduler: eff.request_overhead_s, the figure sim/bench.py prices and, for the CPU engine,
         # fitted on a real one (disagg bench real-engine: without it the sim's TTFT was half the real engine's)
+        received = self.engine.clock.now()
         overhead = self.engine.perf.eff.request_overhead_s
         if overhead > 0:
             await self.engine.clock.sleep(overhead)
@@ -371,7 +372,7 @@ class Api:
             count, reason = _output_plan(self.cfg, len(ids), max_tokens)
             rid = request_id if chat else f"{request_id}-{i}"
             req = make_request(rid, ids, count, now, limit_reason=reason, kv_params=kvp,
-                               seed=zlib.crc32(rid.encode()) & 0xFFFF, priority=priority)
+                               seed=zlib.crc32(rid.encode()) & 0xFFFF, priority=priority, received=received)
             req.ctx = ReqCtx(max_tokens_param=max_tokens)
             reqs.append(req)
         for req in reqs:

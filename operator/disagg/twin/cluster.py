@@ -523,10 +523,12 @@ class TwinCluster:
             w.engine.abort(req)
 
     def submit(self, url: str, p: Prepared, rid: str, max_tokens: int, kv: dict[str, Any] | None,
-               want_first: bool = False, priority: int = 0) -> Leg:
+               want_first: bool = False, priority: int = 0, received: float | None = None) -> Leg:
+        """One leg to worker ``url``'s engine, now; ``received``: when its API server took it (TTFT counts from
+        there)."""
         w = self.workers[url]
         req = make_request(rid, list(p.prompt_ids), max_tokens, self.clock.now(), kv_params=kv, seed=0,
-                           priority=priority)
+                           priority=priority, received=received)
         leg = Leg(req, w.engine, w, done=self.loop.create_future(),
                   first_token=self.loop.create_future() if want_first else None)
         req.ctx = ReqCtx(max_tokens_param=max_tokens, engine=w.engine, sink=leg.sink, sink_run=leg.sink_run)

@@ -52,22 +52,26 @@ class EngineLegs(Legs[None]):
             raise UpstreamError(prefix + "error", status=500, worker=url)
         return w
 
-    async def _api_server(self, url: str) -> None:
+    async def _api_server(self, url: str) -> float:
         """The worker's API-server share of a leg (HTTP, tokenising, the hand-off to the engine core) before the
         request reaches its scheduler: ``Efficiency.request_overhead_s``, as the simulated server waits it
-        (sim/server.py). Before admission, so a worker that crashed meanwhile refuses the leg."""
+        (sim/server.py). Before admission, so a worker that crashed meanwhile refuses the leg. Returns when the API
+        server took the leg (vLLM's ``arrival_time``, what the engine's TTFT counts from)."""
+        received = self.cluster.clock.now()  # the clock the engine's request times are on
         w = self.cluster.workers.get(url)
         overhead = w.engine.perf.eff.request_overhead_s if w is not None else 0.0
         if overhead > 0:
             await asyncio.sleep(overhead)
+        return received
 
     @override
     async def prefill(self, ctx: Ctx, worker: str, deadline: float) -> Any:
         c, p = self.cluster, self.o.prepared
         t = c.now
-        await self._api_server(worker)
+        received = await self._api_server(worker)
         self._admit(worker, PREFILL_KV, 1, "prefill_")
-        leg = c.submit(worker, p, p.request_id + "-p", 1, dict(PREFILL_KV), priority=ctx.priority or 0)
+        leg = c.submit(worker, p, p.request_id + "-p", 1, dict(PREFILL_KV), priority=ctx.priority or 0,
+                       received=received)
         assert leg.done is not None
         try:
             await asyncio.wait_for(asyncio.shield(leg.done), max(deadline - t, 0.001))
@@ -89,9 +93,10 @@ class EngineLegs(Legs[None]):
         c, o = self.cluster, self.o
         p, a = o.prepared, o.prepared.arrival
         ctx.decode_worker = worker
-        await self._api_server(worker)
+        received = await self._api_server(worker)
         self._admit(worker, kv, a.output_tokens, "")
-        leg = c.submit(worker, p, p.request_id, a.output_tokens, kv, want_first=True, priority=ctx.priority or 0)
+        leg = c.submit(worker, p, p.request_id, a.output_tokens, kv, want_first=True, priority=ctx.priority or 0,
+                       received=received)
         assert leg.done is not None and leg.first_token is not None
         # a stream commits at its first token; a non-streamed answer when it is whole (legs.py ``_first``)
         commit = leg.first_token if ctx.stream else leg.done
