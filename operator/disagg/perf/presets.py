@@ -50,7 +50,9 @@ class GPUPreset:
 
 
 CPU_ENGINE = "vLLM-CPU-2core"
-CPU_ENGINE_FLOPS = 65e9  # FITTED: disagg bench real-engine (fit.per_prompt_token_s, the median of its repetitions)
+# FITTED: disagg bench real-engine (fit.flops_per_s, the median of its repetitions), on a host without AVX-512
+# (bf16 matmuls emulated on AVX2); a host with AVX-512 BF16 fitted ~66e9 (docs/simulator.md "The real engine")
+CPU_ENGINE_FLOPS = 6.58e9
 
 # Datasheet figures; see docs/simulator.md "GPU presets".
 GPUS: dict[str, GPUPreset] = {
