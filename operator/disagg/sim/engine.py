@@ -637,10 +637,10 @@ class Engine:
 
 def make_request(request_id: str, prompt_ids: list[int], max_new_tokens: int, arrival: float, *,
                  limit_reason: str = "length", kv_params: dict[str, Any] | None = None, seed: int = 0,
-                 priority: int = 0, received: float | None = None) -> Request:
+                 priority: int = 0, received: float | None = None, hashes: list[bytes] | None = None) -> Request:
     remote_decode = bool(kv_params and kv_params.get("do_remote_decode"))
     remote_prefill = dict(kv_params) if kv_params and kv_params.get("do_remote_prefill") else None
     return Request(request_id=request_id, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, arrival=arrival,
                    limit_reason=limit_reason, remote_decode=remote_decode, remote_prefill=remote_prefill, seed=seed,
-                   priority=priority, received=received)
+                   priority=priority, received=received, hashes=hashes or [])
 

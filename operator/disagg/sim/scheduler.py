@@ -148,7 +148,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------ intake
     def add(self, req: Request) -> None:
-        req.hashes = block_hashes(req.prompt_ids, self.pool.block_size) if self.pool.enable_caching else []
+        """``req.hashes``, when given, are the prompt's block hashes at this pool's block size (the twin hashes a
+        prompt once for all its legs); else they are computed here."""
+        if not self.pool.enable_caching:
+            req.hashes = []
+        elif not req.hashes:
+            req.hashes = block_hashes(req.prompt_ids, self.pool.block_size)
         req.status = Status.WAITING
         self._enqueue(req)
 

@@ -65,6 +65,16 @@ class Prepared:
     router_input_tokens: int
     hashes: tuple[int, ...]
     max_tokens: int | None  # as the router reads it from the body
+    # the engines' block hashes of ``prompt_ids`` by block size (sim/kv.py), computed once for every leg
+    blocks: dict[int, list[bytes]] = field(default_factory=dict, repr=False, compare=False)
+
+    def block_hashes(self, block_size: int) -> list[bytes]:
+        """The chained hashes an engine with ``block_size``-token blocks computes for the prompt: the same for the
+        prefill and the decode leg, so hashed once."""
+        got = self.blocks.get(block_size)
+        if got is None:
+            got = self.blocks[block_size] = block_hashes(self.prompt_ids, block_size)
+        return got
 
 
 def arrivals_from_requests(requests: Iterable[workload.Request]) -> list[Arrival]:
@@ -152,9 +162,10 @@ def prepare(a: Arrival, index: int, vocab: int) -> Prepared:
         return Prepared(a, rid, ids, features.count_input_tokens(view), features.prefix_block_hashes(view),
                         features.requested_max_tokens(body))
     ids = _synthetic_prompt(a, rid)
-    hashes = tuple(int.from_bytes(h[:8], "little") for h in block_hashes(ids, features.PREFIX_BLOCK_TOKENS))
-    return Prepared(a, rid, ids, len(ids), hashes[: features.MAX_PREFIX_BLOCKS],
-                    a.output_tokens if a.max_tokens_known else None)
+    blocks = block_hashes(ids, features.PREFIX_BLOCK_TOKENS)  # the router's prefix keys are the engines' hashes
+    hashes = tuple(int.from_bytes(h[:8], "little") for h in blocks[: features.MAX_PREFIX_BLOCKS])
+    return Prepared(a, rid, ids, len(ids), hashes, a.output_tokens if a.max_tokens_known else None,
+                    {features.PREFIX_BLOCK_TOKENS: blocks})
 
 
 def check_sorted(arrivals: Sequence[Arrival]) -> None:

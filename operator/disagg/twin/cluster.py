@@ -528,7 +528,8 @@ class TwinCluster:
         there)."""
         w = self.workers[url]
         req = make_request(rid, list(p.prompt_ids), max_tokens, self.clock.now(), kv_params=kv, seed=0,
-                           priority=priority, received=received)
+                           priority=priority, received=received,
+                           hashes=p.block_hashes(w.engine.pool.block_size) if w.engine.pool.enable_caching else None)
         leg = Leg(req, w.engine, w, done=self.loop.create_future(),
                   first_token=self.loop.create_future() if want_first else None)
         req.ctx = ReqCtx(max_tokens_param=max_tokens, engine=w.engine, sink=leg.sink, sink_run=leg.sink_run)
