@@ -343,7 +343,8 @@ def _cmd_real_engine(args: argparse.Namespace) -> int:
     result = run(args.out, seed=args.seed, log_dir=args.log_dir)
     for c in result["held_out"]:
         real, sim, err = c["real"], c["sim"], c["error"]
-        print(f"{c['rate']:5.1f} req/s  TTFT mean real {real['ttft_mean_ms']:7.1f} sim {sim['ttft_mean_ms']:7.1f}"
+        load = f"{c['rate']:5.1f} req/s" if c["rate"] is not None else "burst      "
+        print(f"{load}  TTFT mean real {real['ttft_mean_ms']:7.1f} sim {sim['ttft_mean_ms']:7.1f}"
               f" ms ({err['ttft_mean_ms']:+.0%})  TPOT mean real {real['tpot_mean_ms']:5.2f} sim "
               f"{sim['tpot_mean_ms']:5.2f} ms ({err['tpot_mean_ms']:+.0%})")
     print(f"results: {args.out}")

@@ -14,7 +14,7 @@ build), on the same requests.
    vLLM's own scheduler, since the step costs come from the fit.
 
 Prompts are token ids (random, seeded: no two share a prefix, both engines see the same lengths). Results:
-docs/results/real-engine.json (docs/simulator.md "The real engine"). ~5 minutes on 2 cores.
+docs/results/real-engine.json (docs/simulator.md "The real engine"). ~20 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,8 +45,10 @@ from ..results import invoked_command, results_doc, write_results
 
 GPU_PRESET = "vLLM-CPU-2core"
 # the engine both runs get: the tiny model, lean CPU settings, an explicit batch budget so the sim's is the same
+# a KV cache of 4 MiB holds 8,192 tokens (the tiny model: 512 bytes a token): the Poisson loads' few sequences fit,
+# the burst's 32 running sequences of the mix (~13k tokens) do not, so the burst point checks preemption
 ENGINE_ARGS = ["--served-model-name", "tiny", "--max-model-len", "1024", "--enforce-eager",
-               "--kv-cache-memory-bytes=67108864", "--dtype=bfloat16", "--max-num-seqs", "32",
+               "--kv-cache-memory-bytes=4194304", "--dtype=bfloat16", "--max-num-seqs", "32",
                "--max-num-batched-tokens", "1024"]
 PROMPT_CHUNK = 1024  # --max-num-batched-tokens above: a fit point's prompt is one prefill step
 VOCAB = 2048
@@ -267,8 +270,19 @@ def capacity(url: str, seed: int) -> float:
     return sum(r.ok for r in res) / took
 
 
+def _preemptions(url: str) -> float:
+    """The engine's ``vllm:num_preemptions_total`` (summed over its label sets)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_preemptions_total"))
+
+
 def held_out(url: str, seed: int, rates: list[float]) -> list[dict[str, Any]]:
+    """The Poisson loads at ``rates``, then the burst: ``CAPACITY_BURST`` requests of the mix at once, more than
+    the KV cache holds (``ENGINE_ARGS``), so the scheduler preempts and recomputes."""
     out = []
+    loads: list[tuple[float | None, list[tuple[float, dict[str, Any]]]]] = []
     for i, rate in enumerate(rates):
         rng = random.Random(f"{seed}-{i}")
         reqs, t = [], 0.0
@@ -277,13 +291,19 @@ def held_out(url: str, seed: int, rates: list[float]) -> list[dict[str, Any]]:
             if t > HELD_OUT_SECONDS:
                 break
             reqs.append(_request(t, *_mix(rng)))
+        loads.append((rate, reqs))
+    rng = random.Random(f"{seed}-burst")
+    loads.append((None, [_request(0.0, *_mix(rng)) for _ in range(CAPACITY_BURST)]))
+    for at_rate, reqs in loads:
+        before = _preemptions(url)
         res = _run(url, reqs)
         ok = [r for r in res if r.ok and r.ttft_s is not None]
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
         tpots = [r.tpot_s for r in ok if r.tpot_s is not None]
-        out.append({"rate": rate, "requests": len(reqs), "ok": len(ok),
+        out.append({"rate": at_rate, "requests": len(reqs), "ok": len(ok),
                     "ttft_mean_ms": 1000 * statistics.mean(ttfts), "ttft_p90_ms": 1000 * (loadgen.percentile(
-                        ttfts, 0.9) or 0.0), "tpot_mean_ms": 1000 * statistics.mean(tpots)})
+                        ttfts, 0.9) or 0.0), "tpot_mean_ms": 1000 * statistics.mean(tpots),
+                    "preemptions": _preemptions(url) - before})
     return out
 
 
@@ -357,12 +377,13 @@ def run(out: Path, seed: int = 0, log_dir: Path | None = None, repeats: int = RE
             stop_group(sim, grace=5)
     fitted = _median_fit([r["fit"] for r in reps])
     checks = []
-    for i, (share, rate) in enumerate(zip(HELD_OUT_SHARES, rates, strict=True)):
+    for i, share in enumerate([*HELD_OUT_SHARES, None]):  # None: the burst
         per = [r["held_out"][i] for r in reps]
         med = {k: statistics.median(c["error"][k] for c in per) for k in per[0]["error"]}
         span = {k: [min(c["error"][k] for c in per), max(c["error"][k] for c in per)] for k in per[0]["error"]}
         mid = sorted(per, key=lambda c: c["error"]["ttft_mean_ms"])[len(per) // 2]  # the median repetition
-        checks.append({"share": share, "rate": rate, "real": mid["real"], "sim": mid["sim"], "error": med,
+        checks.append({"share": share, "rate": mid["real"]["rate"], "real": mid["real"], "sim": mid["sim"],
+                       "error": med,
                        "error_range": span,
                        "within": all(abs(med[k]) <= TOLERANCE for k in ("ttft_mean_ms", "tpot_mean_ms"))})
     result = {
@@ -396,16 +417,18 @@ def render_tables(doc: dict[str, Any]) -> dict[str, str]:
                f"matmul features: {', '.join(r['cpu_isa']) or 'none of ' + ', '.join(ISA_FLAGS)}. Capacity: "
                f"{r['capacity_rps']:.1f} req/s of the held-out mix.")
     held = ["| load | rate | requests | TTFT mean real / sim | error (range) | TTFT p90 real / sim "
-            f"| TPOT mean real / sim | error (range) | within ±{r['tolerance']:.0%} |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+            f"| TPOT mean real / sim | error (range) | preemptions real / sim | within ±{r['tolerance']:.0%} |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
     for c in r["held_out"]:
         re_, si = c["real"], c["sim"]
         err = {k: f"{c['error'][k]:+.0%} ({lo:+.0%} … {hi:+.0%})" for k, (lo, hi) in c["error_range"].items()}
-        held.append(f"| {c['share']:.0%} of capacity | {c['rate']:.1f}/s | {re_['requests']} "
+        load = (f"{c['share']:.0%} of capacity | {c['rate']:.1f}/s" if c["share"] is not None else
+                "burst, all at once | — ")
+        held.append(f"| {load} | {re_['requests']} "
                     f"| {re_['ttft_mean_ms']:.1f} / {si['ttft_mean_ms']:.1f} ms "
                     f"| {err['ttft_mean_ms']} | {re_['ttft_p90_ms']:.1f} / {si['ttft_p90_ms']:.1f} ms "
                     f"| {re_['tpot_mean_ms']:.2f} / {si['tpot_mean_ms']:.2f} ms | {err['tpot_mean_ms']} "
-                    f"| {'yes' if c['within'] else 'no'} |")
+                    f"| {re_['preemptions']:.0f} / {si['preemptions']:.0f} | {'yes' if c['within'] else 'no'} |")
     held.append("")
     held.append(f"Each row: the median of {r['repeats']} repetitions' errors (their range in brackets); the real "
                 "and sim figures are the median repetition's. Fitted per repetition (step overhead, per sequence, "

@@ -52,7 +52,7 @@ class GPUPreset:
 CPU_ENGINE = "vLLM-CPU-2core"
 # FITTED: disagg bench real-engine (fit.flops_per_s, the median of its repetitions), on a host without AVX-512
 # (bf16 matmuls emulated on AVX2); a host with AVX-512 BF16 fitted ~66e9 (docs/simulator.md "The real engine")
-CPU_ENGINE_FLOPS = 6.58e9
+CPU_ENGINE_FLOPS = 6.74e9
 
 # Datasheet figures; see docs/simulator.md "GPU presets".
 GPUS: dict[str, GPUPreset] = {

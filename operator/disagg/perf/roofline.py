@@ -68,8 +68,8 @@ class Efficiency:
 # 0.32.0 CPU engine (disagg bench real-engine: docs/results/real-engine.json "fit"; tests/perf checks they are the
 # committed fit). No kernel gaps apart from the per-step cost, no runtime reserve (--kv-cache-memory-bytes is set).
 GPU_EFFICIENCY: dict[str, Efficiency] = {
-    CPU_ENGINE: Efficiency(compute=1.0, memory=1.0, step_overhead_s=2.3e-3, per_layer_overhead_s=0.0,
-                           per_seq_overhead_s=66e-6, request_overhead_s=6.1e-3, runtime_reserve_bytes=0.0,
+    CPU_ENGINE: Efficiency(compute=1.0, memory=1.0, step_overhead_s=2.23e-3, per_layer_overhead_s=0.0,
+                           per_seq_overhead_s=66e-6, request_overhead_s=6.0e-3, runtime_reserve_bytes=0.0,
                            gemm_unhidden=0.0),  # fitted as a plain roofline; its 1.6 MB of weights stay in cache
 }
 
