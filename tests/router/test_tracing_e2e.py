@@ -27,6 +27,8 @@ from disagg.load.loadgen import Result, summarise
 from disagg.local.harness import PhaseResult
 from disagg.local.jaeger import LocalJaeger, parent_id, spans_by_name, waterfall
 from disagg.local.procs import Processes, free_port
+from disagg.perf.presets import DEFAULT_GPU
+from disagg.perf.roofline import PerfModel
 from disagg.poll import until, wait_for
 
 from .conftest import ROUTER_ARGS, metric_value
@@ -126,8 +128,11 @@ async def test_one_trace_router_legs_and_both_workers(stack: dict[str, Any], jae
     assert pspan["tag"][tracing.ATTR_E2E] * 1000 <= rt["disagg.timing.prefill_leg_ms"] + NEST_TOL_US / 1000
     assert dspan["tag"][tracing.ATTR_TTFT] * 1000 <= rt["disagg.timing.decode_ttfb_ms"] + NEST_TOL_US / 1000
     assert dspan["tag"][tracing.ATTR_QUEUE] * 1e6 >= pull["duration"] - NEST_TOL_US
-    assert pspan["tag"][tracing.ATTR_QUEUE] + pspan["tag"][tracing.ATTR_PREFILL] == pytest.approx(
-        pspan["tag"][tracing.ATTR_TTFT], abs=1e-3)
+    # vLLM's TTFT counts from its API server, its queue time from the step boundary after the request reached the
+    # engine core (sim/scheduler.py Request.received / queued): TTFT = queue + prefill + the API server's share + the
+    # wait for a step in flight, which is shorter than the prefill leg
+    beside = pspan["tag"][tracing.ATTR_TTFT] - pspan["tag"][tracing.ATTR_QUEUE] - pspan["tag"][tracing.ATTR_PREFILL]
+    assert PerfModel.from_names(DEFAULT_GPU).request_overhead_s - 1e-3 <= beside <= pspan["tag"][tracing.ATTR_TTFT]
 
 
 async def test_log_line_links_the_trace_and_marks_estimates(stack: dict[str, Any], jaeger: LocalJaeger) -> None:
