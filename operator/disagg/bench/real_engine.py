@@ -187,10 +187,7 @@ def fit_points(url: str, seed: int) -> dict[str, Any]:
 def _engine_s(perf: PerfModel, rate: float, points: dict[str, Any]) -> list[float]:
     """What the sim's step model charges for each fit point at compute rate ``rate``, without the three overheads
     (their columns are fitted beside it): the one prefill step of a TTFT point, the decode step of a TPOT point."""
-    m = PerfModel(replace(perf.gpu, bf16_flops=rate), perf.model, 1, 1, eff=replace(
-        perf.eff, step_overhead_s=0.0, per_seq_overhead_s=0.0, request_overhead_s=0.0, per_layer_overhead_s=0.0))
-    return ([m.prefill_time(int(n), chunk=PROMPT_CHUNK) for n in points["ttft_s"]]
-            + [m.decode_step_time(int(b), FIT_CONTEXT) for b in points["tpot_s"]])
+    return priced(perf, Fit(0.0, 0.0, 0.0, rate, 0.0), points)
 
 
 def _solve(rows: list[tuple[list[float], float]]) -> list[float]:
