@@ -73,6 +73,11 @@ def test_scaling_does_not_thrash(soak: SoakReport) -> None:
     outage = soak.fault("prometheus-outage")
     # Prometheus away: the operator holds every pool where it is
     assert soak.scale_events_in(outage.start, outage.end + soak.interval_s) == []
+    # and the gap restarts the scale-down watch: no pool shrinks until a whole window is watched after it (the
+    # first sample after the outage is at most an interval before its end)
+    shrinks = [e for e in soak.scale_events_in(outage.start, outage.end + soak.scale_down_window_s
+                                               - soak.interval_s - 1) if e[3] < e[2]]
+    assert shrinks == []
     for pool in POOLS:
         events = [e for e in soak.scale_events if e[1] == pool]
         lim = soak.limits[pool]

@@ -84,6 +84,24 @@ def test_scale_down_waits_for_stabilisation_window() -> None:
     assert later["prefill"].desired == 4 and "maxStep" in later["prefill"].reason
 
 
+def test_a_prometheus_gap_restarts_the_scale_down_watch() -> None:
+    # quiet for a whole window, then Prometheus away for a tick: the first sample after it would shrink on the
+    # window's proposals from before the gap, which say nothing about the load while it lasted
+    spec, h = make_spec(scaleDownStabilizationSeconds=60), History()
+    decide(spec, sig(0, p=6, qwait=240), h)
+    assert decide(spec, sig(30, p=6, qwait=40), h)["prefill"].desired == 6  # within the window of the 6
+    decide(spec, sig(90, p=6, stale="Prometheus unreachable"), h)
+    after = decide(spec, sig(100, p=6, qwait=40), h)
+    assert after["prefill"].desired == 6  # the watch restarted at 100
+    assert decide(spec, sig(155, p=6, qwait=40), h)["prefill"].desired == 6
+    assert decide(spec, sig(160, p=6, qwait=40), h)["prefill"].desired == 4  # a whole window watched since
+    # without the gap the same samples shrink at 100 (the test can fail)
+    h2 = History()
+    for t, q in ((0, 240), (30, 40)):
+        decide(spec, sig(t, p=6, qwait=q), h2)
+    assert decide(spec, sig(100, p=6, qwait=40), h2)["prefill"].desired == 4
+
+
 def test_a_pool_that_deflects_nothing_still_shrinks() -> None:
     # remote traffic and no deflection: a share of 0, which is no pressure to hold the pool (a term of 1 would sit
     # inside the tolerance and keep a quiet prefill pool at its peak size all night)

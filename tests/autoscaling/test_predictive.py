@@ -143,3 +143,19 @@ def test_no_data_holds() -> None:
     assert out["prefill"].desired == 3 and out["decode"].desired == 2
     out = pol.step(Observation(30.0, Load(9, 0, 8000, 400, 250), 3, 3, 2, 2, stale_reason="no ready decode"))
     assert out["prefill"].desired == 3 and "no ready decode" in out["prefill"].reason
+
+
+def test_a_stale_sample_restarts_the_scale_down_watch() -> None:
+    s = settings(scale_down_stabilization_s=60.0)
+    pol = PredictivePolicy(LinearSizer(), s)
+    for t in (0.0, 30.0, 60.0):
+        pol.step(obs(t, 1.0, 4, 4))  # needs 1 and 1 at 70 %: held until a whole window is watched
+    assert pol.step(obs(90.0, 1.0, 4, 4))["prefill"].desired < 4  # watched 90 s ≥ 60 s: shrinks
+    pol = PredictivePolicy(LinearSizer(), s)
+    for t in (0.0, 30.0, 60.0):
+        pol.step(obs(t, 1.0, 4, 4))
+    stale = Observation(75.0, Load(1, 0, 8000, 400, 250), 4, 4, 4, 4, stale_reason="Prometheus unreachable")
+    assert pol.step(stale)["prefill"].desired == 4
+    assert pol.step(obs(90.0, 1.0, 4, 4))["prefill"].desired == 4  # the watch restarted at 90
+    assert pol.step(obs(120.0, 1.0, 4, 4))["prefill"].desired == 4
+    assert pol.step(obs(150.0, 1.0, 4, 4))["prefill"].desired < 4

@@ -20,7 +20,9 @@ this is the same correction without a load predictor, which keeps it honest on a
 
 Then, in order: stabilisation (scale-up takes the lowest proposal in its window, scale-down the highest — HPA's
 semantics), the max step per interval, min/max replicas, the prefill:decode ratio bounds and the shared GPU
-budget. Missing or stale data holds the pool where it is.
+budget. Missing or stale data holds the pool where it is, and restarts the watch: a scale-down needs a whole
+``scaleDownStabilizationSeconds`` of evidence after the gap (what the load did while Prometheus was away is unknown,
+so the window's proposals from before it do not speak for it).
 """
 
 from __future__ import annotations
@@ -196,6 +198,7 @@ def decide(spec: DisaggregatedModelSpec, signals: Signals, history: History) -> 
         "decode": (spec.decode, signals.decode),
     }
     if signals.stale_reason:
+        history.first_seen.clear()  # a gap in the evidence: no shrink until a whole window is watched again
         return {name: Decision(name, s.replicas, s.replicas, None, f"holding: {signals.stale_reason}")
                 for name, (_, s) in pools.items()}
 

@@ -18,7 +18,8 @@ Per interval (:meth:`PredictivePolicy.step`):
    :class:`Sizer`: the planner's model, plan/sizing.py, injected so that this layer stays below the planner).
 5. **Hysteresis**: scale up to the sized need at once; scale down only to what the model says holds at the
    *tighter* ``down_headroom`` × SLO, and only to the highest such proposal of the last
-   ``scaleDownStabilizationSeconds`` (HPA's scale-down rule); and at most ``max_downs_per_hour`` scale-downs per pool
+   ``scaleDownStabilizationSeconds`` (HPA's scale-down rule), watched without a gap (a stale sample restarts the
+   watch); and at most ``max_downs_per_hour`` scale-downs per pool
    per hour. Every scale-up after the first follows a scale-down, so a pool makes at most 2 × that + 1 scale events
    an hour, whatever the load does.
 
@@ -167,6 +168,8 @@ class PredictivePolicy:
         cur = {"prefill": obs.prefill_replicas, "decode": obs.decode_replicas}
         if obs.stale_reason or obs.load is None:
             why = f"holding: {obs.stale_reason or 'no traffic data'}"
+            if obs.stale_reason:
+                st.first_seen = None  # a gap in the evidence: no shrink until a whole window is watched again
             return {n: Decision(n, c, c, None, why) for n, c in _pools(cur)}
         if st.first_seen is None:
             st.first_seen = obs.time

@@ -175,6 +175,7 @@ class SoakReport:
     replicas_after_operator_restart: dict[str, dict[str, int]]  # pool → {deployment, desired}
     limits: dict[str, dict[str, int]]  # pool → {min, max}
     interval_s: float
+    scale_down_window_s: float  # spec.autoscaling.scaleDownStabilizationSeconds
     max_tokens: dict[str, int]  # request id → max_tokens asked for
 
     def fault(self, name: str) -> Fault:
@@ -357,6 +358,7 @@ class Soak:
         self.router_pods: set[str] = set()
         spec = self.stack.model(model.name)["spec"]
         self.interval_s = float(spec["autoscaling"].get("intervalSeconds", 5))
+        self.scale_down_window_s = float(spec["autoscaling"].get("scaleDownStabilizationSeconds", 300))
         self.limits = {p: {"min": int(spec[p].get("minReplicas", 1)), "max": int(spec[p].get("maxReplicas", 1))}
                        for p in POOLS}
 
@@ -375,14 +377,15 @@ class Soak:
         except OSError:
             return {}
 
-    def _busy_pod(self, role: str, at_least: int) -> tuple[str, str] | None:
-        """A ready pod of ``role`` whose sim runs (or queues) at least ``at_least`` sequences, the busiest."""
-        best: tuple[int, tuple[str, str]] | None = None
-        for p in self._pods(role):
-            st = self._sim_state(p[1])
-            n = int(st.get("running", 0)) + int(st.get("waiting", 0))
+    def _busy_pod(self, role: str, at_least: int, counted: tuple[str, ...]) -> tuple[str, str, dict[str, Any]] | None:
+        """The busiest ready pod of ``role`` whose sim has at least ``at_least`` sequences in the ``counted`` states
+        ("running", "waiting"), with the state it was chosen on."""
+        best: tuple[int, tuple[str, str, dict[str, Any]]] | None = None
+        for name, ip in self._pods(role):
+            st = self._sim_state(ip)
+            n = sum(int(st.get(k, 0)) for k in counted)
             if n >= at_least and (best is None or n > best[0]):
-                best = (n, p)
+                best = (n, (name, ip, st))
         return best[1] if best else None
 
     def _router_knows(self, pool: str, n: int) -> bool:
@@ -392,12 +395,13 @@ class Soak:
     def _wait_load(self, load: SteadyLoad, since: float, n: int, what: str) -> None:
         wait_for(lambda: load.done_since(since) >= n, 120, f"{n} results {what}")
 
-    def _kill(self, role: str, name: str, at_least: int, load: SteadyLoad) -> None:
-        self.say(f"{name}: waiting for a {role} pod with ≥ {at_least} sequences in flight")
-        busy = wait_for(lambda: self._busy_pod(role, at_least), 90, f"a {role} pod with ≥ {at_least} sequences")
+    def _kill(self, role: str, name: str, at_least: int, counted: tuple[str, ...], load: SteadyLoad) -> None:
+        what = " or ".join(counted)
+        self.say(f"{name}: waiting for a {role} pod with ≥ {at_least} sequences {what}")
+        busy = wait_for(lambda: self._busy_pod(role, at_least, counted), 90,
+                        f"a {role} pod with ≥ {at_least} sequences {what}")
         assert busy is not None  # wait_for returns a truthy value
-        pod_name, ip = busy
-        state = self._sim_state(ip)
+        pod_name, ip, state = busy  # killed on the state it was chosen on (a second read may find fewer)
         restarts = self.stack.runtime.restarts(self.stack.namespace, pod_name) if self.stack.runtime else 0
         want = len(self._pods(role))  # ready before the kill, the killed one included
         f = Fault(name, time.time(), detail={"pod": pod_name, "worker": f"http://{ip}:{WORKER_PORT}",
@@ -417,10 +421,11 @@ class Soak:
 
     # ------------------------------------------------------------------ the faults
     def kill_prefill(self, load: SteadyLoad) -> None:
-        self._kill("prefill", "kill-prefill", 1, load)
+        self._kill("prefill", "kill-prefill", 1, ("running", "waiting"), load)
 
     def kill_decode(self, load: SteadyLoad) -> None:
-        self._kill("decode", "kill-decode", 3, load)
+        # streams in flight: running sequences (a waiting one has sent no token yet)
+        self._kill("decode", "kill-decode", 3, ("running",), load)
 
     def kv_stall(self, load: SteadyLoad) -> None:
         # the stall must start from Disaggregated (an earlier, unexplained flip is in the mode history anyway)
@@ -598,4 +603,5 @@ class Soak:
             ended=ended, faults=self.faults, results=results, router_log=self.router_log(), mode_events=mode_events,
             scale_events=scale_events, timeline_modes=modes, last_scale_changes=last_scale, children=children,
             replicas_after_operator_restart=replicas, limits=self.limits, interval_s=self.interval_s,
+            scale_down_window_s=self.scale_down_window_s,
             max_tokens={r.id: r.max_tokens for r in requests})
