@@ -67,6 +67,25 @@ def test_long_prompt_step_grows_prefill_not_decode() -> None:
     assert all(x.status == 200 for x in r.records)
 
 
+def test_the_connector_sees_the_remote_ttft() -> None:
+    # the prefill pool's TTFT histogram is recorded by the twin's engines (cluster.SCRAPED): without it the
+    # observation had no remote TTFT, the proportional policy lost its TTFT term (an over-provisioned prefill pool
+    # then read as "queue wait 0 %" and shrank towards zero) and the predictive policy its TTFT correction
+    seen: list[tuple[float | None, float | None]] = []
+
+    def policy(obs: Observation, signals) -> dict[str, Decision]:
+        seen.append((obs.remote_ttft_s, signals.prefill.ttft_p95_ms))
+        return {}
+
+    ctl = TwinAutoscaler(policy, interval_s=10.0, start_s=5.0, until_s=40.0)
+    simulate(cluster(2, 1), steady(1.0, 40, 4000, 16), controller=ctl)
+    assert len(seen) >= 3
+    for ttft_s, p95_ms in seen[1:]:
+        assert ttft_s is not None and p95_ms is not None
+        # a 4k-token prompt on an idle L40S: its prefill alone is a few hundred ms, queue-free
+        assert 0.1 < ttft_s < 2.0 and p95_ms >= ttft_s * 1000
+
+
 def test_long_output_step_grows_decode_not_prefill() -> None:
     # short prompts (local) with long streams: the decode batch and its TPOT grow, no prefill demand (5 req/s for
     # 150 s: the 1,500-token streams fill the batch for a minute before TPOT passes its target; at 6 req/s one L40S

@@ -418,11 +418,12 @@ class Engine:
 
     def _on_token(self, req: Request, done: bool, now: float) -> None:
         ctx: ReqCtx = req.ctx
+        if req.num_output == 1 and self._metrics_on:  # per request: a fast-forward never holds a first token
+            self.metrics.ttft.observe(now - req.received_at)
         if self._per_step:
             m = self.metrics
             m.generation_tokens.inc()
             if req.num_output == 1:
-                m.ttft.observe(now - req.received_at)
                 m.prompt_tokens.inc(req.prompt_len)
                 external = req.num_external if not req.recomputed else 0
                 m.prompt_local_cache_hit.inc(req.num_cached)

@@ -93,8 +93,9 @@ class _Off:
 _OFF = _Off()
 
 # Families the engine writes per token or per step: a recording view (``Metrics(record=...)``) leaves them out, so
-# that the twin's decode fast-forward, which skips those calls, changes nothing it records.
-PER_STEP = frozenset({"vllm:generation_tokens", "vllm:time_to_first_token_seconds", "vllm:prompt_tokens",
+# that the twin's decode fast-forward, which skips those calls, changes nothing it records. (The TTFT histogram is
+# per request: a fast-forward starts only once every request in it has its first token, sim/fastforward.py.)
+PER_STEP = frozenset({"vllm:generation_tokens", "vllm:prompt_tokens",
                       "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached", "vllm:inter_token_latency_seconds",
                       "vllm:time_per_output_token_seconds", "vllm:iteration_tokens_total",
                       "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions"})

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..api.contract import EngineProfile, PoolEndpoint, RouterConfig
 from ..api.spec import priority_scheduling
+from ..autoscaling.observe import HISTOGRAMS as OBSERVED
 from ..router import features
 from ..router.core import RequestCore
 from ..router.kvindex import sink_for
@@ -252,10 +253,11 @@ class TwinWorker:
         return self.engine.metrics.scraped()
 
 
-# The families the router's scrape reads (router/load.py) that the engine records per request, per transfer or as
-# gauges; vllm:time_per_output_token_seconds is observed per token (sim/metrics.py PER_STEP) and is left out, as a
-# decode fast-forward skips those observations.
-SCRAPED = frozenset(GAUGES + HISTOGRAMS) - PER_STEP
+# The families the router's scrape reads (router/load.py) and the autoscaler's observation reads
+# (autoscaling/observe.py HISTOGRAMS: the prefill pool's TTFT, the remote TTFT's largest part) that the engine
+# records per request, per transfer or as gauges; vllm:time_per_output_token_seconds is observed per token
+# (sim/metrics.py PER_STEP) and is left out, as a decode fast-forward skips those observations.
+SCRAPED = frozenset(GAUGES + HISTOGRAMS + tuple(family for _, family in OBSERVED)) - PER_STEP
 
 
 @dataclass
