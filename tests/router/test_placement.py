@@ -407,3 +407,36 @@ def test_a_kept_choice_is_the_only_placement_priced_on_the_decision_path(monkeyp
     eager = decide(cfg(), feats(200), snap, Tuning(slo_keep=0.0))
     assert (eager.decision, eager.reason) == (d.decision, d.reason) and len(calls) >= 2
     assert eager.detail["rejected"].get() == runner_up
+
+
+def test_streams_past_the_target_because_of_the_prefill_traffic_still_count_a_prefills_harm() -> None:
+    """A decode worker whose streams miss TPOT because of the local prefills it receives: the marginal rise of their
+    chance to miss is nearly nothing there (it is near 1 already), but each prefill is charged its share of what
+    the traffic does to them, so the worker does not look free to take more; without prefill traffic (rate 0), and
+    below the target, the harm is the marginal rise as before."""
+    streams, ctx = 40, 2000.0
+    kv = streams * ctx / COST.kv_capacity_tokens
+    quiet_tpot = COST.tpot(streams, ctx)
+    rate = next(r for r in range(1000, 400_000, 1000) if COST.tpot(streams, ctx, float(r)) > 2.0 * quiet_tpot)
+    slo = 1.3 * quiet_tpot  # the streams meet it without the traffic and miss it (at ~1.5× the target) with it
+    # their measured spread: a log-normal σ of 0.1 (the logistic's scale σ·√3/π)
+    loaded = decode(running=streams, kv=kv, rate=float(rate))._replace(stream_spread=0.1)
+    spread = 0.1 * pl.LOGISTIC_PER_SD
+    stall = COST.prefill(2000, 0, streams, ctx, 0.0).own_stall_s
+    harm = pl._harm(loaded, COST, streams, ctx, float(rate), stall, slo, 256)
+    before = COST.tpot(streams, ctx, float(rate))
+    added = stall / 256
+
+    def marginal(at: float, target: float) -> float:
+        return streams * (pl.p_miss(at + added, target, spread) - pl.p_miss(at, target, spread))
+
+    assert marginal(before, slo) < 0.01 < 0.3 < harm  # past the target: the marginal rise is nearly nothing
+    share = (pl.p_miss(before, slo, spread) - pl.p_miss(quiet_tpot, slo, spread)) / (before - quiet_tpot) * added
+    assert harm == pytest.approx(streams * share)
+    # no traffic: the marginal rise alone; below the target (the logistic's convex side): the marginal rise too
+    idle = decode(running=streams, kv=kv)._replace(stream_spread=0.1)
+    assert pl._harm(idle, COST, streams, ctx, 0.0, stall, slo, 256) == pytest.approx(marginal(quiet_tpot, slo))
+    loose = 1.2 * before
+    assert pl._harm(loaded, COST, streams, ctx, float(rate), stall, loose, 256) == pytest.approx(
+        marginal(before, loose))
+

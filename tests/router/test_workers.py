@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from disagg.api.contract import RouterConfig
 from disagg.cli import build_parser
@@ -248,3 +249,30 @@ def test_a_workers_load_fills_every_field_of_the_policys_view() -> None:
                       stream_spread=spread)
     assert got._asdict() == want._asdict()
     assert len(set(map(repr, got))) == len(got)  # every figure differs: a swapped pair cannot pass unseen
+
+
+def test_a_new_workers_prefill_rate_is_read_over_the_time_it_was_watched():
+    """A steady 10,000 prompt tokens/s sent to a worker that joined 2.5 s ago reads as that rate (an average started
+    at zero would read 39 % of it), one prefill at the moment of joining is read over one second, a worker watched
+    for a minute reads the plain average, and the WorkerSet starts the watch on its own clock."""
+    import math
+
+    from disagg.router.load import PREFILL_RATE_WINDOW_S, WorkerSet
+
+    def fed(since: float) -> Worker:
+        w = Worker(url="http://d0", role="decode", since=since)
+        for k in range(25):  # 1,000 tokens every 0.1 s from t = 100
+            w.prefill_started(1000, now=100.0 + 0.1 * k)
+        return w
+
+    assert fed(100.0).prefill_rate(102.5) == pytest.approx(10_000, rel=0.03)
+    unwatched = fed(-math.inf).prefill_rate(102.5)  # no start known: the plain average
+    assert unwatched == pytest.approx(10_000 * (1 - math.exp(-2.5 / PREFILL_RATE_WINDOW_S)), rel=0.03)
+    one = Worker(url="http://d1", role="decode", since=0.0)
+    one.prefill_started(500, now=0.0)
+    assert one.prefill_rate(0.0) == pytest.approx(500 / PREFILL_RATE_WINDOW_S / -math.expm1(-1 / PREFILL_RATE_WINDOW_S))
+    old = fed(40.0)
+    assert old.prefill_rate(102.5) == pytest.approx(unwatched)
+    ws = WorkerSet(clock=lambda: 42.0)
+    ws.set_pool("decode", [("http://d2", "c")])
+    assert ws.pools["decode"]["http://d2"].since == 42.0

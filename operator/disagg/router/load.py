@@ -48,6 +48,9 @@ CORRECTION_ALPHA = 0.1
 CORRECTION_BOUNDS = (0.5, 4.0)
 RATIO_LOG_CLAMP = math.log(4.0)
 PREFILL_RATE_WINDOW_S = 5.0  # the prefill token rate's time constant (seconds)
+# an average started at zero reads a share 1 − e^(−age/τ) of a steady rate (39 % 2.5 s after the worker joined):
+# read over the time watched instead, and over one second at least (a single prefill is not a rate)
+RATE_MIN_AGE_S = 1.0
 TPOT_HISTOGRAM = "vllm:request_time_per_output_token_seconds"  # per request, at its end (vllm/v1/metrics/loggers.py)
 REMOTE_TTFB_RISE = 0.05  # how fast the healthy hand-off floor follows slower observations
 # the TPOT of a worker's recent streams (observe_stream): EWMAs of its log and its log's square, a memory of about
@@ -115,6 +118,7 @@ class Worker:
     # prefill tokens sent to it (prefill legs and local prefills): a rate with time constant PREFILL_RATE_WINDOW_S
     prefill_rate_tps: float = 0.0
     prefill_rate_at: float = 0.0
+    since: float = -math.inf  # when the router began to watch it (its WorkerSet's clock; prefill_rate)
     # the placement's corrections: observed ÷ predicted TTFT of the requests it prefilled, TPOT of those it decoded
     f_prefill: float = 1.0
     f_decode: float = 1.0
@@ -225,16 +229,27 @@ class Worker:
         prior = self.cost.prefill_s_per_token if self.cost is not None else DEFAULT_SEC_PER_PROMPT_TOKEN
         return self.observed_sec_per_token or self.sec_per_token or prior
 
-    def prefill_rate(self, now: float) -> float:
-        """Prefill tokens per second sent here lately (decayed to ``now``)."""
+    def _decayed_rate(self, now: float) -> float:
         if not self.prefill_rate_tps:
             return 0.0
         return self.prefill_rate_tps * math.exp(-max(0.0, now - self.prefill_rate_at) / PREFILL_RATE_WINDOW_S)
 
+    def prefill_rate(self, now: float) -> float:
+        """Prefill tokens per second sent here lately (decayed to ``now``): the exponential average over the time
+        the router has watched the worker (since :attr:`since`, one second at least), so that a worker that joined
+        a few seconds ago reads the rate it receives, not the share of it that an average started at zero has
+        reached (a fleet's first seconds, a router restart, a new replica)."""
+        r = self._decayed_rate(now)
+        if r:
+            age = now - self.since
+            if age < 8 * PREFILL_RATE_WINDOW_S:  # beyond, the factor is 1 within 0.04 %
+                r /= -math.expm1(-max(age, RATE_MIN_AGE_S) / PREFILL_RATE_WINDOW_S)
+        return r
+
     def prefill_started(self, tokens: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self.busy_until = max(now, self.busy_until) + tokens * self.spt()
-        self.prefill_rate_tps = self.prefill_rate(now) + tokens / PREFILL_RATE_WINDOW_S
+        self.prefill_rate_tps = self._decayed_rate(now) + tokens / PREFILL_RATE_WINDOW_S
         self.prefill_rate_at = now
 
     def correct(self, phase: str, ratio: float) -> None:
@@ -290,7 +305,7 @@ class WorkerSet:
         old = self.pools[role]
         new: dict[str, Worker] = {}
         for url, compat in endpoints:
-            w = old.get(url) or Worker(url=url, role=role)
+            w = old.get(url) or Worker(url=url, role=role, since=self.clock())
             w.compat = compat
             new[url] = w
         self.pools[role] = new

@@ -100,18 +100,34 @@ def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float
     The streams' TPOT is centred on the model's at the worker's load now, or on what the worker's recent streams
     took when that is more (a stream lives through load the snapshot does not see: the prefills and streams that
     come after it), and spread around it as theirs were (``w.stream_spread``; :data:`STREAM_SPREAD` until
-    measured): a worker whose streams sit close to the target has little TPOT slack for another prefill's stall."""
+    measured): a worker whose streams sit close to the target has little TPOT slack for another prefill's stall.
+
+    Past the target that rise shrinks to nothing (a stream already likely to miss has little chance left to lose),
+    so a worker whose streams miss *because of* the prefills it receives would look free to take more. The harm is
+    therefore at least this prefill's share of what the worker's prefill traffic (``rate``) does to its streams:
+    their chance to miss at the TPOT they take now less at the TPOT they would take without that traffic (the same
+    streams, ``rate`` 0), per second of TPOT, times the TPOT this prefill adds — the secant where the marginal
+    rise is its tangent. Below the target the tangent is the larger and decides (a logistic is convex there);
+    above it, the secant keeps the prefills that put the streams there answerable for it."""
     if streams <= 0 or stall_s <= 0:
         return 0.0
-    before = cost.tpot(streams, ctx, rate) * w.f_decode
+    model = cost.tpot(streams, ctx, rate)
+    before = model * w.f_decode
     if w.stream_tpot_s > before:
         before = w.stream_tpot_s
     # a log's standard deviation as the logistic's relative scale: σ·√3/π
     spread = w.stream_spread * LOGISTIC_PER_SD if w.stream_spread > 0.0 else STREAM_SPREAD
     if spread < MIN_STREAM_SPREAD:
         spread = MIN_STREAM_SPREAD
-    after = before + stall_s * w.f_decode / (out_tokens if out_tokens > 1.0 else 1.0)
-    rise = p_miss(after, slo_tpot_s, spread) - p_miss(before, slo_tpot_s, spread)
+    added = stall_s * w.f_decode / (out_tokens if out_tokens > 1.0 else 1.0)
+    p_before = p_miss(before, slo_tpot_s, spread)
+    rise = p_miss(before + added, slo_tpot_s, spread) - p_before
+    if rate > 0.0 and model > 0.0:  # its share of what the prefills the worker receives do to the streams (docstring)
+        quiet = before * cost.tpot(streams, ctx, 0.0) / model
+        if before > quiet:
+            share = (p_before - p_miss(quiet, slo_tpot_s, spread)) / (before - quiet) * added
+            if share > rise:
+                rise = share
     return streams * rise if rise > 0.0 else 0.0
 
 
