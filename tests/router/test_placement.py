@@ -283,6 +283,38 @@ def test_the_decode_correction_follows_the_engines_own_tpot_against_the_model() 
     assert w.f_decode == before
 
 
+def test_the_decode_correction_prices_the_prefill_rate_the_placement_reads() -> None:
+    """The correction compares the engine's TPOT with the model at the prefill rate the placement will price with
+    (decayed to the scrape, read over the time watched), not the rate as it stood at the last prefill: a burst of
+    local prefills long over, on an engine that runs at the model's TPOT for no prefill traffic, teaches nothing;
+    and a worker that joined a second before a steady traffic is compared at that traffic, not at a share of it."""
+    from disagg.router.load import TPOT_HISTOGRAM, Worker
+
+    base = {"vllm:num_requests_running": 20.0, "vllm:kv_cache_usage_perc": 0.1}
+    ctx = 0.1 * COST.kv_capacity_tokens / 20
+
+    def scraped(w: Worker, tpot: float, start: float, step: float = 0.5, n: int = 40) -> Worker:
+        w.update_scrape({**base, TPOT_HISTOGRAM + "_sum": 0.0, TPOT_HISTOGRAM + "_count": 0.0}, start)
+        for k in range(1, n):
+            w.update_scrape({**base, TPOT_HISTOGRAM + "_sum": 10 * k * tpot, TPOT_HISTOGRAM + "_count": 10.0 * k},
+                            start + step * k)
+        return w
+
+    burst = Worker(url="d0", role="decode", cost=COST, since=0.0)
+    for k in range(20):
+        burst.prefill_started(4000, now=0.1 * k)
+    scraped(burst, COST.tpot(20, ctx, 0.0), start=120.0)  # two minutes later: the traffic has long decayed
+    assert burst.f_decode == pytest.approx(1.0, abs=0.01)
+    steady = Worker(url="d1", role="decode", cost=COST, since=1.0)
+    rate = 20_000.0
+    for k in range(60):  # 20,000 prompt tokens/s from t = 1 s (when it joined), scraped every 0.5 s
+        steady.prefill_started(2000, now=1.0 + 0.1 * k)
+        if k % 5 == 4:
+            steady.update_scrape({**base, TPOT_HISTOGRAM + "_sum": 10 * k * COST.tpot(20, ctx, rate),
+                                  TPOT_HISTOGRAM + "_count": 10.0 * k}, 1.0 + 0.1 * k)
+    assert steady.f_decode == pytest.approx(1.0, abs=0.08)
+
+
 def test_a_remote_first_token_waits_behind_the_prompts_the_decode_worker_will_have_queued() -> None:
     """The decode leg reaches the decode worker when the prefill leg ends, behind the prompts queued there then:
     those queued now, plus those still arriving at its prefill rate, less what it prefills meanwhile."""

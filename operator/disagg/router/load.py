@@ -138,7 +138,9 @@ class Worker:
     def up(self) -> bool:
         return self.down_until <= time.monotonic()
 
-    def update_scrape(self, values: dict[str, float]) -> None:
+    def update_scrape(self, values: dict[str, float], now: float | None = None) -> None:
+        """A scrape of the worker's ``/metrics`` taken at ``now`` (the clock its prefills are timed on: the
+        WorkerSet's; default time.monotonic())."""
         prev = self.scraped
         fresh: set[str] = set()
         for h in HISTOGRAMS:
@@ -151,7 +153,7 @@ class Worker:
                 self.avg[h] = ds / dc
                 fresh.add(h)
         if TPOT_HISTOGRAM in fresh:
-            self._correct_decode(values, self.avg[TPOT_HISTOGRAM])
+            self._correct_decode(values, self.avg[TPOT_HISTOGRAM], time.monotonic() if now is None else now)
         pt_s, pt_c = values.get("vllm:request_prompt_tokens_sum"), values.get("vllm:request_prompt_tokens_count")
         pf = values.get("vllm:request_prefill_time_seconds_sum")
         if prev and pt_s is not None and pf is not None:
@@ -165,7 +167,7 @@ class Worker:
         self.scraped_at = time.monotonic()
         self.down_until = 0.0
 
-    def _correct_decode(self, values: dict[str, float], tpot: float) -> None:
+    def _correct_decode(self, values: dict[str, float], tpot: float, now: float) -> None:
         """The decode correction from the worker's own metrics: the mean TPOT of the requests that finished since
         the last scrape ÷ what the cost model gives for the batch it runs now (its running requests, their context
         from the KV-cache usage, the prefill traffic it receives) — the engine against the prior, not one request
@@ -174,7 +176,7 @@ class Worker:
         if self.cost is None or running < 1 or tpot <= 0:
             return
         ctx = values.get("vllm:kv_cache_usage_perc", 0.0) * self.cost.kv_capacity_tokens / running
-        model = self.cost.tpot(running, ctx, self.prefill_rate_tps)
+        model = self.cost.tpot(running, ctx, self.prefill_rate(now))  # the rate the placement prices with
         if model > 0:
             self.correct("decode", tpot / (model * self.f_decode))  # against the corrected prediction
 

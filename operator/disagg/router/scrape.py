@@ -28,7 +28,7 @@ class Scraper:
                 if r.status != 200:
                     return
                 text = await r.text()
-            w.update_scrape(parse_prometheus(text))
+            w.update_scrape(parse_prometheus(text), self.workers.clock())
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError):
             w.down_until = self.workers.clock() + self.down_seconds
         except (TimeoutError, aiohttp.ClientError, ValueError):

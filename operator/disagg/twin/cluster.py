@@ -428,7 +428,7 @@ class TwinCluster:
             if w.crashed:  # connection refused: marked down until it scrapes again (router/scrape.py)
                 w.rw.down_until = self.now + self.core.down_seconds
             else:
-                w.rw.update_scrape(w.scrape())
+                w.rw.update_scrape(w.scrape(), self.now)
 
     async def _scraper(self) -> None:
         while True:
