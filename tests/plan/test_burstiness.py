@@ -448,9 +448,9 @@ def test_the_queueing_model_against_the_twin_on_a_grid_of_utilisation_and_variab
     utilisation 0.41 and 0.61, fed a gamma renewal process with cv 1 and 3 (200 s, seeded), in the twin. Both the
     twin and the model say burstiness costs TTFT at either load; at cv 1 the model's TTFT p95 is no more than 25 %
     below the twin's and at most 1.7× above it (1.06× at 0.41; at 0.61 1.57× until 2026-12-06, 1.63× with that
-    day's placement changes, docs/router.md "Past the target": two more of 478 prompts remote); at cv 3 the model is pessimistic — its exponential tail on the
-    Allen–Cunneen mean puts the p95 2.4–3.9× above the twin's (4.2× allowed) (docs/planning.md, "How good is it") —
-    but never optimistic. The pessimism at 0.61 is partly the router's: its SLO placement takes prompts off the
+    day's placement changes, docs/router.md "Past the target": two more of 478 prompts remote); at cv 3 the model
+    is pessimistic — its exponential tail on the Allen–Cunneen mean puts the p95 2.4–3.9× above the twin's (4.2×
+    allowed) (docs/planning.md, "How good is it") — but never optimistic. The pessimism at 0.61 is partly the router's: its SLO placement takes prompts off the
     remote queue wherever the remote path is at risk and it predicts fewer misses on the decode worker (42 % of them
     at cv 1), beyond the overflow the planner models."""
     s = VerifySettings(top=1, window_s=30.0)
