@@ -450,9 +450,9 @@ def test_the_queueing_model_against_the_twin_on_a_grid_of_utilisation_and_variab
     below the twin's and at most 1.7× above it (1.06× at 0.41; at 0.61 1.57× until 2026-12-06, 1.63× with that
     day's placement changes, docs/router.md "Past the target": two more of 478 prompts remote); at cv 3 the model
     is pessimistic — its exponential tail on the Allen–Cunneen mean puts the p95 2.4–3.9× above the twin's (4.2×
-    allowed) (docs/planning.md, "How good is it") — but never optimistic. The pessimism at 0.61 is partly the router's: its SLO placement takes prompts off the
-    remote queue wherever the remote path is at risk and it predicts fewer misses on the decode worker (42 % of them
-    at cv 1), beyond the overflow the planner models."""
+    allowed) (docs/planning.md, "How good is it") — but never optimistic. The pessimism at 0.61 is partly the
+    router's: its SLO placement takes prompts off the remote queue wherever the remote path is at risk and it
+    predicts fewer misses on the decode worker (41 % of them at cv 1), beyond the overflow the planner models."""
     s = VerifySettings(top=1, window_s=30.0)
     got: dict[tuple[float, float], tuple[float, float, float]] = {}
     for rate in (2.0, 3.0):
