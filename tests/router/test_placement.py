@@ -293,12 +293,11 @@ def test_the_decode_correction_prices_the_prefill_rate_the_placement_reads() -> 
     base = {"vllm:num_requests_running": 20.0, "vllm:kv_cache_usage_perc": 0.1}
     ctx = 0.1 * COST.kv_capacity_tokens / 20
 
-    def scraped(w: Worker, tpot: float, start: float, step: float = 0.5, n: int = 40) -> Worker:
+    def scraped(w: Worker, tpot: float, start: float, step: float = 0.5, n: int = 40) -> None:
         w.update_scrape({**base, TPOT_HISTOGRAM + "_sum": 0.0, TPOT_HISTOGRAM + "_count": 0.0}, start)
         for k in range(1, n):
             w.update_scrape({**base, TPOT_HISTOGRAM + "_sum": 10 * k * tpot, TPOT_HISTOGRAM + "_count": 10.0 * k},
                             start + step * k)
-        return w
 
     burst = Worker(url="d0", role="decode", cost=COST, since=0.0)
     for k in range(20):
