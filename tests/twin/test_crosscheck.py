@@ -34,7 +34,10 @@ OVERHEAD_S = 0.010
 
 
 def test_twin_matches_real_processes_on_a_small_workload(tmp_path) -> None:
-    requests = generate(MIXES["mixed"], 3.0, 5.0, SIM_MODEL, seed=11)
+    # the decisions are compared one for one, so none may sit within the real path's own latency of a threshold:
+    # seed 11's arrivals put a prefill-queue wait 1 ms under maxPrefillQueueWaitMs once the router counted a
+    # prefill worker's cached prefix (2026-12-06), a decision the real path's overhead tips; seed 14's wait none
+    requests = generate(MIXES["mixed"], 3.0, 5.0, SIM_MODEL, seed=14)
     router_cfg = {"model": SIM_MODEL, "mode": "Disaggregated", "transferTimeoutMs": 30_000,
                   "routing": CONDITIONAL_ROUTING}
     # the real router reads wall time, and the sims run TIME_SCALE× slower than simulated time: its time thresholds
@@ -61,7 +64,7 @@ def test_twin_matches_real_processes_on_a_small_workload(tmp_path) -> None:
 
     twin = simulate(ClusterSpec(prefill=PoolSpec(1), decode=PoolSpec(2), router=router_cfg,
                                 scrape_interval_s=SCRAPE_WALL_S / TIME_SCALE),
-                    arrivals_from_requests(requests), seed=11)
+                    arrivals_from_requests(requests), seed=14)
 
     assert all(r.ok for r in real), [r.error for r in real if not r.ok]
     assert all(r.ok for r in twin.records)

@@ -191,7 +191,7 @@ class RequestCore(Generic[R]):
     def snapshot(self, cfg: RouterConfig, hashes: tuple[int, ...], tenant: str,
                  ctx: Ctx | None = None) -> LoadSnapshot:
         """The policy's view of the pools now: every ready worker's load (prefix matches: exact from the KV
-        events where the worker publishes them, else the estimate on the serving pools), the tenant's average
+        events where the worker publishes them, else the estimate from what the router sent it), the tenant's average
         output, and what the circuit breakers block."""
         now = self.clock()
         prefix = self.prefix
@@ -204,7 +204,7 @@ class RequestCore(Generic[R]):
             self._costs = {r: EngineCost.from_profile(cfg.pools.engine(r), cfg.model) for r in WorkerSet.ROLES}
         costs = self._costs
 
-        def loads(role: str, with_prefix: bool) -> tuple[WorkerLoad, ...]:
+        def loads(role: str) -> tuple[WorkerLoad, ...]:
             cost = costs[role]
             out = []
             for w in self.workers.ready(role):
@@ -212,15 +212,15 @@ class RequestCore(Generic[R]):
                 if token_ids is not None and kv.publishing(w.url):
                     cached = exact.get(w.url, 0)
                 else:
-                    cached = _scaled(prefix.match_tokens(w.url, hashes), scale) if with_prefix and hashes else 0
+                    cached = _scaled(prefix.match_tokens(w.url, hashes), scale) if hashes else 0
                 out.append(w.load(cached, now))
             return tuple(out)
 
         self.breakers.configure(cfg.routing.circuit_breaker)
         blocked_decode, blocked_pairs = self.breakers.blocked()
-        return LoadSnapshot(prefill=loads("prefill", False), decode=loads("decode", True),
-                            aggregated=loads("aggregated", True), tenant_avg_output_tokens=self.tenants.get(tenant),
-                            blocked_decode=blocked_decode, blocked_pairs=blocked_pairs)
+        return LoadSnapshot(prefill=loads("prefill"), decode=loads("decode"), aggregated=loads("aggregated"),
+                            tenant_avg_output_tokens=self.tenants.get(tenant), blocked_decode=blocked_decode,
+                            blocked_pairs=blocked_pairs)
 
     def route(self, cfg: RouterConfig, feats: RequestFeatures, snap: LoadSnapshot) -> tuple[Decision, Ticket | None]:
         """The decision for a request (with a mode probe when due) and, for a remote one, its breaker ticket."""
@@ -430,16 +430,19 @@ class RequestCore(Generic[R]):
         return None
 
     # ------------------------------------------------------------------------------------ the legs
-    async def prefill(self, ctx: Ctx, legs: Legs[R], url: str, deadline: float) -> Any:
-        """The prefill leg with its bookkeeping: in flight with its tokens, the worker's backlog clock, the
-        observed seconds per token; a timeout while queued behind other prefills is ``prefill_queue_timeout``."""
+    async def prefill(self, ctx: Ctx, legs: Legs[R], url: str, deadline: float, hashes: tuple[int, ...] = ()) -> Any:
+        """The prefill leg with its bookkeeping: in flight with the prompt tokens it computes there (less the
+        prefix the worker holds: ``hashes``, the prompt's block hashes), the worker's backlog clock, the observed
+        seconds per token, the prefix it then holds; a timeout while queued behind other prefills is
+        ``prefill_queue_timeout``."""
         w = self.workers.get(url)
         ahead = w.inflight_tokens if w else 0
         waiting = w.scraped.get("vllm:num_requests_waiting", 0.0) if w else 0.0
         t = self.clock()
-        with self.track(url, "prefill", ctx.input_tokens):
+        own = max(1, ctx.input_tokens - self.cached_tokens(url, hashes, ctx)[0]) if w is not None else ctx.input_tokens
+        with self.track(url, "prefill", own):
             if w is not None:
-                w.prefill_started(ctx.input_tokens, t)
+                w.prefill_started(own, t)
                 w.remote_prefill_at = t
             try:
                 kv = await legs.prefill(ctx, url, deadline)
@@ -453,7 +456,8 @@ class RequestCore(Generic[R]):
                 if w is not None:
                     w.prefill_ended(others_in_flight=w.inflight - 1, now=self.clock())
         if w is not None:
-            w.observe_prefill_leg(self.clock() - t, ahead + ctx.input_tokens)
+            self.prefix.insert(url, hashes)  # the prefill engine caches the prompt it computed (vLLM prefix caching)
+            w.observe_prefill_leg(self.clock() - t, ahead + own)
             pred = ctx.prediction
             if isinstance(pred, Prediction) and pred.prefill_worker == url and pred.prefill_s > 0:
                 self._observe(w, "prefill", "prefill", (self.clock() - t) / pred.prefill_s)

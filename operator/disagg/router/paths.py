@@ -84,7 +84,7 @@ async def _remote(core: RequestCore[R], ctx: Ctx, cfg: RouterConfig, d: Decision
     ctx.prefill_worker = d.prefill
     try:
         try:
-            kv = await core.prefill(ctx, legs, d.prefill, deadline)
+            kv = await core.prefill(ctx, legs, d.prefill, deadline, hashes)
         except UpstreamError as e:
             ticket.release()  # the prefill side: no evidence about the KV path
             return await _after_remote_failure(core, ctx, cfg, legs, hashes, e, exclude=set())

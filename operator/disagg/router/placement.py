@@ -48,6 +48,9 @@ STREAM_SPREAD = 0.3
 LOGISTIC_PER_SD = math.sqrt(3.0) / math.pi  # a logistic's scale per unit of its standard deviation
 Z95 = 1.6449  # the standard normal's 95th percentile: spec.slo's targets are p95s
 MIN_STREAM_SPREAD = 0.02  # a worker whose streams all took the same TPOT still spreads them this much
+# the busiest a decode worker's prefill queue is read as (its share of time prefilling): at 1 and beyond the
+# queueing wait has no steady state, and the backlog's growth (_backlog_then) speaks instead
+RHO_MAX = 0.95
 
 
 def p_miss(predicted_s: float, target_s: float, spread: float = SPREAD) -> float:
@@ -175,11 +178,24 @@ def _cached(w: WorkerLoad, tokens: int) -> int:
 
 
 def _backlog_then(d: WorkerLoad, cost: EngineCost, streams: int, ctx: float, after_s: float) -> float:
-    """Seconds of prompts queued on decode worker ``d`` ahead of a request that reaches it ``after_s`` from now (a
-    remote one: its decode leg is sent when its prefill leg ends): the prompt tokens queued there now, plus those
-    the router keeps sending it (its recent prefill rate), less what it prefills meanwhile — vLLM schedules the
-    waiting queue in order, so a saturated decode worker delays a remote request's first token as much as a local
-    one."""
+    """Seconds a request that reaches decode worker ``d`` ``after_s`` from now (a remote one: its decode leg is
+    sent when its prefill leg ends) waits there for the local prefills before it gets room in a step.
+
+    vLLM's scheduler (vllm/v1/core/sched/scheduler.py ``schedule``, 0.33.0) gives a step's token budget to the
+    running requests first, a prefill in progress taking all that is left, and walks the waiting queue in order; a
+    remote request starts its KV pull only when the walk reaches it with budget left, and is then skipped while
+    the pull runs, so the next waiting prompt is admitted and prefills whole before the request, its KV in place,
+    gets room. The wait is the larger of
+
+    * the backlog then, as a fluid: the prompt tokens queued there now, plus those the router keeps sending it
+      (its recent prefill rate), less what it prefills meanwhile; and
+    * the queueing wait of a steady prefill queue at that rate (Pollaczek–Khinchine, M/G/1: ρ ÷ (1 − ρ) × the
+      mean residual of the prefill in progress, from the sizes of the prefills sent there lately; ρ, the share of
+      time the worker prefills, read at most :data:`RHO_MAX`) — prefills arrive unevenly, so a worker busy 80 %
+      of the time keeps a queue that the fluid, which clears it, does not see;
+
+    plus, once the pull has started, the chance ρ that a local prefill is waiting to be admitted, times its mean
+    service."""
     ahead = _ahead(d)
     if ahead <= 0 and d.prefill_rate <= 0:
         return 0.0
@@ -187,7 +203,16 @@ def _backlog_then(d: WorkerLoad, cost: EngineCost, streams: int, ctx: float, aft
     steps, step_s = cost.chunked(0, 0, streams, ctx, probe)
     capacity = probe / max(1e-9, steps * step_s * d.f_prefill)  # tokens/s
     left = ahead + (d.prefill_rate - capacity) * after_s
-    return left / capacity if left > 0 else 0.0
+    wait = left / capacity if left > 0 else 0.0
+    if d.prefill_residual_tokens > 0 and d.prefill_rate > 0:
+        rho = d.prefill_rate / capacity
+        if rho > RHO_MAX:
+            rho = RHO_MAX
+        queueing = rho / (1.0 - rho) * d.prefill_residual_tokens / capacity
+        if queueing > wait:
+            wait = queueing
+        wait += rho * d.prefill_size_tokens / capacity  # the prefill admitted while its KV is pulled
+    return wait
 
 
 def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: EngineCost, tokens: int,

@@ -65,7 +65,7 @@ class WorkerLoad(NamedTuple):
     running: float = 0.0  # vllm:num_requests_running (scraped), or the router's count if higher
     waiting: float = 0.0  # vllm:num_requests_waiting (scraped)
     kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
-    prefix_tokens: int = 0  # decode workers: tokens of this prompt's prefix the router thinks it holds
+    prefix_tokens: int = 0  # tokens of this prompt's prefix the router thinks it holds
     # for the SLO placement (placement.py)
     role: str = "decode"
     queued: float = 0.0  # requests waiting for room (not for their KV) at the last scrape
@@ -78,6 +78,10 @@ class WorkerLoad(NamedTuple):
     remote_idle_s: float = math.inf  # prefill workers: seconds since the router last sent them a prefill leg
     stream_tpot_s: float = 0.0  # its recent streams' TPOT, geometric mean (observed; 0: not yet known)
     stream_spread: float = 0.0  # … the standard deviation of their log TPOT
+    # the prefills sent there lately: the mean residual size of the one in progress at a random moment, tokens
+    # (E[n²] ÷ 2E[n]: Pollaczek–Khinchine's residual; placement.py ``_backlog_then``)
+    prefill_residual_tokens: float = 0.0
+    prefill_size_tokens: float = 0.0  # … and their mean size, tokens
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
-"""Router-side prefix index: which decode worker likely holds which prompt prefix in its KV cache.
+"""Router-side prefix index: which worker likely holds which prompt prefix in its KV cache.
 
-Each decode worker gets a bounded LRU of the chained block hashes (features.prefix_block_hashes) of prompts the
-router sent it (remote or local: after a remote prefill the decode worker holds the transferred blocks too).
+Each worker gets a bounded LRU of the chained block hashes (features.prefix_block_hashes) of prompts the router
+sent it: a decode worker's (remote or local: after a remote prefill the decode worker holds the transferred blocks
+too), and a prefill worker's remote prefills (vLLM's prefix caching keeps the blocks it computed).
 A prompt's match on a worker = the number of its leading blocks present there × tokens per block.
 """
 
