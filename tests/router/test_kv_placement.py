@@ -4,6 +4,8 @@ twin's in-process event path reaches the oracle's hits."""
 
 from __future__ import annotations
 
+import pytest
+
 from disagg.api.contract import RouterConfig
 from disagg.perf.costs import EngineCost
 from disagg.router import features
@@ -113,3 +115,37 @@ def test_the_remote_path_prefills_where_the_prompt_is_cached_unless_that_queue_c
     assert chosen(p("a", 0.0, 0), p("b", 0.0, 6000)) == "b"
     assert chosen(p("a", 0.0, 0), p("b", saved_ms * 0.5, 6000)) == "b"
     assert chosen(p("a", 0.0, 0), p("b", saved_ms * 2, 6000)) == "a"
+
+
+def test_a_prefill_worker_is_known_to_hold_the_prompts_it_prefilled_and_its_queue_counts_only_uncached_work() -> None:
+    """vLLM's prefix caching keeps the blocks a prefill engine computed: after a remote prefill leg the router's
+    estimate holds the prompt on that prefill worker (the placement then prices its next prefill without them),
+    and a leg in flight counts only the tokens the worker computes as the backlog ahead of the next one."""
+    import asyncio
+
+    core = _core()
+    found = core.workers.get("http://p0")
+    assert found is not None
+    p0 = found
+    text_prefix = tuple(range(1, 251))  # a text prompt's block hashes: 250 blocks of 16 tokens, 4000 tokens
+    seen: list[int] = []
+
+    class Legs:
+        async def prefill(self, ctx: Ctx, worker: str, deadline: float) -> dict[str, str]:
+            assert (worker, deadline) == ("http://p0", 10.0)
+            seen.append(p0.inflight_tokens)
+            return {"kv": ctx.request_id}
+
+    def ctx(tokens: int) -> Ctx:
+        return Ctx(request_id="r", endpoint="/v1/completions", stream=False, t0=0.0, input_tokens=tokens)
+
+    snap = core.snapshot(CFG, text_prefix, "default", None)
+    assert [w.prefix_tokens for w in snap.prefill] == [0]  # nothing sent there yet
+    asyncio.run(core.prefill(ctx(6000), Legs(), "http://p0", 10.0, text_prefix))  # type: ignore[arg-type]
+    snap = core.snapshot(CFG, (*text_prefix, 999), "default", None)  # the same 4000 tokens, then another block
+    assert [w.prefix_tokens for w in snap.prefill] == [4000]
+    # the next prompt sharing that prefix: 2000 tokens to compute there, not 6000
+    asyncio.run(core.prefill(ctx(6000), Legs(), "http://p0", 10.0, text_prefix))  # type: ignore[arg-type]
+    assert seen == [6000, 2000]
+    assert p0.inflight_tokens == 0
+    assert p0.prefill_size == pytest.approx(6000 + 0.3 * (2000 - 6000))  # the sizes the queueing wait reads

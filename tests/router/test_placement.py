@@ -471,3 +471,29 @@ def test_streams_past_the_target_because_of_the_prefill_traffic_still_count_a_pr
     assert pl._harm(loaded, COST, streams, ctx, float(rate), stall, loose, 256) == pytest.approx(
         marginal(before, loose))
 
+
+
+def test_a_remote_first_token_waits_for_the_decode_workers_prefill_queue_as_it_fluctuates() -> None:
+    """Local prefills reach a decode worker unevenly: at a steady rate below what it prefills the fluid backlog
+    clears, yet a queue forms now and then (Pollaczek–Khinchine), and once the request's KV pull starts vLLM admits
+    the next waiting prompt, which prefills whole first. Both grow with the worker's share of time prefilling and
+    with the size of its prefills; a worker sent no prefills adds nothing."""
+    p = prefill(ahead=20_000)
+    steps, step_s = COST.chunked(0, 0, 8, 0.0, COST.budget)
+    capacity = COST.budget / (steps * step_s)  # prompt tokens/s the decode worker prefills
+
+    def ttft(rho: float, size: float) -> float:
+        d = decode(running=8, rate=rho * capacity)._replace(prefill_size_tokens=size,
+                                                             prefill_residual_tokens=size / 2)
+        return pl.predict_remote(p, COST, d, COST, 8000, 0.05, 256).ttft_s
+
+    idle = ttft(0.0, 6000)
+    assert ttft(0.0, 0) == idle  # no prefills sent there: no queue
+    by_rho = [ttft(r, 6000) for r in (0.2, 0.5, 0.8)]
+    assert idle < by_rho[0] < by_rho[1] < by_rho[2]
+    assert ttft(0.5, 3000) < by_rho[1] < ttft(0.5, 12_000)
+    # at ρ 0.5 and prefills of s seconds: ρ/(1 − ρ) × s/2 waiting, then ρ × s behind the one admitted
+    s = 6000 / capacity
+    assert by_rho[1] - idle == pytest.approx(0.5 * s + 0.5 * s, rel=0.05)
+    # saturated: the queueing wait is read at ρ = RHO_MAX, and the fluid backlog's growth takes over beyond
+    assert math.isfinite(ttft(1.0, 6000)) and ttft(1.0, 6000) <= ttft(3.0, 6000)
