@@ -53,7 +53,9 @@ def snapshots(n: int, seed: int = 0) -> list[Any]:
                                inflight=rng.randint(0, int(200 * busy) + 1),
                                running=rng.randint(0, int(200 * busy) + 1), kv_usage=rng.uniform(0, 0.9 * busy),
                                ahead_tokens=rng.randint(0, int(8_000 * busy)),
-                               prefill_rate=rng.uniform(0, 20_000 * busy), queued=rng.randint(0, int(4 * busy)))
+                               prefill_rate=rng.uniform(0, 20_000 * busy), queued=rng.randint(0, int(4 * busy)),
+                               prefill_size_tokens=(size := rng.uniform(500, 8_000)),
+                               prefill_residual_tokens=size * rng.uniform(0.5, 1.0))
                     for j in range(DECODE))
         out.append(LoadSnapshot(prefill=pre, decode=dec, tenant_avg_output_tokens=200.0))
     return out
