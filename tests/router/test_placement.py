@@ -472,7 +472,6 @@ def test_streams_past_the_target_because_of_the_prefill_traffic_still_count_a_pr
         marginal(before, loose))
 
 
-
 def test_a_remote_first_token_waits_for_the_decode_workers_prefill_queue_as_it_fluctuates() -> None:
     """Local prefills reach a decode worker unevenly: at a steady rate below what it prefills the fluid backlog
     clears, yet a queue forms now and then (Pollaczek–Khinchine), and once the request's KV pull starts vLLM admits
