@@ -188,6 +188,10 @@ class RequestCore(Generic[R]):
             return self.exact_match(ctx).get(url, 0), "events"
         return self.estimated_prefix(url, hashes, ctx), "estimate"
 
+    def uncached_tokens(self, url: str, hashes: tuple[int, ...], ctx: Ctx) -> int:
+        """The prompt tokens ``url`` computes for ``ctx`` (at least one: vLLM computes the last token)."""
+        return max(1, ctx.input_tokens - self.cached_tokens(url, hashes, ctx)[0])
+
     def snapshot(self, cfg: RouterConfig, hashes: tuple[int, ...], tenant: str,
                  ctx: Ctx | None = None) -> LoadSnapshot:
         """The policy's view of the pools now: every ready worker's load (prefix matches: exact from the KV
@@ -439,7 +443,7 @@ class RequestCore(Generic[R]):
         ahead = w.inflight_tokens if w else 0
         waiting = w.scraped.get("vllm:num_requests_waiting", 0.0) if w else 0.0
         t = self.clock()
-        own = max(1, ctx.input_tokens - self.cached_tokens(url, hashes, ctx)[0]) if w is not None else ctx.input_tokens
+        own = self.uncached_tokens(url, hashes, ctx)
         with self.track(url, "prefill", own):
             if w is not None:
                 w.prefill_started(own, t)
@@ -478,8 +482,7 @@ class RequestCore(Generic[R]):
         started = self.clock()
         pred = ctx.prediction if isinstance(ctx.prediction, Prediction) and ctx.prediction.worker == url else None
         # a local prefill: its uncached prompt tokens are ahead of the next prefill there until its first token
-        pending = (max(1, ctx.input_tokens - self.cached_tokens(url, hashes, ctx)[0])
-                   if kv is None and w is not None else 0)
+        pending = self.uncached_tokens(url, hashes, ctx) if kv is None and w is not None else 0
         if pending and w is not None:
             w.inflight_tokens += pending
             w.prefill_started(pending, started)

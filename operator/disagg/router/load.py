@@ -119,8 +119,8 @@ class Worker:
     prefill_rate_tps: float = 0.0
     prefill_rate_at: float = 0.0
     # … and the size of those prefills (tokens each): EWMAs of it and of its square (prefill_started)
-    prefill_size: float = 0.0
-    prefill_size2: float = 0.0
+    prefill_size: float | None = None
+    prefill_size2: float | None = None
     since: float = -math.inf  # when the router began to watch it (its WorkerSet's clock; prefill_rate)
     # the placement's corrections: observed ÷ predicted TTFT of the requests it prefilled, TPOT of those it decoded
     f_prefill: float = 1.0
@@ -256,11 +256,8 @@ class Worker:
         self.busy_until = max(now, self.busy_until) + tokens * self.spt()
         self.prefill_rate_tps = self._decayed_rate(now) + tokens / PREFILL_RATE_WINDOW_S
         self.prefill_rate_at = now
-        if self.prefill_size:
-            self.prefill_size += EWMA_ALPHA * (tokens - self.prefill_size)
-            self.prefill_size2 += EWMA_ALPHA * (tokens * tokens - self.prefill_size2)
-        else:
-            self.prefill_size, self.prefill_size2 = float(tokens), float(tokens * tokens)
+        self.prefill_size = _ewma(self.prefill_size, float(tokens))
+        self.prefill_size2 = _ewma(self.prefill_size2, float(tokens * tokens))
 
     def correct(self, phase: str, ratio: float) -> None:
         """Fold one observed ÷ predicted ratio of ``phase`` (prefill | decode) into the worker's correction: an
@@ -297,8 +294,8 @@ class Worker:
             self.f_prefill, self.f_decode, self.avg_prompt_tokens or 0.0,  # f_prefill, f_decode, avg_prompt_tokens
             now - self.remote_prefill_at,  # remote_idle_s
             *self.stream_tpot,  # stream_tpot_s, stream_spread
-            self.prefill_size2 / (2.0 * self.prefill_size) if self.prefill_size else 0.0,  # prefill_residual_tokens
-            self.prefill_size,  # prefill_size_tokens
+            self.prefill_size2 / (2.0 * self.prefill_size) if self.prefill_size and self.prefill_size2 else 0.0,
+            self.prefill_size or 0.0,  # prefill_residual_tokens (above), prefill_size_tokens
         )
 
 
