@@ -43,7 +43,7 @@ def test_oscillation_measures_reversals_within_the_window() -> None:
 
 def test_virtual_bench_smoke() -> None:
     s = ad.DaySettings(day_s=240.0, peak_rps=2.0, bucket_s=120.0, probe_s=30.0, step_base_rps=1.0,
-                       step_pre_s=60.0, step_post_s=90.0, scalers=("predictive", "reactive"))
+                       step_pre_s=60.0, step_post_s=90.0, swing_rps=2.0, scalers=("predictive", "reactive"))
     disabled, config = logging.root.manager.disable, structlog.get_config()
     r = ad.run(s, jobs=1)
     # the bench quiets its own work only: the process's logging is as it was (a later test's log capture relies on it)
@@ -62,5 +62,10 @@ def test_virtual_bench_smoke() -> None:
     doc = results_doc("autoscale_day", "python -m disagg.bench.autoscale_day", r)
     assert not validate(doc, "autoscale_day")
     tables = ad.render_tables(doc)
-    assert set(tables) == {"day", "step"}
+    assert set(tables) == {"day", "step", "swing"}
+    # the mix swings both ways, with and without role moves; only the predictive run lends
+    assert [(w["share_before"], w["scaler"]) for w in r["swings"]] == [
+        (0.9, "predictive"), (0.9, "predictive-pods"), (0.1, "predictive"), (0.1, "predictive-pods")]
+    assert all(not w["role_moves"] for w in r["swings"] if w["scaler"] == "predictive-pods")
+    assert tables["swing"].count("| predictive-pods |") == 2
     assert "| predictive |" in tables["day"] and "hindsight oracle" in tables["day"]

@@ -331,6 +331,23 @@ def test_router_config_active_mode(mode: str, status_mode: str | None, want: str
     assert "--kv-transfer-config" in worker_args(dm, "prefill")
 
 
+@pytest.mark.parametrize("status_mode,want", [(None, (2, 0)), ("Aggregated", (0, 0))])
+def test_router_config_carries_the_role_moves(status_mode: str | None, want: tuple[int, int]) -> None:
+    # status.roleMoves (the predictive autoscaler's) reach the router as activeMode does; none while aggregated
+    body = example_body("llama-8b-nvlink")
+    body["status"] = {"roleMoves": {"prefillToDecode": 2, "reason": "decode short", "time": "2026-12-06T10:00:00Z"}}
+    if status_mode:
+        body["status"]["activeMode"] = status_mode
+    cm = by_ref(parse_model(body))["ConfigMap/llama-8b-router"]
+    cfg = c.RouterConfig.model_validate(yaml.safe_load(cm["data"][c.ROUTER_CONFIG_KEY]))
+    if want == (0, 0):
+        assert cfg.role_moves is None and "roleMoves" not in cm["data"][c.ROUTER_CONFIG_KEY]
+    else:
+        assert cfg.role_moves is not None
+        assert (cfg.role_moves.prefill_to_decode, cfg.role_moves.decode_to_prefill) == want
+        assert cfg.role_moves.lends() == {"decode": want[0], "prefill": want[1]}
+
+
 def test_router_objects() -> None:
     dm = model("llama-70b-rdma")
     refs = {f"{o['kind']}/{o['metadata']['name']}": o

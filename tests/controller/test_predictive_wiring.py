@@ -61,3 +61,17 @@ def test_without_a_sizing_the_reason_is_kept_for_the_decisions() -> None:
     state = LoopState()
     _scaler(None).predictive(state, _model())
     assert state.predictive_unavailable and "without the performance model" in state.predictive_unavailable
+
+
+def test_role_moves_only_between_pools_whose_workers_pair() -> None:
+    def sizer_for(_spec: Any) -> tuple[_Sizer, float]:
+        return _Sizer(), 53.0
+
+    state = LoopState()
+    _scaler(sizer_for).predictive(state, _model())
+    assert state.predictive is not None and state.predictive.s.role_moves
+    other = _model().model_dump(by_alias=True)
+    other["spec"]["decode"] = {"extraArgs": ["--block-size", "32"]}  # a different KV layout: no pairs, no moves
+    state = LoopState()
+    _scaler(sizer_for).predictive(state, DisaggregatedModel.model_validate(other))
+    assert state.predictive is not None and not state.predictive.s.role_moves

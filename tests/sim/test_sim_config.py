@@ -25,7 +25,7 @@ def test_operator_style_args_parse_like_vllm():
     assert (cfg.tp, cfg.pp, cfg.max_model_len, cfg.max_num_seqs) == (2, 2, 32000, 128)
     assert cfg.max_num_batched_tokens == 32768 and cfg.chunked_prefill is False and cfg.prefix_caching
     assert cfg.gpu_memory_utilization == 0.85 and cfg.shutdown_timeout == 30
-    assert cfg.kv_transfer and cfg.kv_transfer.role == "kv_producer" and cfg.kv_transfer.producer
+    assert cfg.kv_transfer and cfg.kv_transfer.role == "kv_producer"
     assert cfg.kv_transfer.load_failure_policy == "fail"  # vLLM's default
     assert cfg.model_preset.name == "Llama-3.1-8B" and cfg.model_preset_inferred
 

@@ -205,3 +205,50 @@ def test_prompts_the_ladder_spills_onto_decode_stay_prefill_demand() -> None:
     for load in loads:
         assert load.remote_rps == pytest.approx(2.0, abs=0.15) and load.remote_in == pytest.approx(8000, rel=0.01)
         assert load.local_rps == pytest.approx(2.0, abs=0.15) and load.local_in == pytest.approx(300, rel=0.01)
+
+
+# ------------------------------------------------------------------------------------------ role moves (issue 28)
+
+
+def _lend_at_start(moves):
+    from disagg.api.status import RoleMoves
+
+    async def controller(c) -> None:
+        c.move_roles(RoleMoves(**moves))
+
+    return controller
+
+
+@pytest.mark.parametrize("moves", [{"prefill_to_decode": 1}, {"decode_to_prefill": 1}])
+def test_a_lent_worker_takes_the_other_roles_legs(moves) -> None:
+    # every request prefills remotely; one worker of a 2P + 2D fleet is lent to the other role at once
+    spec = ClusterSpec(prefill=PoolSpec(2, gpu="L40S"), decode=PoolSpec(2, gpu="L40S"), router={
+        "mode": "Disaggregated", "routing": {"buckets": [{"name": "all", "minInputTokens": 0, "prefill": "Remote"}]}})
+    arrivals = steady(4.0, 20, 3000, 64)
+    r = simulate(spec, arrivals, controller=_lend_at_start(moves))
+    assert all(x.ok and x.path == "remote" for x in r.records), {x.fallback for x in r.records}
+    legs = {(x.prefill_worker or "", x.decode_worker or "") for x in r.records}
+    if "prefill_to_decode" in moves:  # a prefill-pool worker decodes what the other prefill worker prefilled
+        assert any(d.startswith("prefill-") for _, d in legs)
+        assert not any(p == d for p, d in legs)
+    else:  # a decode-pool worker prefills, and another decode worker pulls its KV (it holds it for the pull)
+        assert any(p.startswith("decode-") and d.startswith("decode-") for p, d in legs)
+
+
+def test_the_connector_applies_the_policys_role_moves_and_records_them() -> None:
+    from disagg.autoscaling.roles import Moves
+
+    seen = iter([Moves(prefill_to_decode=1, reason="decode short"), Moves(prefill_to_decode=1), Moves()])
+    def hold(_obs: Observation, _signals) -> dict[str, Decision]:
+        return {}
+
+    ctl = TwinAutoscaler(hold, interval_s=10.0, start_s=5.0, until_s=30.0, roles=lambda: next(seen, Moves()))
+    # no elastic rule (an idle prefill worker would take whole short requests without a lend)
+    spec = ClusterSpec(prefill=PoolSpec(2, gpu="L40S"), decode=PoolSpec(1, gpu="L40S"),
+                       router={"mode": "Disaggregated", "routing": {**ROUTING, "elasticFleet": False}})
+    r = simulate(spec, steady(2.0, 30, 400, 200), controller=ctl)
+    assert all(x.ok for x in r.records)
+    assert [(e.t, e.pool, e.before, e.after) for e in ctl.role_moves] == [
+        (10.0, "prefill→decode", 0, 1), (30.0, "prefill→decode", 1, 0)]
+    lent = [x for x in r.records if x.decode_worker and x.decode_worker.startswith("prefill-")]
+    assert lent and all(10.0 <= x.arrival_s < 30.5 for x in lent)  # only while lent (decided at arrival)

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import ApiModel
-from .models import ActiveMode, Mode, ModeProbeSpec, RolloutSpec, RoutingSpec, SLOSpec
+from .models import ActiveMode, Mode, ModeProbeSpec, RoleMoves, RolloutSpec, RoutingSpec, SLOSpec
 
 Role = Literal["prefill", "decode", "aggregated", "router"]
 WORKER_ROLES: tuple[Role, ...] = ("prefill", "decode", "aggregated")
@@ -137,6 +137,11 @@ class RouterConfig(ApiModel):
         default_factory=ModeProbeSpec,
         description="spec.modePolicy.probe: remote-path probes while the operator holds the model Aggregated "
         "(mode Auto, activeMode Aggregated).",
+    )
+    role_moves: RoleMoves | None = Field(
+        default=None,
+        description="status.roleMoves while a worker is lent: workers serving the other pool's role (the "
+        "autoscaler's role moves). Set by the operator from status; none: each pool serves its own role.",
     )
 
     def probing(self) -> bool:

@@ -70,6 +70,7 @@ from .status import (
     ObservedStatus,
     PoolsStatus,
     PoolStatus,
+    RoleMoves,
     ScaleEvent,
 )
 
@@ -162,6 +163,7 @@ __all__ = [
     "RatioBounds",
     "RemotePrefillOverride",
     "RemotePrefillPolicy",
+    "RoleMoves",
     "RollingUpdateSpec",
     "RolloutSpec",
     "RoutingSpec",

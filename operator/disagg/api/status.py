@@ -47,6 +47,21 @@ class PoolStatus(ApiModel):
     )
 
 
+class RoleMoves(ApiModel):
+    """Workers serving the other pool's role (issue 28, "move roles before pods"): the autoscaler's answer to a
+    change in the mix that the pools' sizes have not followed yet. A lent worker keeps its pod, GPU and engine; the
+    router sends it the other role's work (router/load.py ``WorkerSet.lend``)."""
+
+    prefill_to_decode: int = Field(default=0, ge=0, description="Prefill-pool workers serving the decode role.")
+    decode_to_prefill: int = Field(default=0, ge=0, description="Decode-pool workers serving the prefill role.")
+    reason: str = Field(default="", max_length=1024, description="Why, in words and figures.")
+    time: str | None = Field(default=None, description="When the moves were last changed (RFC 3339).")
+
+    def lends(self) -> dict[str, int]:
+        """As :meth:`disagg.router.load.WorkerSet.lend` takes them: role → workers of the other pool serving it."""
+        return {"decode": self.prefill_to_decode, "prefill": self.decode_to_prefill}
+
+
 class PoolsStatus(ApiModel):
     prefill: PoolStatus = Field(default_factory=PoolStatus, description="The prefill pool.")
     decode: PoolStatus = Field(default_factory=PoolStatus, description="The decode pool.")
@@ -81,6 +96,9 @@ class DisaggregatedModelStatus(ApiModel):
     mode_reason: str | None = Field(default=None, description="Why the active mode was chosen.")
     mode_since: str | None = Field(default=None, description="When the active mode took effect (RFC 3339).")
     pools: PoolsStatus = Field(default_factory=PoolsStatus, description="Per-pool replica counts and scaling.")
+    role_moves: RoleMoves | None = Field(
+        default=None, description="Workers lent to the other pool's role by the predictive autoscaler (none: unset)."
+    )
     observed: ObservedStatus = Field(
         default_factory=ObservedStatus, description="Measured SLO figures and mode-probe counts."
     )

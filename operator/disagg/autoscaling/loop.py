@@ -17,6 +17,7 @@ from .observe import HISTOGRAMS, ROUTED_KEYS, observation
 from .policy import Decision, History, PoolSignals, Signals, bounded, decide
 from .predictive import Observation, PredictivePolicy
 from .queries import LOAD_PREFIX, Sample
+from .roles import Moves
 
 
 @dataclass
@@ -50,6 +51,8 @@ class StepResult:
     slo_met: tuple[str, str, str]  # (status, reason, message) for the SLOMet condition
     metrics: tuple[str, str, str] = ("True", "MetricsAvailable", "")  # the MetricsAvailable condition
     kv_transfer: tuple[str, str, str] = ("Unknown", "NoRemoteTraffic", "")  # the KVTransferHealthy condition
+    # the predictive policy's role moves (status.roleMoves); None: no predictive policy runs (no moves)
+    role_moves: Moves | None = None
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -150,6 +153,7 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
     obs = observed(sample, now_iso)
 
     decisions: dict[str, Decision] = {}
+    moves: Moves | None = None
     if spec.autoscaling.enabled:
         signals = Signals(
             time=now, stale_reason=sample.error,
@@ -165,6 +169,7 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
         )
         if state.predictive is not None:
             decisions = bounded(spec, state.predictive.step(_observation(spec, pools, sample, state, now)))
+            moves = state.predictive.moves
         else:
             decisions = decide(spec, signals, state.history)
             if state.predictive_unavailable:
@@ -183,6 +188,8 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
     )
     after = next_state(spec, before, mode_signals)
     state.mode = after
+    if after.active == ActiveMode.AGGREGATED and moves is not None:
+        moves = Moves()  # no roles to move while the model serves aggregated
     return StepResult(decisions=decisions, mode=after, mode_changed=after.active != before.active,
                       observed=obs, slo_met=slo_condition(spec, sample, obs), metrics=metrics_condition(sample),
-                      kv_transfer=kv_transfer_condition(spec, sample))
+                      kv_transfer=kv_transfer_condition(spec, sample), role_moves=moves)

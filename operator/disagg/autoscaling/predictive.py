@@ -25,6 +25,12 @@ Per interval (:meth:`PredictivePolicy.step`):
 
 Then the same bounds as the proportional policy: ``maxStep``, ``min/maxReplicas`` (policy.py).
 
+6. **Role moves before pods** (roles.py; ``role_moves``): for what is here now (this interval's load plus the
+   prefill backlog: a lend is undone as fast as it is made, so it follows the load, not a forecast of it), the
+   short role borrows the other pool's spare ready workers at once (:attr:`PredictivePolicy.moves`); the pods
+   still follow the need at their pace, and the lend returns when the short pool's own pods are ready. An interval
+   served with lent workers does not correct the model (its latencies are the lend's, not the pools').
+
 :class:`ReactivePolicy` is the baseline the benchmark runs beside it: Dynamo's SLA planner's rule as published —
 replicas = predicted load ÷ the throughput one replica holds at the SLA, corrected by observed ÷ expected latency,
 with the constant predictor (next interval = this one) and no hysteresis beyond the bounds.
@@ -40,6 +46,7 @@ from typing import Protocol
 from ..api.models import DisaggregatedModelSpec
 from .forecast import Load, LoadForecaster
 from .policy import Decision, PoolName
+from .roles import Moves, plan_moves
 
 CORRECTION_ALPHA = 0.3  # EWMA of observed ÷ expected (one noisy interval moves it 30 %)
 CORRECTION_BOUNDS = (0.5, 3.0)
@@ -109,6 +116,7 @@ class PredictiveSettings:
     max_step: int = 4
     min_replicas: tuple[int, int] = (1, 1)
     max_replicas: tuple[int, int] = (32, 32)
+    role_moves: bool = True  # lend spare workers to the short role (roles.py); False: pods only
 
     @classmethod
     def from_spec(cls, spec: DisaggregatedModelSpec, pod_start_s: float) -> PredictiveSettings:
@@ -148,6 +156,7 @@ class PredictiveState:
     downs: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": []})
     first_seen: float | None = None
     held: bool = True  # the ready pods held the last interval's load in the model (no backlog carried into this one)
+    moves: Moves = field(default_factory=Moves)  # the role moves in force (decided at the last step)
 
 
 def _bound(current: int, target: int, s: PredictiveSettings, i: int) -> int:
@@ -173,8 +182,9 @@ class PredictivePolicy:
             return {n: Decision(n, c, c, None, why) for n, c in _pools(cur)}
         if st.first_seen is None:
             st.first_seen = obs.time
-        # 2. correct the model at the observed load on the ready pods (samples from warming pods are not in obs)
-        st.held = correct(self.sizer, obs, st.ttft, st.tpot, s.headroom, held_before=st.held)
+        # 2. correct the model at the observed load on the ready pods (samples from warming pods are not in obs),
+        # unless lent workers served part of it
+        st.held = correct(self.sizer, obs, st.ttft, st.tpot, s.headroom, held_before=st.held and not st.moves.lent)
         # 3. forecast over the horizon a pod started now needs
         st.forecaster.update(obs.load)
         # … plus the queue the prefill pool holds now, drained within one interval once the capacity is there
@@ -201,7 +211,20 @@ class PredictivePolicy:
             if desired < current:
                 st.downs[name].append(obs.time)
             out[name] = Decision(name, current, desired, None, reason)
+        # 6. role moves for the load here now
+        st.moves = Moves()
+        if s.role_moves:
+            need = self.sizer.size(obs.load.with_backlog(obs.prefill_waiting, s.interval_s), s.headroom,
+                                   st.ttft.value, st.tpot.value)
+            # a pool lends from what it keeps: its ready workers less this step's scale-down
+            st.moves = plan_moves(need.prefill, need.decode, min(obs.prefill_ready, out["prefill"].desired),
+                                  min(obs.decode_ready, out["decode"].desired))
         return out
+
+    @property
+    def moves(self) -> Moves:
+        """The role moves decided at the last :meth:`step` (none before the first, or with ``role_moves`` off)."""
+        return self.state.moves
 
     def _down(self, name: str, t: float, current: int, proposal: int) -> int:
         s, st = self.s, self.state

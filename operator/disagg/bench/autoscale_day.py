@@ -29,7 +29,7 @@ import math
 import random
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..autoscaling.forecast import Load
@@ -44,6 +44,11 @@ from .oracle import ProbeFn, fewest_split
 TARGET = 0.90
 RAG = ("rag", (6000, 10000), (128, 384))
 CHAT = ("chat", (100, 800), (100, 400))
+# the mix swing (role moves): long prompts with short answers (prefill-heavy) against short prompts with long
+# answers (decode-heavy), at one rate; the short answers stay above the remote rule's minExpectedOutputTokens 64
+SUMMARISE = ("summarise", (6000, 10000), (96, 224))
+STREAM = ("stream", (100, 400), (1200, 2000))
+Class = tuple[str, tuple[int, int], tuple[int, int]]
 
 
 @dataclass
@@ -66,8 +71,11 @@ class DaySettings:
     step_pre_s: float = 240.0
     step_post_s: float = 300.0
     step_bucket_s: float = 10.0  # attainment buckets of the step (by arrival time): the recovery's resolution
+    swing_rps: float = 6.0  # the mix swing: this rate throughout, the summarise share 90 % → 10 % (and back)
+    swing_shares: tuple[float, float] = (0.9, 0.1)
     seed: int = 0
-    scalers: tuple[str, ...] = ("predictive", "proportional", "reactive")
+    # predictive-pods: the predictive policy without role moves (the ablation)
+    scalers: tuple[str, ...] = ("predictive", "predictive-pods", "proportional", "reactive")
 
 
 def diurnal_rate(t: float, s: DaySettings) -> float:
@@ -83,8 +91,8 @@ def rag_share(t: float, s: DaySettings) -> float:
     return 0.2 + 0.6 * (1 - math.cos(2 * math.pi * t / s.day_s)) / 2
 
 
-def _arrival(rng: random.Random, t: float, rag: float, i: int) -> Arrival:
-    name, (i0, i1), (o0, o1) = RAG if rng.random() < rag else CHAT
+def _arrival(rng: random.Random, t: float, rag: float, i: int, classes: tuple[Class, Class] = (RAG, CHAT)) -> Arrival:
+    name, (i0, i1), (o0, o1) = classes[0] if rng.random() < rag else classes[1]
     return Arrival(at=t, input_tokens=rng.randint(i0, i1), output_tokens=rng.randint(o0, o1), tenant=name,
                    cls=name, request_id=f"day-{i}")
 
@@ -103,7 +111,9 @@ def day_arrivals(s: DaySettings) -> list[Arrival]:
             out.append(_arrival(rng, t, rag_share(t, s), len(out)))
 
 
-def steady_arrivals(rate: float, rag: float, duration_s: float, seed: int, t0: float = 0.0) -> list[Arrival]:
+def steady_arrivals(rate: float, rag: float, duration_s: float, seed: int, t0: float = 0.0,
+                    classes: tuple[Class, Class] = (RAG, CHAT), first_id: int = 0) -> list[Arrival]:
+    """Poisson arrivals at ``rate``, a share ``rag`` of the first class (RAG) and the rest of the second (chat)."""
     rng = random.Random(seed)
     out: list[Arrival] = []
     t = 0.0
@@ -111,7 +121,7 @@ def steady_arrivals(rate: float, rag: float, duration_s: float, seed: int, t0: f
         t += rng.expovariate(rate)
         if t >= duration_s:
             return out
-        out.append(_arrival(rng, t0 + t, rag, len(out)))
+        out.append(_arrival(rng, t0 + t, rag, first_id + len(out), classes))
 
 
 def model_doc(s: DaySettings, prefill: int = 1, decode: int = 1) -> dict[str, Any]:
@@ -126,8 +136,8 @@ def model_doc(s: DaySettings, prefill: int = 1, decode: int = 1) -> dict[str, An
                                               "minExpectedOutputTokens": 64},
                             "localPrefill": {"maxInputTokens": 1024},
                             "fallback": {"onPrefillQueueOverload": "Queue"},
-                            "tenants": [{"name": "chat", "match": {"values": ["chat"]}},
-                                        {"name": "rag", "match": {"values": ["rag"]}}]},
+                            "tenants": [{"name": name, "match": {"values": [name]}}
+                                        for name in ("chat", "rag", "summarise", "stream")]},
                 "slo": {"ttftP95Ms": 2000, "tpotP95Ms": 50},
                 "autoscaling": {"enabled": True, "prometheus": {"url": "http://twin"},
                                 "intervalSeconds": s.interval_s,
@@ -144,9 +154,12 @@ def sizer(s: DaySettings) -> ModelSizer:
                       max_replicas=s.max_replicas)
 
 
-def mix_load(rate: float, rag: float) -> Load:
-    """The expected Load of ``rate`` req/s with a ``rag`` share (class means; chat prompts stay local)."""
-    return Load(rate * rag, rate * (1 - rag), 8000.0, 450.0, rag * 256 + (1 - rag) * 250)
+def mix_load(rate: float, rag: float, classes: tuple[Class, Class] = (RAG, CHAT)) -> Load:
+    """The expected Load of ``rate`` req/s with a share ``rag`` of the first class (class means; the first class's
+    prompts prefill remotely, the second's stay local: Thresholds at 2048 tokens)."""
+    (_, a_in, a_out), (_, b_in, b_out) = classes
+    return Load(rate * rag, rate * (1 - rag), sum(a_in) / 2, sum(b_in) / 2,
+                rag * sum(a_out) / 2 + (1 - rag) * sum(b_out) / 2)
 
 
 def probe_fn(s: DaySettings) -> ProbeFn:
@@ -201,18 +214,25 @@ def run_scaler(s: DaySettings, name: str, arrivals: list[Arrival], start: tuple[
     from ..api.models import DisaggregatedModel
 
     spec = DisaggregatedModel.model_validate(model_doc(s, *start)).spec
-    policy = {"predictive": lambda: of(PredictivePolicy(sz, ps)), "reactive": lambda: of(ReactivePolicy(sz, ps)),
-              "proportional": lambda: proportional(spec)}[name]()
-    ctl = TwinAutoscaler(policy, interval_s=s.interval_s, start_s=start_s, until_s=until)
+    ctl = TwinAutoscaler(proportional(spec), interval_s=s.interval_s, start_s=start_s, until_s=until)
+    if name in ("predictive", "predictive-pods"):
+        pp = PredictivePolicy(sz, replace(ps, role_moves=name == "predictive"))
+        ctl.policy = of(pp)
+        if name == "predictive":
+            ctl.roles = lambda: pp.moves
+    elif name == "reactive":
+        ctl.policy = of(ReactivePolicy(sz, ps))
     t0 = time.process_time()
     r = simulate(m.cluster, arrivals, seed=s.seed, slo=m.slo, window_s=until, controller=ctl)
     events = [asdict(e) for e in ctl.timeline]
+    keys = ("t", "pool", "before", "after", "ready", "reason")
     return {"scaler": name, "attainment": round(r.attainment, 4), "requests": len(r.records),
             "gpu_seconds": round(_clip_gpu_s(ctl, until), 1), "events": len(events),
             "events_per_hour_virtual": round(len(events) / (until / 3600), 1),
             "events_per_day": len(events), "largest_oscillation": oscillation(events, 2 * s.scale_down_stabilization_s),
             "peak": {p: max([x["desired"][p] for x in ctl.samples] or [0]) for p in ("prefill", "decode")},
-            "timeline": [{k: e[k] for k in ("t", "pool", "before", "after", "ready", "reason")} for e in events],
+            "timeline": [{k: e[k] for k in keys} for e in events],
+            "role_moves": [{k: e[k] for k in keys} for e in map(asdict, ctl.role_moves)],
             "per_interval": [{"t": x["t"], **{f"{k}_ready": v for k, v in x["ready"].items()}} for x in ctl.samples],
             "records": r.records, "cpu_s": round(time.process_time() - t0, 1), "pod_start_s": round(start_s, 1)}
 
@@ -294,7 +314,18 @@ def _step_job(s: DaySettings) -> dict[str, Any]:
     m = mapped(s, 1, 1)
     width = s.step_bucket_s
     buckets = _bucketed(out.pop("records"), m.slo, 0.0, end, width)
-    k0 = int(s.step_pre_s // width)
+    breached, recovery, worst = _recovery(buckets, int(s.step_pre_s // width), width)
+    target_s = s.interval_s + out["pod_start_s"]
+    return {"base_rps": base, "factor": s.step_factor, "rag_share": rag, "start": [g.prefill, g.decode],
+            "buckets": buckets, "bucket_s": width, "step_at": s.step_pre_s, "breached": breached,
+            "worst_after": worst, "recovery_s": recovery, "target_s": round(target_s, 1),
+            "met": (recovery is not None and recovery <= target_s) if breached else None,
+            "peak": out["peak"], "timeline": out["timeline"]}
+
+
+def _recovery(buckets: list[float | None], k0: int, width: float) -> tuple[bool, float | None, float | None]:
+    """Whether a bucket from ``k0`` on fell below the target, when the buckets stayed at or above it for good
+    (seconds after bucket ``k0``), and the worst bucket from ``k0`` on."""
     after = buckets[k0:]
     breached = any(b is not None and b < TARGET for b in after)
     recovery = None
@@ -303,13 +334,32 @@ def _step_job(s: DaySettings) -> dict[str, Any]:
             if all(b is None or b >= TARGET for b in after[i:]):
                 recovery = i * width
                 break
-    target_s = s.interval_s + out["pod_start_s"]
-    return {"base_rps": base, "factor": s.step_factor, "rag_share": rag, "start": [g.prefill, g.decode],
-            "buckets": buckets, "bucket_s": width, "step_at": s.step_pre_s, "breached": breached,
-            "worst_after": min((b for b in after if b is not None), default=None),
-            "recovery_s": recovery, "target_s": round(target_s, 1),
-            "met": (recovery is not None and recovery <= target_s) if breached else None,
-            "peak": out["peak"], "timeline": out["timeline"]}
+    return breached, recovery, min((b for b in after if b is not None), default=None)
+
+
+def _swing_job(args: tuple[DaySettings, tuple[float, float], str]) -> dict[str, Any]:
+    """The mix swings at one rate (summarise share ``shares[0]`` → ``shares[1]`` at ``step_pre_s``) from the split the
+    model sizes for the first mix; ``scaler`` predictive (role moves) or predictive-pods: recovery time."""
+    s, (before, after), scaler = args
+    classes = (SUMMARISE, STREAM)
+    rate = s.swing_rps
+    pre = steady_arrivals(rate, before, s.step_pre_s, s.seed, classes=classes)
+    post = steady_arrivals(rate, after, s.step_post_s, s.seed + 1, t0=s.step_pre_s, classes=classes,
+                           first_id=len(pre))
+    g = sizer(s).size(mix_load(rate, before, classes), 0.8, 1.0, 1.0)
+    end = s.step_pre_s + s.step_post_s
+    out = run_scaler(s, scaler, pre + post, (g.prefill, g.decode), end)
+    width, slo, records = s.step_bucket_s, mapped(s, 1, 1).slo, out.pop("records")
+    buckets = _bucketed(records, slo, 0.0, end, width)
+    breached, recovery, worst = _recovery(buckets, int(s.step_pre_s // width), width)
+    need = sizer(s).size(mix_load(rate, after, classes), PredictiveSettings.headroom, 1.0, 1.0)
+    return {"scaler": scaler, "rate": rate, "share_before": before, "share_after": after,
+            "start": [g.prefill, g.decode], "need_after": [need.prefill, need.decode], "buckets": buckets,
+            "bucket_s": width, "step_at": s.step_pre_s, "breached": breached, "worst_after": worst,
+            "recovery_s": recovery, "interval_s": s.interval_s, "target_s": round(s.interval_s + out["pod_start_s"], 1),
+            "attainment_after": _bucketed(records, slo, s.step_pre_s, end, end - s.step_pre_s)[0],
+            "gpu_seconds": out["gpu_seconds"], "peak": out["peak"], "timeline": out["timeline"],
+            "role_moves": out["role_moves"]}
 
 
 @contextlib.contextmanager
@@ -346,11 +396,15 @@ def run(s: DaySettings, jobs: int = 2) -> dict[str, Any]:
         static_f = pool.submit(_static_job, s)
         oracle_fs = [pool.submit(_oracle_job, (s, i)) for i in range(math.ceil(s.day_s / s.bucket_s))]
         step_f = pool.submit(_step_job, s)
+        a, b = s.swing_shares
+        swing_fs = [pool.submit(_swing_job, (s, shares, scaler)) for shares in ((a, b), (b, a))
+                    for scaler in ("predictive", "predictive-pods")]
         static = static_f.result()
         static_day = pool.submit(_day_job, (s, "static_peak", (static["prefill"], static["decode"])))
         oracle = oracle_total([f.result() for f in oracle_fs])
         days = [static_day.result(), *(f.result() for f in day_fs)]
         step = step_f.result()
+        swings = [f.result() for f in swing_fs]
     arrivals = day_arrivals(s)
     ref = days[0]
     for d in days:
@@ -364,7 +418,7 @@ def run(s: DaySettings, jobs: int = 2) -> dict[str, Any]:
     for d in days:
         d["share_of_ceiling"] = round((1 - d["vs_static"]) / ceiling, 3) if ceiling > 0 else None
     return {"settings": asdict(s), "requests": len(arrivals), "mean_rps": round(len(arrivals) / s.day_s, 3),
-            "static_peak": static, "oracle": oracle, "days": days, "step": step,
+            "static_peak": static, "oracle": oracle, "days": days, "step": step, "swings": swings,
             "savings_ceiling": round(ceiling, 4), "mean_demand_gpus": round(mean_demand, 2),
             "peak_demand_gpus": max(gpus), "wall_s": round(time.perf_counter() - wall0, 1), "jobs": jobs}
 
@@ -416,7 +470,24 @@ def render_tables(doc: dict[str, Any]) -> dict[str, str]:
         f"| {p['base_rps']} → {p['base_rps'] * p['factor']:.1f} req/s at {p['step_at']:.0f} s (RAG share "
         f"{p['rag_share']:.0%}) | {p['start'][0]}P + {p['start'][1]}D → peak {p['peak']['prefill']}P + "
         f"{p['peak']['decode']}D | {_pct(p['worst_after'])} | {rec} | {p['target_s']} s | {verdict} |"])
-    return {"day": day, "step": step}
+    out = {"day": day, "step": step}
+    if r.get("swings"):
+        out["swing"] = _swing_table(r["swings"])
+    return out
+
+
+def _swing_table(swings: list[dict[str, Any]]) -> str:
+    lines = ["| mix (summarise share) | scaler | start → need | worst 10 s bucket after | recovery (to ≥ 90 % for "
+             "good) | attainment after the swing | GPU-s | role moves (lent, at) |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for w in swings:
+        rec = "none needed" if not w["breached"] else ("n/a" if w["recovery_s"] is None else f"{w['recovery_s']:.0f} s")
+        moves = ", ".join(f"{e['pool']} {e['after']} at {e['t']:.0f} s" for e in w["role_moves"]) or "—"
+        lines.append(f"| {w['share_before']:.0%} → {w['share_after']:.0%} at {w['rate']} req/s | {w['scaler']} | "
+                     f"{w['start'][0]}P + {w['start'][1]}D → {w['need_after'][0]}P + {w['need_after'][1]}D | "
+                     f"{_pct(w['worst_after'])} | {rec} | {_pct(w['attainment_after'])} | {w['gpu_seconds']:.0f} | "
+                     f"{moves} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 import yaml
 
 from ..api import contract as c
-from ..api.models import ActiveMode, DisaggregatedModel, Mode
+from ..api.models import ActiveMode, DisaggregatedModel, Mode, RoleMoves
 from ..api.spec import RouterSpec
 from .meta import model_name, namespace_of, object_meta, role_labels, selector_labels
 from .security import container_security_context, pod_security_context
@@ -40,6 +40,16 @@ def prefill_starting(dm: DisaggregatedModel) -> bool:
     return bool(dm.status is not None and dm.status.pools.prefill.starting)
 
 
+def role_moves(dm: DisaggregatedModel) -> RoleMoves | None:
+    """status.roleMoves, as the autoscaler last wrote it, while a worker is lent (none while the model is held
+    aggregated: the router config of a model without moves stays as it was)."""
+    moves = dm.status.role_moves if dm.status is not None else None
+    if moves is None or not (moves.prefill_to_decode or moves.decode_to_prefill) \
+            or active_mode(dm) == ActiveMode.AGGREGATED:
+        return None
+    return moves
+
+
 def router_config(dm: DisaggregatedModel) -> c.RouterConfig:
     spec = dm.spec
     model = model_name(dm)
@@ -58,6 +68,7 @@ def router_config(dm: DisaggregatedModel) -> c.RouterConfig:
         pools=c.RouterPools(**pools),
         probe=spec.mode_policy.probe,
         prefill_starting=prefill_starting(dm),
+        role_moves=role_moves(dm),
     )
 
 

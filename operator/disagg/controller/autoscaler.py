@@ -13,7 +13,10 @@ What it writes (merge patch on the status subresource, guarded by resourceVersio
 - ``pools.<pool>.desiredReplicas`` + ``lastScale`` — when autoscaling is enabled: the record of each decision;
 - ``activeMode``/``modeReason``/``modeSince`` and the ``FallbackActive`` condition — when spec.mode is Auto (a
   pinned mode is written by the reconciler). The status change triggers the reconciler, which rewrites the
-  router's ConfigMap, so the router flips at once.
+  router's ConfigMap, so the router flips at once;
+- ``roleMoves`` — with the Predictive policy, when the count of workers lent to the other role changes
+  (autoscaling/roles.py); the router config follows it as it follows ``activeMode``, and the router lends its
+  idlest workers (router/load.py ``WorkerSet.lend``).
 
 With autoscaling enabled it is also the one writer of each pool Deployment's ``spec.replicas``: after recording a
 decision it server-side-applies the count through the Deployment's ``/scale`` subresource under its own field
@@ -30,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kubernetes import client
@@ -47,8 +50,10 @@ from ..autoscaling.loop import LoopState, PoolReplicas, StepResult, step
 from ..autoscaling.mode import ModeState
 from ..autoscaling.predictive import PredictivePolicy, PredictiveSettings, SizerFor
 from ..autoscaling.queries import NOT_CONFIGURED, Sample, collect, pod_load
+from ..autoscaling.roles import Moves
 from ..builders import parse_model
 from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, desired_replicas
+from ..builders.workers import compat_hash
 from .apply import replicas_managers
 from .clock import Clock, RealClock, rfc3339
 from .kubeio import Kube, KubeError
@@ -73,6 +78,18 @@ POOLS: tuple[Role, ...] = ("prefill", "decode")
 STATUS_ATTEMPTS = 8  # the reconciler writes status too (conditions are a list: writes are resourceVersion-guarded)
 
 Emit = Callable[[Mapping[str, Any], str, str, str], None]
+
+
+def role_moves_patch(current: Mapping[str, Any] | None, moves: Moves | None, now: str) -> dict[str, Any]:
+    """status.roleMoves when the counts change (the router config follows it: builders/router.py ``role_moves``);
+    cleared (null) when no predictive policy runs any more. Nothing when the counts are as recorded."""
+    cur = current or {}
+    if moves is None:
+        return {"roleMoves": None} if current else {}
+    counts = {"prefillToDecode": moves.prefill_to_decode, "decodeToPrefill": moves.decode_to_prefill}
+    if {k: cur.get(k, 0) for k in counts} == counts:
+        return {}
+    return {"roleMoves": {**counts, "reason": moves.reason or "returned: each pool serves its own role", "time": now}}
 
 
 def unchanged_but_time(current: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -194,7 +211,10 @@ class Autoscaler:
             log.warning("predictive policy unavailable", model=dm.metadata.get("name"), reason=made)
             return
         sizer, pod_start = made
-        state.predictive = PredictivePolicy(sizer, PredictiveSettings.from_spec(dm.spec, pod_start))
+        # role moves only between pools whose workers pair (the same compat hash: engine build, model, KV layout)
+        compatible = compat_hash(dm.spec, "prefill") == compat_hash(dm.spec, "decode")
+        state.predictive = PredictivePolicy(sizer, replace(PredictiveSettings.from_spec(dm.spec, pod_start),
+                                                           role_moves=compatible))
         state.predictive_unavailable = None
         log.info("predictive policy", model=dm.metadata.get("name"), pod_start_s=round(pod_start, 1),
                  horizon_intervals=state.predictive.s.horizon)
@@ -213,6 +233,7 @@ class Autoscaler:
         for pool, d in r.decisions.items():
             if d.changed:
                 patch.setdefault("pools", {}).update(scale_patch(pool, d.current, d.desired, d.reason, now)["pools"])
+        patch.update(role_moves_patch(status.get("roleMoves"), r.role_moves, now))
         if dm.spec.mode == Mode.AUTO:
             if r.mode_changed:
                 patch.update({"activeMode": r.mode.active.value, "modeReason": r.mode.reason, "modeSince": now})

@@ -205,14 +205,14 @@ class RequestCore(Generic[R]):
         exact = self.exact_match(ctx) if ctx is not None and token_ids is not None else {}
         if cfg is not self._costs_of:  # each pool's engine priced once per config (perf/costs.py)
             self._costs_of = cfg
+            self.workers.lend(cfg.role_moves.lends() if cfg.role_moves else {})  # status.roleMoves
             self._costs = {r: EngineCost.from_profile(cfg.pools.engine(r), cfg.model) for r in WorkerSet.ROLES}
         costs = self._costs
 
         def loads(role: str) -> tuple[WorkerLoad, ...]:
-            cost = costs[role]
             out = []
             for w in self.workers.ready(role):
-                w.cost = cost
+                w.cost = costs[w.role]  # its own pool's engine, also while lent to the other role (a role move)
                 if token_ids is not None and kv.publishing(w.url):
                     cached = exact.get(w.url, 0)
                 else:

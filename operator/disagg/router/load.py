@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..perf.costs import EngineCost
@@ -309,6 +309,9 @@ class WorkerSet:
         time in the twin)."""
         self.pools: dict[str, dict[str, Worker]] = {r: {} for r in self.ROLES}
         self.clock = clock
+        # role moves (issue 28): how many workers of the other KV pool serve each role, and which do (url → role)
+        self.moves: dict[str, int] = {}
+        self.lent: dict[str, str] = {}
 
     def set_pool(self, role: str, endpoints: Iterable[tuple[str, str]]) -> None:
         old = self.pools[role]
@@ -318,6 +321,34 @@ class WorkerSet:
             w.compat = compat
             new[url] = w
         self.pools[role] = new
+        if self.moves or self.lent:
+            self._lend()
+
+    def lend(self, moves: Mapping[str, int]) -> None:
+        """Role moves (issue 28; the autoscaler's ``status.roleMoves`` through the router config): ``moves["decode"]``
+        prefill-pool workers serve the decode role, ``moves["prefill"]`` decode-pool workers the prefill role. A
+        lent worker stays in its pool (its engine, its GPU, its pod) and leaves that role's :meth:`ready` for the
+        other's: the policy sends it the other role's work, and what it holds finishes where it is. The same
+        workers stay lent while the count holds; a rise lends the lender's idlest (fewest in flight), a fall returns
+        the last lent first; a pool never lends its last worker. vLLM's NixlConnector acts per request (its
+        ``kv_transfer_params``), not per ``kv_role`` (builders/transport.py), so any worker can take either leg."""
+        self.moves = {r: max(0, int(moves.get(r, 0))) for r in ("prefill", "decode") if moves.get(r, 0)}
+        self._lend()
+
+    def _lend(self) -> None:
+        lent: dict[str, str] = {}
+        for role, other in (("decode", "prefill"), ("prefill", "decode")):
+            pool = self.pools[other]
+            want = min(self.moves.get(role, 0), max(0, len(pool) - 1))
+            kept = [u for u, r in self.lent.items() if r == role and u in pool][:want]
+            idle = sorted((w for u, w in pool.items() if u not in kept), key=lambda w: (w.inflight, w.url))
+            for u in [*kept, *(w.url for w in idle)][:want]:
+                lent[u] = role
+        self.lent = lent
+
+    def role_of(self, w: Worker) -> str:
+        """The role ``w`` serves now: its pool's, or the one it is lent to."""
+        return self.lent.get(w.url, w.role)
 
     def get(self, url: str) -> Worker | None:
         for pool in self.pools.values():
@@ -329,10 +360,21 @@ class WorkerSet:
         """Workers of the pool not marked down. For decode/aggregated, when all are marked down, all of them
         (the mark is advisory: trying a worker beats refusing the request; prefill has the local path)."""
         now = self.clock()
-        up = [w for w in self.pools[role].values() if w.down_until <= now]
+        serving = self._serving(role)
+        up = [w for w in serving if w.down_until <= now]
         if not up and role != "prefill":
-            return list(self.pools[role].values())
+            return list(serving)
         return up
+
+    def _serving(self, role: str) -> Iterable[Worker]:
+        if not self.lent:
+            return self.pools[role].values()
+        lent = self.lent
+        own = [w for w in self.pools[role].values() if w.url not in lent]
+        other = {"prefill": "decode", "decode": "prefill"}.get(role)
+        if other is None:
+            return own
+        return own + [w for u, w in self.pools[other].items() if lent.get(u) == role]
 
     def all(self) -> list[Worker]:
         return [w for pool in self.pools.values() for w in pool.values()]

@@ -52,14 +52,6 @@ class KVTransfer:
     lease_s: float
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def producer(self) -> bool:
-        return self.role in ("kv_producer", "kv_both")
-
-    @property
-    def consumer(self) -> bool:
-        return self.role in ("kv_consumer", "kv_both")
-
 
 @dataclass
 class SimConfig:

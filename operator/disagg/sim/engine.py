@@ -151,7 +151,12 @@ class Engine:
                                long_prefill_token_threshold=cfg.long_prefill_token_threshold,
                                policy=cfg.scheduling_policy)
         self.kvt = cfg.kv_transfer
-        if self.kvt and self.kvt.producer:
+        # Any KV-connected engine holds a finished prompt's KV for a remote decode, whatever its kv_role: vLLM's
+        # NixlConnector decides per request from its kv_transfer_params (vllm 0.32.0
+        # distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py request_finished: is_p_node =
+        # params["do_remote_decode"]; kv_role is read only for PCP/PP ranks), so a decode worker lent to the
+        # prefill role (a role move, router/load.py WorkerSet.lend) produces KV as a prefill worker does.
+        if self.kvt:
             self.sched.set_kv_lease(self.kvt.lease_s)
         # vLLM: each data-parallel rank is its own engine, with engine_id "<id>_dp<rank>" and side-channel port
         # VLLM_NIXL_SIDE_CHANNEL_PORT + rank
@@ -435,7 +440,7 @@ class Engine:
                 m.itl.observe(itl)
                 m.tpot.observe(itl)
         ctx.last_ts = now
-        if done and req.remote_decode and req.finish_reason == "length" and self.kvt and self.kvt.producer:
+        if done and req.remote_decode and req.finish_reason == "length" and self.kvt:
             ctx.kv_params_out = self._kv_params_for(req)
         if ctx.sink is not None:
             ctx.sink("token", req.num_output, now)

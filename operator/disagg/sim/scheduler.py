@@ -379,7 +379,7 @@ class Scheduler:
         self.pool.release(req.blocks)
         req.blocks = []
 
-    _hold_lease: float | None = None  # set by the engine when it is a KV producer
+    _hold_lease: float | None = None  # set by the engine when it is KV-connected
 
     def set_kv_lease(self, seconds: float | None) -> None:
         self._hold_lease = seconds

@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api.models import DisaggregatedModelSpec
+from ..api.status import RoleMoves
 from ..autoscaling.observe import ROUTED, ROUTED_KEYS, observation
 from ..autoscaling.policy import Decision, History, PoolSignals, Signals, decide
 from ..autoscaling.predictive import Observation
+from ..autoscaling.roles import Moves
 from ..perf.presets import get_model
 from .cluster import TwinCluster
 
@@ -102,6 +104,10 @@ class TwinAutoscaler:
 
     policy: Policy
     interval_s: float = 30.0
+    # the policy's role moves after each step (PredictivePolicy.moves), applied as the operator applies
+    # status.roleMoves; None: pods only
+    roles: Callable[[], Moves] | None = None
+    role_moves: list[Event] = field(default_factory=list)  # each change of the moves in force
     start_s: float = 53.0
     until_s: float | None = None  # stop deciding after this virtual time (the day's end)
     timeline: list[Event] = field(default_factory=list)
@@ -135,6 +141,8 @@ class TwinAutoscaler:
                 d = decisions.get(name)
                 if d is not None:
                     self.apply(cluster, name, d)
+            if self.roles is not None:
+                self.move_roles(cluster, self.roles())
 
     # ----------------------------------------------------------------------------------------------- scrape
     def _sample_gauges(self, cluster: TwinCluster) -> None:
@@ -241,6 +249,21 @@ class TwinAutoscaler:
                 self._tasks.add(asyncio.create_task(self._remove(cluster, victim.url)))
         self.timeline.append(Event(round(cluster.now, 3), name, before, self._desired(cluster, name),
                                    len(cluster.pool(name)), d.reason))
+
+    def move_roles(self, cluster: TwinCluster, m: Moves) -> None:
+        """Lend workers to the other role (the router's WorkerSet.lend, through its config) when the moves change;
+        each change goes on :attr:`role_moves` (pool ``prefill→decode`` / ``decode→prefill``: workers lent)."""
+        cur = cluster.config.role_moves or RoleMoves()
+        if (cur.prefill_to_decode, cur.decode_to_prefill) == (m.prefill_to_decode, m.decode_to_prefill):
+            return
+        cluster.move_roles(RoleMoves(prefill_to_decode=m.prefill_to_decode, decode_to_prefill=m.decode_to_prefill,
+                                     reason=m.reason) if m.lent else None)
+        ready = self._ready(cluster)
+        for pool, before, after, lender in (("prefill→decode", cur.prefill_to_decode, m.prefill_to_decode, "prefill"),
+                                            ("decode→prefill", cur.decode_to_prefill, m.decode_to_prefill, "decode")):
+            if before != after:
+                self.role_moves.append(Event(round(cluster.now, 3), pool, before, after, ready[lender],
+                                             m.reason or "returned: the short pool's own workers suffice"))
 
     def _gpus(self, cluster: TwinCluster, name: str) -> int:
         pool = cluster.spec.pools().get(name)

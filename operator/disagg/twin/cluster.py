@@ -22,6 +22,7 @@ from typing import Any
 
 from ..api.contract import EngineProfile, PoolEndpoint, RouterConfig
 from ..api.spec import priority_scheduling
+from ..api.status import RoleMoves
 from ..autoscaling.observe import HISTOGRAMS as OBSERVED
 from ..router import features
 from ..router.core import RequestCore
@@ -334,13 +335,14 @@ class TwinCluster:
             gpu_memory_utilization=cfg.gpu_memory_utilization, transport=cfg.transport.name))
         if cfg.dp != 1:
             raise ValueError(f"{role}.extra_args: --data-parallel-size is not modelled by the twin; use count instead")
-        link = LocalKVLink("", self.producers) if role == "decode" else None
+        # every KV-connected engine can take either leg (a role move lends it to the other role: WorkerSet.lend)
+        link = LocalKVLink("", self.producers) if role in ("prefill", "decode") else None
         eng = Engine(cfg, clock=self.clock, kv_client=link, side_channel=False, record=SCRAPED)
         # the engine's KV cache events straight into the router core's index (issue 30), as a subscriber would
         eng.enable_kv_events(sink_for(self.core.kv, url), clock=self.loop.time)
         if link is not None:
             link.compat = eng.compat
-        if role == "prefill":
+        if link is not None:
             self.producers[url] = eng
         compat = eng.compat if role != "aggregated" else ""
         w = TwinWorker(url, role, eng, cfg.tp * cfg.pp, Worker(url=url, role=role, compat=compat),
@@ -375,6 +377,11 @@ class TwinCluster:
     def set_config(self, cfg: RouterConfig) -> None:
         """Swap the router's config (a ConfigMap reload): requests decided from now on use it."""
         self.config = self._with_profiles(cfg)
+
+    def move_roles(self, moves: RoleMoves | None) -> None:
+        """Role moves (issue 28): as the operator writes ``status.roleMoves`` into the router's config, which the
+        router core applies to its WorkerSet (``WorkerSet.lend``) on the next request."""
+        self.set_config(self.config.model_copy(update={"role_moves": moves}))
 
     def _with_profiles(self, cfg: RouterConfig) -> RouterConfig:
         """The config with each pool's engine profile where it names none (as the operator renders it)."""
