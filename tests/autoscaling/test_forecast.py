@@ -53,3 +53,19 @@ def test_load_forecaster_peaks_over_the_horizon_on_a_ramp() -> None:
     assert peak.remote_rps == pytest.approx(1.0 + 0.2 * 32, rel=1e-3)  # three intervals past t = 29
     assert peak.local_rps == pytest.approx(2.0)
     assert peak.remote_in == pytest.approx(8000) and peak.out == pytest.approx(250)
+
+
+def test_token_means_are_forecast_at_their_level_not_on_a_trend() -> None:
+    # a swing from long to short answers: the output mean falls 1,500 → 160 tokens in two intervals; three
+    # intervals ahead it is where it is now, not run down its trend to the floor (the decode pool was once sized
+    # for 1-token answers that way)
+    f = LoadForecaster()
+    for out in (1500.0, 1500.0, 1500.0, 800.0, 160.0, 160.0):
+        f.update(Load(5.0, 1.0, 8000, 400, out))
+    level = f.series["out"].level
+    assert level is not None and f.series["out"].trend < 0
+    for h in (1, 3):
+        got = f.forecast(h)
+        assert got is not None and got.out == pytest.approx(level)
+    peak = f.peak(3)
+    assert peak is not None and peak.out == pytest.approx(level) and peak.out > 160.0

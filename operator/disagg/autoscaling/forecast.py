@@ -85,8 +85,9 @@ class Load:
 
 @dataclass
 class LoadForecaster:
-    """Holt per series of :class:`Load`. Rates get a trend (they ramp); token means a level only (β small), as a
-    mix shifts slowly next to the rate. ``forecast(h)`` is the load ``h`` intervals ahead, never negative."""
+    """Holt per series of :class:`Load`. Rates get a trend (they ramp); token means a level only (forecast at their
+    level), as a mix shifts slowly next to the rate. ``forecast(h)`` is the load ``h`` intervals ahead, never
+    negative."""
 
     alpha: float = 0.5
     beta: float = 0.3
@@ -114,20 +115,24 @@ class LoadForecaster:
         return h.n if h is not None else 0
 
     def forecast(self, h: int = 1) -> Load | None:
+        """Rates ``h`` intervals ahead on their trend; token means at their level. A mix's means are not
+        extrapolated: after a swing from long to short answers (mean output 1,500 → 160 tokens in two intervals) the
+        trend of the output mean ran it to the 1-token floor three intervals ahead, and the decode pool was sized
+        for 1-token answers (12 → 1 replicas, attainment 0 %; the virtual-day bench's mix swing, 2026-12-06)."""
         if not self.samples:
             return None
 
-        def get(name: str, default: float) -> float:
+        def get(name: str, default: float, ahead: int) -> float:
             s = self.series.get(name)
-            v = s.forecast(h) if s is not None else None
+            v = s.forecast(ahead) if s is not None else None
             return default if v is None else max(0.0, v)
 
-        return Load(get("remote_rps", 0.0), get("local_rps", 0.0), max(1.0, get("remote_in", 1.0)),
-                    max(1.0, get("local_in", 1.0)), max(1.0, get("out", 1.0)))
+        return Load(get("remote_rps", 0.0, h), get("local_rps", 0.0, h), max(1.0, get("remote_in", 1.0, 0)),
+                    max(1.0, get("local_in", 1.0, 0)), max(1.0, get("out", 1.0, 0)))
 
     def peak(self, horizon: int) -> Load | None:
         """The largest forecast rate over the next ``horizon`` intervals (and now): what a pod started now must
-        hold when it is ready. Token means from the last step of the horizon."""
+        hold when it is ready. Token means at their level."""
         loads = [x for k in range(0, max(1, horizon) + 1) if (x := self.forecast(k)) is not None]
         if not loads:
             return None
