@@ -182,3 +182,22 @@ def test_proportional_decisions_say_why_the_predictive_policy_is_not_running() -
     sample = Sample({"prefill_queue_wait_p95": 0.9, "remote_ttft_p95": 1.5, "targets_up": 5})
     out = step(spec(), POOLS, sample, state, 0, "t")
     assert all("(proportional: Predictive unavailable: spec.model.name" in d.reason for d in out.decisions.values())
+
+
+def test_the_step_carries_the_predictive_policys_role_moves() -> None:
+    s = spec(prefill={"replicas": 4, "maxReplicas": 10}, decode={"replicas": 2, "maxReplicas": 10},
+             autoscaling={"enabled": True, "prometheus": {"url": "http://p:9090"}, "policy": "Predictive",
+                          "maxStep": 10})
+    pools = {"prefill": PoolReplicas(4, 4), "decode": PoolReplicas(2, 2)}
+    out = step(s, pools, _load_sample(30, 90), _predictive_state(s), 0, "t")  # 1 remote + 3 local req/s
+    assert out.role_moves is not None and out.role_moves.prefill_to_decode == 1  # decode needs 3, prefill 1 of 4
+    assert step(spec(), POOLS, _load_sample(30, 90), LoopState(), 0, "t").role_moves is None  # proportional: none
+
+
+def test_no_role_moves_while_the_model_serves_aggregated() -> None:
+    s = spec(mode="Aggregated", prefill={"replicas": 4, "maxReplicas": 10}, decode={"replicas": 2, "maxReplicas": 10},
+             autoscaling={"enabled": True, "prometheus": {"url": "http://p:9090"}, "policy": "Predictive",
+                          "maxStep": 10})
+    pools = {"prefill": PoolReplicas(4, 4), "decode": PoolReplicas(2, 2)}
+    out = step(s, pools, _load_sample(30, 90), _predictive_state(s), 0, "t", current_mode=ActiveMode.AGGREGATED)
+    assert out.mode.active == ActiveMode.AGGREGATED and out.role_moves is not None and not out.role_moves.lent
