@@ -208,8 +208,14 @@ def test_status_inputs_reach_router_and_replicas(operator, cluster):
     _converged(cluster, "llama-70b")
     assert cluster.deployment("llama-70b-prefill").spec.replicas == 2  # initial: spec.prefill.replicas
 
+    # the predictive autoscaler's role moves reach the router as activeMode does (and leave it while aggregated)
+    cluster.patch_model_status("llama-70b", {"roleMoves": {"prefillToDecode": 1, "decodeToPrefill": 0,
+                                                           "reason": "decode short", "time": "2026-12-06T00:00:00Z"}})
+    wait_for(lambda: (_router_config(cluster, "llama-70b")["roleMoves"] or {}).get("prefillToDecode") == 1, 20,
+             "router role moves")
     cluster.patch_model_status("llama-70b", {"activeMode": "Aggregated", "modeReason": "kv transfer failures"})
     wait_for(lambda: _router_config(cluster, "llama-70b")["activeMode"] == "Aggregated", 20, "router mode flip")
+    assert _router_config(cluster, "llama-70b")["roleMoves"] is None
     m = cluster.model("llama-70b")
     assert m["status"]["activeMode"] == "Aggregated"  # the operator does not fight the mode controller in Auto
     assert _conditions(m)["PrefillReady"]["reason"] == "Starting"
