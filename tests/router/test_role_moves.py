@@ -83,3 +83,4 @@ def test_the_core_applies_the_configs_moves_and_prices_a_lent_worker_as_its_pool
     assert own.cost == EngineCost.from_profile(cfg.pools.engine("decode"), cfg.model) != lent.cost
     core.snapshot(cfg.model_copy(update={"role_moves": None}), (), "")
     assert ws.lent == {}
+

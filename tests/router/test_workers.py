@@ -19,7 +19,9 @@ from disagg.api.contract import RouterConfig
 from disagg.cli import build_parser
 from disagg.local.procs import Processes
 from disagg.poll import until
-from disagg.router.load import Worker
+from disagg.router.core import RequestCore
+from disagg.router.load import Worker, WorkerSet
+from disagg.router.metrics import RouterMetrics
 from disagg.router.policy import LoadSnapshot, RequestFeatures, Tuning, decide
 from disagg.router.prefork import child_argv
 from disagg.router.probe import ProbeLimiter
@@ -277,3 +279,18 @@ def test_a_new_workers_prefill_rate_is_read_over_the_time_it_was_watched():
     ws = WorkerSet(clock=lambda: 42.0)
     ws.set_pool("decode", [("http://d2", "c")])
     assert ws.pools["decode"]["http://d2"].since == 42.0
+
+
+def test_a_worker_that_leaves_every_pool_takes_its_prefix_estimate_with_it() -> None:
+    ws = WorkerSet(clock=lambda: 0.0)
+    ws.set_pool("prefill", [("p0", "h"), ("p1", "h")])
+    ws.set_pool("decode", [("d0", "h")])
+    core: RequestCore[None] = RequestCore(ws, RouterMetrics(), Tuning(), clock=lambda: 0.0)
+    hashes = (1, 2, 3)
+    for url in ("p0", "p1", "d0"):
+        core.prefix.insert(url, hashes)
+    ws.set_pool("prefill", [("p0", "h")])  # p1's pod went away
+    assert core.prefix.match_tokens("p1", hashes) == 0  # a later pod at its address starts with an empty cache
+    assert core.prefix.match_tokens("p0", hashes) == 3 * core.prefix.block_tokens
+    ws.set_pool("prefill", [("p0", "h"), ("p1", "h")])
+    assert core.prefix.match_tokens("p1", hashes) == 0

@@ -113,6 +113,10 @@ class RequestCore(Generic[R]):
         self.clock = clock
         self.down_seconds = down_seconds
         self.prefix = PrefixIndex()  # the estimate: what the router sent where (the fallback)
+        # … of the workers there are: a worker that leaves its pool takes its estimate with it (a later pod at the same
+        # address starts with an empty cache, and an autoscaled fleet's gone pods would otherwise pile up; a pod
+        # unready for a moment loses it too: some prefix affinity for a while, never a wrong match)
+        workers.removed.append(self.prefix.forget)
         self.kv = KVIndex()  # the truth: the engines' own KV cache events (kvsub.py, or the twin's sink)
         self.tenants = TenantStats()
         # engine-counted ÷ estimated prompt tokens (tokenscale.py): measured, published, and applied to text estimates

@@ -312,6 +312,7 @@ class WorkerSet:
         # role moves (issue 28): how many workers of the other KV pool serve each role, and which do (url → role)
         self.moves: dict[str, int] = {}
         self.lent: dict[str, str] = {}
+        self.removed: list[Callable[[str], None]] = []  # called with the URL of a worker that left every pool
 
     def set_pool(self, role: str, endpoints: Iterable[tuple[str, str]]) -> None:
         old = self.pools[role]
@@ -323,6 +324,10 @@ class WorkerSet:
         self.pools[role] = new
         if self.moves or self.lent:
             self._lend()
+        for url in old:
+            if url not in new and self.get(url) is None:
+                for f in self.removed:
+                    f(url)
 
     def lend(self, moves: Mapping[str, int]) -> None:
         """Role moves (issue 28; the autoscaler's ``status.roleMoves`` through the router config): ``moves["decode"]``

@@ -411,8 +411,7 @@ class TwinCluster:
         w = self.workers.pop(url, None)
         if w is None:
             raise ValueError(f"url: no worker {url!r}")
-        self._sync_pool(w.role)
-        self.core.prefix.forget(url)
+        self._sync_pool(w.role)  # the router core forgets its prefix estimate (WorkerSet.removed)
         self.core.kv.forget(url)
         while w.engine.busy or w.engine.sched.held or w.rw.inflight:
             await asyncio.sleep(self.spec.scrape_interval_s / 10)
