@@ -17,7 +17,7 @@ from disagg.api import contract as c
 from disagg.api.models import API_VERSION, KIND
 from disagg.kube import FIELD_MANAGER
 
-from .conftest import load_example, scale, wait_for
+from .conftest import load_example, scale, step_result, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -200,6 +200,10 @@ def test_drift_is_corrected_and_spec_changes_follow(operator, cluster):
 def test_status_inputs_reach_router_and_replicas(operator, cluster):
     """The mode controller's activeMode reaches the router ConfigMap; with autoscaling on, the autoscaler's
     decisions (recorded in status, written through /scale) own the Deployment's replicas, not spec replicas."""
+    from dataclasses import replace
+
+    from disagg.api.models import DisaggregatedModel
+    from disagg.autoscaling.roles import Moves
     from disagg.controller.autoscaler import Autoscaler
     from disagg.controller.clock import FakeClock
 
@@ -208,11 +212,18 @@ def test_status_inputs_reach_router_and_replicas(operator, cluster):
     _converged(cluster, "llama-70b")
     assert cluster.deployment("llama-70b-prefill").spec.replicas == 2  # initial: spec.prefill.replicas
 
-    # the predictive autoscaler's role moves reach the router as activeMode does (and leave it while aggregated)
-    cluster.patch_model_status("llama-70b", {"roleMoves": {"prefillToDecode": 1, "decodeToPrefill": 0,
-                                                           "reason": "decode short", "time": "2026-12-06T00:00:00Z"}})
+    # the predictive autoscaler's role moves, recorded as its tick records them, reach the router as activeMode does
+    # (and leave it while the model is held aggregated)
+    events: list[tuple[str, str, str]] = []
+    mover = Autoscaler(kube=operator.kube, emit=lambda _body, *ev: events.append(ev), clock=FakeClock())
+    body = cluster.model("llama-70b")
+    dm = DisaggregatedModel.model_validate({k: v for k, v in body.items() if k != "status"})
+    mover.apply(body, dm, replace(step_result(body), role_moves=Moves(prefill_to_decode=1, reason="decode short")),
+                "2026-12-06T00:00:00Z")
     wait_for(lambda: (_router_config(cluster, "llama-70b")["roleMoves"] or {}).get("prefillToDecode") == 1, 20,
              "router role moves")
+    assert cluster.model("llama-70b")["status"]["roleMoves"]["reason"] == "decode short"
+    assert events == [("Normal", "RolesMoved", "prefill→decode 1, decode→prefill 0: decode short")]
     cluster.patch_model_status("llama-70b", {"activeMode": "Aggregated", "modeReason": "kv transfer failures"})
     wait_for(lambda: _router_config(cluster, "llama-70b")["activeMode"] == "Aggregated", 20, "router mode flip")
     assert _router_config(cluster, "llama-70b")["roleMoves"] is None

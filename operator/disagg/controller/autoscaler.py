@@ -15,8 +15,9 @@ What it writes (merge patch on the status subresource, guarded by resourceVersio
   pinned mode is written by the reconciler). The status change triggers the reconciler, which rewrites the
   router's ConfigMap, so the router flips at once;
 - ``roleMoves`` — with the Predictive policy, when the count of workers lent to the other role changes
-  (autoscaling/roles.py); the router config follows it as it follows ``activeMode``, and the router lends its
-  idlest workers (router/load.py ``WorkerSet.lend``).
+  (autoscaling/roles.py), with an Event ``RolesMoved`` and the gauge ``disagg_operator_lent_workers``; the router
+  config follows it as it follows ``activeMode``, and the router lends its idlest workers (router/load.py
+  ``WorkerSet.lend``).
 
 With autoscaling enabled it is also the one writer of each pool Deployment's ``spec.replicas``: after recording a
 decision it server-side-applies the count through the Deployment's ``/scale`` subresource under its own field
@@ -66,6 +67,8 @@ SCALE_DECISIONS = Counter("disagg_operator_scale_decisions", "Pool size changes 
                           ["namespace", "model", "pool", "direction"])
 MODE_FLIPS = Counter("disagg_operator_mode_flips", "Active-mode changes decided by the mode controller.",
                      ["namespace", "model", "to"])
+LENT_WORKERS = Gauge("disagg_operator_lent_workers", "Workers serving the other pool's role (status.roleMoves), "
+                     "per direction.", ["namespace", "model", "direction"])
 ACTIVE_MODE = Gauge("disagg_operator_active_mode", "1 for the model's active mode.", ["namespace", "model", "mode"])
 DESIRED = Gauge("disagg_operator_desired_replicas", "Replicas the operator wants per pool.",
                 ["namespace", "model", "pool"])
@@ -250,6 +253,7 @@ class Autoscaler:
         """Record one step's outcome in status, then (autoscaling on) bring the Deployments to the record."""
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         before = {c.get("type"): c.get("status") for c in (body.get("status") or {}).get("conditions") or []}
+        moved = role_moves_patch((body.get("status") or {}).get("roleMoves"), r.role_moves, now).get("roleMoves")
         for attempt in range(STATUS_ATTEMPTS):
             patch = self._patch(body, dm, r, now)
             if not unchanged_but_time(body.get("status") or {}, patch):
@@ -278,6 +282,14 @@ class Autoscaler:
                 SCALE_DECISIONS.labels(ns, name, pool, direction).inc()
                 self.emit(body, "Normal", "Scaled", f"{pool} {d.current} → {d.desired}: {d.reason}")
                 log.info("scaled", model=f"{ns}/{name}", pool=pool, frm=d.current, to=d.desired, reason=d.reason)
+        if r.role_moves is not None:
+            LENT_WORKERS.labels(ns, name, "prefill_to_decode").set(r.role_moves.prefill_to_decode)
+            LENT_WORKERS.labels(ns, name, "decode_to_prefill").set(r.role_moves.decode_to_prefill)
+        if moved:
+            self.emit(body, "Normal", "RolesMoved", f"prefill→decode {moved['prefillToDecode']}, decode→prefill "
+                                                    f"{moved['decodeToPrefill']}: {moved['reason']}")
+            log.info("roles moved", model=f"{ns}/{name}", prefill_to_decode=moved["prefillToDecode"],
+                     decode_to_prefill=moved["decodeToPrefill"], reason=moved["reason"])
         for mode in ActiveMode:
             ACTIVE_MODE.labels(ns, name, mode.value).set(1 if r.mode.active == mode else 0)
         for outcome, value in (("ok", r.observed.mode_probes_succeeded), ("failed", r.observed.mode_probes_failed)):
