@@ -70,16 +70,3 @@ def test_every_increment_renders_with_the_models_selector() -> None:
     assert rendered["routed:prefill_count"] == \
         'sum(increase(disagg_routed_prompt_tokens_count{namespace="ns",model="m",pool="prefill"}[30s]))'
     assert all(sel in q and "[30s]" in q for q in rendered.values())
-
-
-def test_the_output_the_routers_expect_comes_before_littles_law() -> None:
-    # a swing from long to short answers: the decode batch still holds the old long streams (Little's law reads
-    # 1,500 tokens), while the routers expect 160 of the interval's requests (their tenants' averages)
-    prefill, decode, routed, running = _interval(out=1500.0)
-    obs = observation(100.0, DT, prefill, decode, {**routed, "out_sum": 300 * 160.0, "out_count": 300}, running,
-                      READY, READY, None)
-    assert obs.load is not None and obs.load.out == pytest.approx(160.0)
-    # no router expected anything (no tenant has finished a request yet): Little's law
-    none = observation(100.0, DT, prefill, decode, {**routed, "out_sum": 0.0, "out_count": 0.0}, running, READY,
-                       READY, None)
-    assert none.load is not None and none.load.out == pytest.approx(1500.0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from ..api.models import ActiveMode, DisaggregatedModelSpec, Mode, ObservedStatus
 from .forecast import Load
 from .mode import ModeSignals, ModeState, next_state
-from .observe import EXPECTED_OUT_KEYS, HISTOGRAMS, ROUTED_KEYS, observation
+from .observe import HISTOGRAMS, ROUTED_KEYS, observation
 from .policy import Decision, History, PoolSignals, Signals, bounded, decide
 from .predictive import Observation, PredictivePolicy
 from .queries import LOAD_PREFIX, Sample
@@ -136,8 +136,7 @@ def _observation(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], s
         for part in ("sum", "count"):
             key = f"{family}_{part}"
             inc[pool][key] = sample.get(f"{LOAD_PREFIX}{pool}:{key}") or 0.0
-    routed = {key: sample.get(f"{LOAD_PREFIX}routed:{key}") or 0.0
-              for key in (*(k for k, _, _ in ROUTED_KEYS), *EXPECTED_OUT_KEYS)}
+    routed = {key: sample.get(f"{LOAD_PREFIX}routed:{key}") or 0.0 for key, _, _ in ROUTED_KEYS}
     obs = observation(now, float(spec.autoscaling.interval_seconds), inc["prefill"], inc["decode"], routed,
                       sample.get(LOAD_PREFIX + "decode:vllm:num_requests_running") or 0.0,
                       {n: p.ready for n, p in pools.items()}, {n: p.replicas for n, p in pools.items()},

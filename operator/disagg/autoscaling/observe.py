@@ -11,14 +11,8 @@ What each figure is made of (the router's own series, and vLLM's as sim/metrics.
   ``decode`` — prompts prefilled where they decode by choice. Demand, not service: a queue that lags behind its
   arrivals, or the ladder's spill of long prompts onto the decode workers while the prefill pool is short, does not
   turn prefill demand into decode demand (role-aware: a short prefill pool grows the prefill pool);
-- mean output tokens: what the routers expect of the interval's requests (``disagg_routed_expected_output_tokens``:
-  each routed request's tenant's observed average output, counted at the routing decision as its prompt is), so a
-  mix that swings between tenants with short and long answers shows in the interval it swings; where no router
-  counted one (no tenant has finished a request yet), Little's law on the decode pool — running = completions/s ×
-  E[out] × TPOT, with the mean per-request TPOT (``vllm:request_time_per_output_token_seconds``) and the running
-  gauge averaged over the interval. Little's law reads a swing late: after long answers turn into short ones the
-  old streams still run (in the virtual day's swing it read 644 tokens where the new requests expected 160, and
-  grew decode 14 → 16), and new long streams show only as they accumulate;
+- mean output tokens: Little's law on the decode pool — running = completions/s × E[out] × TPOT, with the mean
+  per-request TPOT (``vllm:request_time_per_output_token_seconds``) and the running gauge averaged over the interval;
 - the prefill pool's backlog: the requests waiting in its engines' queues at the tick
   (``vllm:num_requests_waiting``, its last sample in the interval);
 - remote TTFT: the prefill pool's TTFT (``vllm:time_to_first_token_seconds``: from when its API server took the
@@ -47,8 +41,6 @@ ROUTED = "disagg_routed_prompt_tokens"  # router/metrics.py, by the pool whose p
 # (key in :func:`observation`'s ``routed``, pool label, histogram part) of its increments
 ROUTED_KEYS: tuple[tuple[str, str, str], ...] = tuple(
     (f"{pool}_{part}", pool, part) for pool in ("prefill", "decode") for part in ("sum", "count"))
-EXPECTED_OUT = "disagg_routed_expected_output_tokens"  # router/metrics.py: the output expected of each routed request
-EXPECTED_OUT_KEYS = ("out_sum", "out_count")  # its increments' keys in ``routed`` (_sum, _count)
 
 # name → PromQL template ({sel}: the model's selector, {w}: the interval) of every increment and gauge
 # :func:`observation` reads, as the operator queries them (autoscaling/queries.py collects them)
@@ -57,7 +49,6 @@ INCREASES: dict[str, str] = {
        for pool, family in HISTOGRAMS for part in ("sum", "count")},
     **{f"routed:{key}": f'sum(increase({ROUTED}_{part}{{{{{{sel}},pool="{pool}"}}}}[{{w}}]))'
        for key, pool, part in ROUTED_KEYS},
-    **{f"routed:{key}": f'sum(increase({EXPECTED_OUT}_{key[4:]}{{{{{{sel}}}}}}[{{w}}]))' for key in EXPECTED_OUT_KEYS},
     "decode:vllm:num_requests_running": 'sum(avg_over_time(vllm:num_requests_running{{{sel},role="decode"}}[{w}]))',
     "prefill:vllm:num_requests_waiting": 'sum(last_over_time(vllm:num_requests_waiting{{{sel},role="prefill"}}[{w}]))',
 }
@@ -73,8 +64,7 @@ def observation(now: float, dt: float, prefill: Mapping[str, float], decode: Map
                 last: Load | None, prefill_waiting: float = 0.0) -> Observation:
     """The interval's :class:`Observation`. ``prefill`` / ``decode``: each pool's ``<family>_sum`` /
     ``<family>_count`` increments over the interval (:data:`HISTOGRAMS`; a missing one is 0); ``routed``: the
-    routers' demand histogram's increments, ``prefill_sum``, ``prefill_count``, ``decode_sum``, ``decode_count``,
-    and their expected output's, ``out_sum``, ``out_count``;
+    routers' demand histogram's increments, ``prefill_sum``, ``prefill_count``, ``decode_sum``, ``decode_count``;
     ``running``: the decode pool's running sequences (averaged over the interval); ``last``: the previous
     interval's load (means not measurable in this one are kept from it); ``prefill_waiting``: requests waiting in
     the prefill pool's queues now."""
@@ -88,9 +78,7 @@ def observation(now: float, dt: float, prefill: Mapping[str, float], decode: Map
     remote_in, local_in = mean(routed, "prefill"), mean(routed, "decode")
     tpot = mean(d, "vllm:request_time_per_output_token_seconds")
     done = d.get("vllm:request_time_per_output_token_seconds_count", 0.0) / dt
-    out = mean(routed, "out")  # what the routers expect of this interval's requests, else Little's law
-    if out is None:
-        out = running / (done * tpot) if done > 0 and tpot else None
+    out = running / (done * tpot) if done > 0 and tpot else None
     load = None
     if remote + local > 0:  # a role with no request this interval keeps its last mean prompt
         remote_in = remote_in or (last.remote_in if last is not None else DEFAULT_REMOTE_IN)

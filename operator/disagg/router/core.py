@@ -263,9 +263,6 @@ class RequestCore(Generic[R]):
         pool = demand_pool(demand or d)
         if pool is not None and ctx.input_tokens > 0:
             self.metrics.routed_prompt_tokens.labels(pool).observe(ctx.input_tokens)
-            expected = self.tenants.get(d.tenant)
-            if expected is not None:
-                self.metrics.routed_expected_output.observe(expected)
         return d
 
     def _decide(self, ctx: Ctx, cfg: RouterConfig, tenant: str | None, max_tokens: int | None,

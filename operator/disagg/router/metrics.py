@@ -88,13 +88,6 @@ class RouterMetrics:
             "routing decision: the autoscaler's arrival rate and token mix per role (docs/autoscaling.md), free of "
             "the prefill queue's lag and of the ladder's spill.",
             ["pool"], registry=r, buckets=PROMPT_TOKEN_BUCKETS)
-        self.routed_expected_output = Histogram(
-            "disagg_routed_expected_output_tokens", "The output expected of the requests routed, counted where "
-            "disagg_routed_prompt_tokens counts their prompt: their tenant's observed average output (requests "
-            "whose tenant has finished none yet are not counted). The autoscaler's mean output per request: a mix "
-            "that turns from short to long answers shows at once, where a decode batch still filling (Little's law) "
-            "shows it only as the streams accumulate (docs/autoscaling.md).",
-            registry=r, buckets=PROMPT_TOKEN_BUCKETS)
         self.hedges = Counter("disagg_hedges", "Remote streams whose KV hand-off was slow, raced by a local prefill, "
                               "by the path that answered (remote | local) or none (both failed).", ["winner"],
                               registry=r)

@@ -38,7 +38,7 @@ from typing import Any
 
 from ..api.models import DisaggregatedModelSpec
 from ..api.status import RoleMoves
-from ..autoscaling.observe import EXPECTED_OUT, EXPECTED_OUT_KEYS, ROUTED, ROUTED_KEYS, observation
+from ..autoscaling.observe import ROUTED, ROUTED_KEYS, observation
 from ..autoscaling.policy import Decision, History, PoolSignals, Signals, decide
 from ..autoscaling.predictive import Observation
 from ..autoscaling.roles import Moves
@@ -282,7 +282,5 @@ def _router_counters(cluster: TwinCluster) -> dict[str, float]:
     counter, as the operator's Prometheus reads them (autoscaling/observe.py, queries.py)."""
     reg = cluster.core.metrics.registry
     out = {key: reg.get_sample_value(f"{ROUTED}_{part}", {"pool": pool}) or 0.0 for key, pool, part in ROUTED_KEYS}
-    for key in EXPECTED_OUT_KEYS:
-        out[key] = reg.get_sample_value(f"{EXPECTED_OUT}_{key[4:]}") or 0.0
     out["deflections"] = reg.get_sample_value("disagg_prefill_deflections_total") or 0.0
     return out

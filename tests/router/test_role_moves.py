@@ -1,6 +1,5 @@
-"""The router's side of the autoscaler (issue 28): role moves — ``WorkerSet.lend`` lends workers of one pool to the
-other role, the router core applies the count its config carries (status.roleMoves), and a lent worker is priced as
-its own pool's engine — and the output it expects of each routed request (the predictive policy's mean output)."""
+"""Role moves at the router (issue 28): ``WorkerSet.lend`` lends workers of one pool to the other role, the router
+core applies the count its config carries (status.roleMoves), and a lent worker is priced as its own pool's engine."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from disagg.router.core import RequestCore
 from disagg.router.load import Worker, WorkerSet
 from disagg.router.metrics import RouterMetrics
 from disagg.router.policy import Tuning
-from disagg.router.request import Ctx
 
 
 def pools(p: int, d: int) -> WorkerSet:
@@ -86,22 +84,3 @@ def test_the_core_applies_the_configs_moves_and_prices_a_lent_worker_as_its_pool
     core.snapshot(cfg.model_copy(update={"role_moves": None}), (), "")
     assert ws.lent == {}
 
-
-
-def test_the_output_expected_of_each_routed_request_is_its_tenants_average() -> None:
-    # disagg_routed_expected_output_tokens: the autoscaler's mean output per request, counted at the decision
-    core: RequestCore[None] = RequestCore(pools(1, 2), RouterMetrics(), Tuning(), clock=lambda: 0.0)
-    cfg = RouterConfig.model_validate({"model": "m", "mode": "Disaggregated"})
-    reg = core.metrics.registry
-
-    def route(rid: str) -> None:
-        core.decide(Ctx(request_id=rid, endpoint="/v1/completions", stream=False, t0=0.0, input_tokens=300), cfg,
-                    None, None, ())
-
-    route("a")  # no request of the tenant has finished: nothing is expected yet
-    assert (reg.get_sample_value("disagg_routed_expected_output_tokens_count") or 0.0) == 0.0
-    core.tenants.observe("default", 1500)
-    route("b")
-    route("c")
-    assert reg.get_sample_value("disagg_routed_expected_output_tokens_count") == 2.0
-    assert reg.get_sample_value("disagg_routed_expected_output_tokens_sum") == 3000.0
