@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from disagg.api.status import RoleMoves
 from disagg.autoscaling.forecast import Load
 from disagg.autoscaling.predictive import Observation, PredictivePolicy
-from disagg.autoscaling.roles import Moves, plan_moves
+from disagg.autoscaling.roles import plan_moves
 from disagg.controller.autoscaler import role_moves_patch
 
 from .test_predictive import LinearSizer, settings
@@ -37,20 +38,20 @@ def test_the_policy_lends_at_once_and_returns_when_the_pods_are_ready() -> None:
     # the stand-in sizer: prefill = ⌈remote ÷ (2 × 0.8)⌉, decode = ⌈all ÷ (2 × 0.8)⌉
     pol = PredictivePolicy(LinearSizer(), settings())
     pol.step(obs(0.0, 6.0, 0.0, 4, 4))  # 6 remote req/s: 4P + 4D hold it
-    assert pol.moves == Moves()
+    assert pol.moves == RoleMoves()
     out = pol.step(obs(30.0, 1.0, 7.0, 4, 4))  # the mix turns local: prefill needs 1, decode 5
     assert out["decode"].desired > 4  # the pods follow …
     assert pol.moves.prefill_to_decode == 1 and pol.moves.decode_to_prefill == 0  # … and a lend covers them now
     assert "decode needs 5 and has 4 ready" in pol.moves.reason
     pol.step(obs(60.0, 1.0, 7.0, 4, out["decode"].desired))  # the decode pods are ready: the lend returns
-    assert pol.moves == Moves()
+    assert pol.moves == RoleMoves()
 
 
 def test_role_moves_off_lends_nothing() -> None:
     pol = PredictivePolicy(LinearSizer(), settings(role_moves=False))
     pol.step(obs(0.0, 6.0, 0.0, 4, 4))
     pol.step(obs(30.0, 1.0, 7.0, 4, 4))
-    assert pol.moves == Moves()
+    assert pol.moves == RoleMoves()
 
 
 def test_an_interval_served_with_lent_workers_does_not_correct_the_model() -> None:
@@ -69,12 +70,12 @@ def test_an_interval_served_with_lent_workers_does_not_correct_the_model() -> No
 
 
 def test_status_records_a_change_of_the_counts_only() -> None:
-    m = Moves(prefill_to_decode=2, reason="decode short")
+    m = RoleMoves(prefill_to_decode=2, reason="decode short")
     assert role_moves_patch(None, m, "T") == {"roleMoves": {"prefillToDecode": 2, "decodeToPrefill": 0,
                                                             "reason": "decode short", "time": "T"}}
     assert role_moves_patch({"prefillToDecode": 2, "reason": "x", "time": "S"}, m, "T") == {}
-    back = role_moves_patch({"prefillToDecode": 2}, Moves(), "T")["roleMoves"]
+    back = role_moves_patch({"prefillToDecode": 2}, RoleMoves(), "T")["roleMoves"]
     assert back["prefillToDecode"] == 0 and back["reason"]
-    assert role_moves_patch(None, Moves(), "T") == {}  # nothing lent, nothing recorded: no write
+    assert role_moves_patch(None, RoleMoves(), "T") == {}  # nothing lent, nothing recorded: no write
     assert role_moves_patch({"prefillToDecode": 1}, None, "T") == {"roleMoves": None}  # no predictive policy
     assert role_moves_patch(None, None, "T") == {}

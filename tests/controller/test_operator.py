@@ -203,7 +203,7 @@ def test_status_inputs_reach_router_and_replicas(operator, cluster):
     from dataclasses import replace
 
     from disagg.api.models import DisaggregatedModel
-    from disagg.autoscaling.roles import Moves
+    from disagg.api.status import RoleMoves
     from disagg.controller.autoscaler import Autoscaler
     from disagg.controller.clock import FakeClock
 
@@ -218,7 +218,7 @@ def test_status_inputs_reach_router_and_replicas(operator, cluster):
     mover = Autoscaler(kube=operator.kube, emit=lambda _body, *ev: events.append(ev), clock=FakeClock())
     body = cluster.model("llama-70b")
     dm = DisaggregatedModel.model_validate({k: v for k, v in body.items() if k != "status"})
-    mover.apply(body, dm, replace(step_result(body), role_moves=Moves(prefill_to_decode=1, reason="decode short")),
+    mover.apply(body, dm, replace(step_result(body), role_moves=RoleMoves(prefill_to_decode=1, reason="decode short")),
                 "2026-12-06T00:00:00Z")
     wait_for(lambda: (_router_config(cluster, "llama-70b")["roleMoves"] or {}).get("prefillToDecode") == 1, 20,
              "router role moves")

@@ -236,13 +236,13 @@ def test_a_lent_worker_takes_the_other_roles_legs(moves) -> None:
 
 
 def test_the_connector_applies_the_policys_role_moves_and_records_them() -> None:
-    from disagg.autoscaling.roles import Moves
+    from disagg.api.status import RoleMoves
 
-    seen = iter([Moves(prefill_to_decode=1, reason="decode short"), Moves(prefill_to_decode=1), Moves()])
+    seen = iter([RoleMoves(prefill_to_decode=1, reason="decode short"), RoleMoves(prefill_to_decode=1), RoleMoves()])
     def hold(_obs: Observation, _signals) -> dict[str, Decision]:
         return {}
 
-    ctl = TwinAutoscaler(hold, interval_s=10.0, start_s=5.0, until_s=30.0, roles=lambda: next(seen, Moves()))
+    ctl = TwinAutoscaler(hold, interval_s=10.0, start_s=5.0, until_s=30.0, roles=lambda: next(seen, RoleMoves()))
     # no elastic rule (an idle prefill worker would take whole short requests without a lend)
     spec = ClusterSpec(prefill=PoolSpec(2, gpu="L40S"), decode=PoolSpec(1, gpu="L40S"),
                        router={"mode": "Disaggregated", "routing": {**ROUTING, "elasticFleet": False}})

@@ -57,6 +57,10 @@ class RoleMoves(ApiModel):
     reason: str = Field(default="", max_length=1024, description="Why, in words and figures.")
     time: str | None = Field(default=None, description="When the moves were last changed (RFC 3339).")
 
+    @property
+    def lent(self) -> int:
+        return self.prefill_to_decode + self.decode_to_prefill
+
     def lends(self) -> dict[str, int]:
         """As :meth:`disagg.router.load.WorkerSet.lend` takes them: role → workers of the other pool serving it."""
         return {"decode": self.prefill_to_decode, "prefill": self.decode_to_prefill}

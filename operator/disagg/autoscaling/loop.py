@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..api.models import ActiveMode, DisaggregatedModelSpec, Mode, ObservedStatus
+from ..api.status import RoleMoves
 from .forecast import Load
 from .mode import ModeSignals, ModeState, next_state
 from .observe import HISTOGRAMS, ROUTED_KEYS, observation
 from .policy import Decision, History, PoolSignals, Signals, bounded, decide
 from .predictive import Observation, PredictivePolicy
 from .queries import LOAD_PREFIX, Sample
-from .roles import Moves
 
 
 @dataclass
@@ -52,7 +52,7 @@ class StepResult:
     metrics: tuple[str, str, str] = ("True", "MetricsAvailable", "")  # the MetricsAvailable condition
     kv_transfer: tuple[str, str, str] = ("Unknown", "NoRemoteTraffic", "")  # the KVTransferHealthy condition
     # the predictive policy's role moves (status.roleMoves); None: no predictive policy runs (no moves)
-    role_moves: Moves | None = None
+    role_moves: RoleMoves | None = None
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -153,7 +153,7 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
     obs = observed(sample, now_iso)
 
     decisions: dict[str, Decision] = {}
-    moves: Moves | None = None
+    moves: RoleMoves | None = None
     if spec.autoscaling.enabled:
         signals = Signals(
             time=now, stale_reason=sample.error,
@@ -189,7 +189,7 @@ def step(spec: DisaggregatedModelSpec, pools: dict[str, PoolReplicas], sample: S
     after = next_state(spec, before, mode_signals)
     state.mode = after
     if after.active == ActiveMode.AGGREGATED and moves is not None:
-        moves = Moves()  # no roles to move while the model serves aggregated
+        moves = RoleMoves()  # no roles to move while the model serves aggregated
     return StepResult(decisions=decisions, mode=after, mode_changed=after.active != before.active,
                       observed=obs, slo_met=slo_condition(spec, sample, obs), metrics=metrics_condition(sample),
                       kv_transfer=kv_transfer_condition(spec, sample), role_moves=moves)

@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..api.models import DisaggregatedModelSpec
+from ..api.status import RoleMoves
 from .forecast import Load, LoadForecaster
 from .policy import Decision, PoolName
-from .roles import Moves, plan_moves
+from .roles import plan_moves
 
 CORRECTION_ALPHA = 0.3  # EWMA of observed ÷ expected (one noisy interval moves it 30 %)
 CORRECTION_BOUNDS = (0.5, 3.0)
@@ -156,7 +157,7 @@ class PredictiveState:
     downs: dict[str, list[float]] = field(default_factory=lambda: {"prefill": [], "decode": []})
     first_seen: float | None = None
     held: bool = True  # the ready pods held the last interval's load in the model (no backlog carried into this one)
-    moves: Moves = field(default_factory=Moves)  # the role moves in force (decided at the last step)
+    moves: RoleMoves = field(default_factory=RoleMoves)  # the role moves in force (decided at the last step)
 
 
 def _bound(current: int, target: int, s: PredictiveSettings, i: int) -> int:
@@ -212,7 +213,7 @@ class PredictivePolicy:
                 st.downs[name].append(obs.time)
             out[name] = Decision(name, current, desired, None, reason)
         # 6. role moves for the load here now
-        st.moves = Moves()
+        st.moves = RoleMoves()
         if s.role_moves:
             need = self.sizer.size(obs.load.with_backlog(obs.prefill_waiting, s.interval_s), s.headroom,
                                    st.ttft.value, st.tpot.value)
@@ -222,7 +223,7 @@ class PredictivePolicy:
         return out
 
     @property
-    def moves(self) -> Moves:
+    def moves(self) -> RoleMoves:
         """The role moves decided at the last :meth:`step` (none before the first, or with ``role_moves`` off)."""
         return self.state.moves
 

@@ -12,21 +12,10 @@ workers), and a pool lends only what it does not need itself at the same load, n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..api.status import RoleMoves
 
 
-@dataclass(frozen=True)
-class Moves:
-    prefill_to_decode: int = 0  # prefill-pool workers serving the decode role
-    decode_to_prefill: int = 0  # decode-pool workers serving the prefill role
-    reason: str = ""
-
-    @property
-    def lent(self) -> int:
-        return self.prefill_to_decode + self.decode_to_prefill
-
-
-def plan_moves(need_prefill: int, need_decode: int, ready_prefill: int, ready_decode: int) -> Moves:
+def plan_moves(need_prefill: int, need_decode: int, ready_prefill: int, ready_decode: int) -> RoleMoves:
     """The workers to lend for a load that needs ``need_*`` replicas per role, with ``ready_*`` ready in each pool:
     the short role borrows from the other pool's spare (its ready workers beyond its own need), no more than it is
     short, and a pool keeps one worker of its own at least. Both short, or neither: no move."""
@@ -34,11 +23,12 @@ def plan_moves(need_prefill: int, need_decode: int, ready_prefill: int, ready_de
     short_p, spare_d = need_prefill - ready_prefill, min(ready_decode - need_decode, ready_decode - 1)
     if short_d > 0 and spare_p > 0:
         n = min(short_d, spare_p)
-        return Moves(prefill_to_decode=n, reason=f"decode needs {need_decode} and has {ready_decode} ready; prefill "
-                                                 f"needs {need_prefill} of its {ready_prefill}: {n} lent to decode")
+        return RoleMoves(prefill_to_decode=n, reason=f"decode needs {need_decode} and has {ready_decode} ready; "
+                                                     f"prefill needs {need_prefill} of its {ready_prefill}: {n} lent "
+                                                     f"to decode")
     if short_p > 0 and spare_d > 0:
         n = min(short_p, spare_d)
-        return Moves(decode_to_prefill=n, reason=f"prefill needs {need_prefill} and has {ready_prefill} ready; "
-                                                 f"decode needs {need_decode} of its {ready_decode}: {n} lent to "
-                                                 f"prefill")
-    return Moves()
+        return RoleMoves(decode_to_prefill=n, reason=f"prefill needs {need_prefill} and has {ready_prefill} ready; "
+                                                     f"decode needs {need_decode} of its {ready_decode}: {n} lent to "
+                                                     f"prefill")
+    return RoleMoves()

@@ -214,14 +214,11 @@ def run_scaler(s: DaySettings, name: str, arrivals: list[Arrival], start: tuple[
     from ..api.models import DisaggregatedModel
 
     spec = DisaggregatedModel.model_validate(model_doc(s, *start)).spec
-    ctl = TwinAutoscaler(proportional(spec), interval_s=s.interval_s, start_s=start_s, until_s=until)
-    if name in ("predictive", "predictive-pods"):
-        pp = PredictivePolicy(sz, replace(ps, role_moves=name == "predictive"))
-        ctl.policy = of(pp)
-        if name == "predictive":
-            ctl.roles = lambda: pp.moves
-    elif name == "reactive":
-        ctl.policy = of(ReactivePolicy(sz, ps))
+    pp = PredictivePolicy(sz, replace(ps, role_moves=name == "predictive"))  # predictive-pods: no role moves
+    policy = {"predictive": lambda: of(pp), "predictive-pods": lambda: of(pp),
+              "reactive": lambda: of(ReactivePolicy(sz, ps)), "proportional": lambda: proportional(spec)}[name]()
+    ctl = TwinAutoscaler(policy, interval_s=s.interval_s, start_s=start_s, until_s=until,
+                         roles=(lambda: pp.moves) if name == "predictive" else None)
     t0 = time.process_time()
     r = simulate(m.cluster, arrivals, seed=s.seed, slo=m.slo, window_s=until, controller=ctl)
     events = [asdict(e) for e in ctl.timeline]

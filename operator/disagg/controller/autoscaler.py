@@ -43,7 +43,7 @@ from pydantic import ValidationError
 
 from .. import logs
 from ..api.contract import LABEL_MODEL, LABEL_ROLE, Role
-from ..api.models import ActiveMode, DisaggregatedModel, Mode
+from ..api.models import ActiveMode, DisaggregatedModel, Mode, RoleMoves
 from ..api.spec import PrometheusSpec
 from ..autoscaling.access import PrometheusAccess, QueryFn, connect
 from ..autoscaling.deletion import POD_DELETION_COST, deletion_costs
@@ -51,7 +51,6 @@ from ..autoscaling.loop import LoopState, PoolReplicas, StepResult, step
 from ..autoscaling.mode import ModeState
 from ..autoscaling.predictive import PredictivePolicy, PredictiveSettings, SizerFor
 from ..autoscaling.queries import NOT_CONFIGURED, Sample, collect, pod_load
-from ..autoscaling.roles import Moves
 from ..builders import parse_model
 from ..builders.replicas import AUTOSCALER_FIELD_MANAGER, desired_replicas
 from ..builders.workers import compat_hash
@@ -83,7 +82,7 @@ STATUS_ATTEMPTS = 8  # the reconciler writes status too (conditions are a list: 
 Emit = Callable[[Mapping[str, Any], str, str, str], None]
 
 
-def role_moves_patch(current: Mapping[str, Any] | None, moves: Moves | None, now: str) -> dict[str, Any]:
+def role_moves_patch(current: Mapping[str, Any] | None, moves: RoleMoves | None, now: str) -> dict[str, Any]:
     """status.roleMoves when the counts change (the router config follows it: builders/router.py ``role_moves``);
     cleared (null) when no predictive policy runs any more. Nothing when the counts are as recorded."""
     cur = current or {}
@@ -253,7 +252,7 @@ class Autoscaler:
         """Record one step's outcome in status, then (autoscaling on) bring the Deployments to the record."""
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         before = {c.get("type"): c.get("status") for c in (body.get("status") or {}).get("conditions") or []}
-        moved = role_moves_patch((body.get("status") or {}).get("roleMoves"), r.role_moves, now).get("roleMoves")
+        patch: dict[str, Any] = {}
         for attempt in range(STATUS_ATTEMPTS):
             patch = self._patch(body, dm, r, now)
             if not unchanged_but_time(body.get("status") or {}, patch):
@@ -285,7 +284,7 @@ class Autoscaler:
         if r.role_moves is not None:
             LENT_WORKERS.labels(ns, name, "prefill_to_decode").set(r.role_moves.prefill_to_decode)
             LENT_WORKERS.labels(ns, name, "decode_to_prefill").set(r.role_moves.decode_to_prefill)
-        if moved:
+        if moved := patch.get("roleMoves"):  # a change of the moves was written (or found written)
             self.emit(body, "Normal", "RolesMoved", f"prefill→decode {moved['prefillToDecode']}, decode→prefill "
                                                     f"{moved['decodeToPrefill']}: {moved['reason']}")
             log.info("roles moved", model=f"{ns}/{name}", prefill_to_decode=moved["prefillToDecode"],

@@ -41,7 +41,6 @@ from ..api.status import RoleMoves
 from ..autoscaling.observe import ROUTED, ROUTED_KEYS, observation
 from ..autoscaling.policy import Decision, History, PoolSignals, Signals, decide
 from ..autoscaling.predictive import Observation
-from ..autoscaling.roles import Moves
 from ..perf.presets import get_model
 from .cluster import TwinCluster
 
@@ -106,7 +105,7 @@ class TwinAutoscaler:
     interval_s: float = 30.0
     # the policy's role moves after each step (PredictivePolicy.moves), applied as the operator applies
     # status.roleMoves; None: pods only
-    roles: Callable[[], Moves] | None = None
+    roles: Callable[[], RoleMoves] | None = None
     role_moves: list[Event] = field(default_factory=list)  # each change of the moves in force
     start_s: float = 53.0
     until_s: float | None = None  # stop deciding after this virtual time (the day's end)
@@ -250,14 +249,13 @@ class TwinAutoscaler:
         self.timeline.append(Event(round(cluster.now, 3), name, before, self._desired(cluster, name),
                                    len(cluster.pool(name)), d.reason))
 
-    def move_roles(self, cluster: TwinCluster, m: Moves) -> None:
+    def move_roles(self, cluster: TwinCluster, m: RoleMoves) -> None:
         """Lend workers to the other role (the router's WorkerSet.lend, through its config) when the moves change;
         each change goes on :attr:`role_moves` (pool ``prefill→decode`` / ``decode→prefill``: workers lent)."""
         cur = cluster.config.role_moves or RoleMoves()
         if (cur.prefill_to_decode, cur.decode_to_prefill) == (m.prefill_to_decode, m.decode_to_prefill):
             return
-        cluster.move_roles(RoleMoves(prefill_to_decode=m.prefill_to_decode, decode_to_prefill=m.decode_to_prefill,
-                                     reason=m.reason) if m.lent else None)
+        cluster.move_roles(m if m.lent else None)
         ready = self._ready(cluster)
         for pool, before, after, lender in (("prefill→decode", cur.prefill_to_decode, m.prefill_to_decode, "prefill"),
                                             ("decode→prefill", cur.decode_to_prefill, m.decode_to_prefill, "decode")):
