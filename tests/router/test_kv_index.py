@@ -52,6 +52,21 @@ def test_unknown_events_and_fields_are_skipped_not_fatal() -> None:
     assert decode_seq((-1).to_bytes(8, "big", signed=True)) == -1
 
 
+def test_block_hashes_keep_their_form_and_a_bad_one_skips_its_event() -> None:
+    """bytes and int hashes as they came (a bytearray as bytes); a hash of another type (here a bool, which msgpack
+    would give for a corrupt payload) skips its event, as any malformed event is skipped."""
+    payload = msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": [b"x", 3], "medium": "GPU"},
+                                   {"type": "BlockRemoved", "block_hashes": [True], "medium": "GPU"},
+                                   {"type": "BlockStored", "block_hashes": [b"a", 2.5], "parent_block_hash": None,
+                                    "token_ids": [1, 2, 3, 4], "block_size": 2, "medium": "GPU"}]])
+    b = decode_payload(payload)
+    assert b.events == (BlockRemoved((b"x", 3), "GPU"),) and b.skipped == 2
+    from disagg.router.kvevents import decode_batch
+
+    got = decode_batch([1.0, [{"type": "BlockRemoved", "block_hashes": [bytearray(b"y")]}]])
+    assert got.events == (BlockRemoved((b"y",)),) and type(got.events[0].block_hashes[0]) is bytes
+
+
 def _stored(hashes: list[int], parent: int | None, ids: list[int], bs: int = 4) -> BlockStored:
     return BlockStored(tuple(hashes), parent, tuple(ids), bs, "GPU")
 

@@ -107,3 +107,27 @@ def test_advance_only_when_nothing_else_could_run_first() -> None:
 
     run_virtual(main())
     assert seen == [("soon", 2.0)]
+
+
+def test_a_run_collects_rarely_and_restores_the_collector() -> None:
+    """run_virtual's collector setting (clock.py few_collections) holds during the run only, even when it fails."""
+    import gc
+
+    from disagg.twin.clock import RUN_GC_THRESHOLD
+
+    before = gc.get_threshold()
+    seen: list[tuple[tuple[int, int, int], int]] = []
+
+    async def look() -> None:
+        seen.append((gc.get_threshold(), gc.get_freeze_count()))
+
+    run_virtual(look())
+    assert seen[0][0] == RUN_GC_THRESHOLD and seen[0][1] > 0  # what was alive before the run is out of the scans
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+    async def fail() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        run_virtual(fail())
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

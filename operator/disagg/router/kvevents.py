@@ -86,20 +86,34 @@ def _hash(x: Any) -> Hash:
     raise DecodeError(f"block hash of type {type(x).__name__}")
 
 
+def _hashes(xs: Any) -> tuple[Hash, ...]:
+    """A list of block hashes as they came (:func:`_hash` each). Every hash of a batch has one type (bytes, or
+    int with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``), so the list is checked by its types first: one pass in C
+    for the common case, the per-hash conversion only when a hash is neither."""
+    out = tuple(xs)
+    kinds = set(map(type, out))
+    if kinds <= _PLAIN_HASH_TYPES:
+        return out
+    return tuple(_hash(h) for h in out)
+
+
+_PLAIN_HASH_TYPES = frozenset((bytes, int))
+
+
 def _event(m: Any) -> Event | None:
     if not isinstance(m, dict):
         return None
     kind = m.get("type")
     try:
+        if kind == "BlockRemoved":  # the most frequent: one per evicted block (vLLM's block_pool.py)
+            return BlockRemoved(_hashes(m["block_hashes"]), m.get("medium"))
         if kind == "BlockStored":
             parent = m.get("parent_block_hash")
             extra = m.get("extra_keys")
-            return BlockStored(tuple(_hash(h) for h in m["block_hashes"]),
+            return BlockStored(_hashes(m["block_hashes"]),
                                None if parent is None else _hash(parent), tuple(m["token_ids"]),
                                int(m["block_size"]), m.get("medium"),
                                tuple(extra) if extra is not None else None, m.get("lora_name"))
-        if kind == "BlockRemoved":
-            return BlockRemoved(tuple(_hash(h) for h in m["block_hashes"]), m.get("medium"))
         if kind == "AllBlocksCleared":
             return AllBlocksCleared()
     except (KeyError, TypeError, ValueError):

@@ -19,11 +19,13 @@ class PrefixIndex:
 
     def match_tokens(self, worker: str, hashes: tuple[int, ...]) -> int:
         lru = self._workers.get(worker)
-        if not lru or not hashes:
+        if not lru or not hashes or hashes[0] not in lru:
             return 0
         # Chained hashes: block i present implies (almost surely) the same prefix up to i. Binary search the
-        # longest present prefix (blocks are inserted together, evicted oldest first).
-        lo, hi = 0, len(hashes)
+        # longest present prefix (blocks are inserted together, evicted oldest first). A prompt's first block is
+        # always its most recent (insert), so without it no later block is there either: the check above is the
+        # search's answer for most workers, in one lookup.
+        lo, hi = 1, len(hashes)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if hashes[mid - 1] in lru:

@@ -15,9 +15,11 @@ insertion), so a run is deterministic.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import heapq
 import selectors
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -94,8 +96,35 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         super()._run_once()  # type: ignore[misc]
 
 
+# The cyclic collector's generation-0 threshold while a virtual run is in progress (CPython's default is 700). A
+# run allocates millions of short-lived objects (events, futures, per-request records) and few cycles; at the
+# default, collections took ~30 % of a 64-GPU run's CPU (docs/simulator.md, "Speed"). Memory is what reference
+# counting frees at once, so the threshold changes when cycles are found, never what a run computes.
+RUN_GC_THRESHOLD = (100_000, 50, 100)
+
+
+@contextlib.contextmanager
+def few_collections() -> Iterator[None]:
+    """Collect cycles rarely while the block runs: :data:`RUN_GC_THRESHOLD`, and what was alive before it frozen
+    out of the collector's scans (``gc.freeze``); both restored after."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*RUN_GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
+
+
 def run_virtual(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
-    """Run ``main`` to completion on a fresh :class:`VirtualTimeLoop` (like ``asyncio.run``) and close it."""
+    """Run ``main`` to completion on a fresh :class:`VirtualTimeLoop` (like ``asyncio.run``) and close it, with
+    the collector set for a run (:func:`few_collections`)."""
+    with few_collections():
+        return _run_virtual(main, start)
+
+
+def _run_virtual(main: Coroutine[Any, Any, T], start: float) -> T:
     loop = VirtualTimeLoop(start)
     try:
         asyncio.set_event_loop(loop)
