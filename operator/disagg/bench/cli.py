@@ -6,14 +6,22 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # argparse's type for it is generic only to the type checker
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]  # noqa: SLF001 - only private in argparse
 
 
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(subparsers: Subparsers) -> None:
     bench = subparsers.add_parser("bench", help="benchmarks: goodput (policies × mixes), router (relay overhead), "
                                   "sim (roofline vs references); see docs/benchmarks.md")
     sub = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    for add in (_add_goodput, _add_router, _add_real_engine, _add_sim, _add_operator, _add_autoscale, _add_soak,
+                _add_plan, _add_overload, _add_prefix_cache, _add_decision, _add_prediction):
+        add(sub)
 
+
+def _add_goodput(sub: Subparsers) -> None:
     g = sub.add_parser("goodput", help="aggregated vs always-disaggregated vs conditional at equal GPU count, each "
                        "at its best (a sweep in the discrete-event twin)",
                        description="In the discrete-event twin (virtual time, deterministic for a seed): per mix and "
@@ -60,6 +68,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     g.add_argument("--log-dir", type=Path, default=None, help="--real: keep the processes' logs here")
     g.set_defaults(func=_cmd_goodput)
 
+
+def _add_router(sub: Subparsers) -> None:
     r = sub.add_parser("router", help="added latency and streaming throughput: direct vs router vs nginx",
                        description="One decode sim; N concurrent streams direct, through `disagg router` and "
                        "through nginx (plain reverse proxy); added latency = proxied − direct.")
@@ -76,6 +86,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="results file (docs/results/router.json: the docs' tables come from it; `make docs`)")
     r.set_defaults(func=_cmd_router)
 
+
+def _add_real_engine(sub: Subparsers) -> None:
     e = sub.add_parser("real-engine", help="the simulator's engine against a real vLLM CPU engine: fit the CPU "
                        "preset, then held-out open-loop loads on both (disagg.bench.real_engine)")
     e.add_argument("--out", type=Path, default=Path("docs/results/real-engine.json"))
@@ -83,6 +95,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     e.add_argument("--log-dir", type=Path, default=None, help="keep the engines' logs here")
     e.set_defaults(func=_cmd_real_engine)
 
+
+def _add_sim(sub: Subparsers) -> None:
     s = sub.add_parser("sim", help="the twin's prefill/decode tokens/s per preset vs published references "
                        "(disagg.sim.bench)")
     s.add_argument("--strict", action="store_true",
@@ -92,6 +106,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--no-write", action="store_true", help="print only")
     s.set_defaults(func=_cmd_sim)
 
+
+def _add_operator(sub: Subparsers) -> None:
     o = sub.add_parser("operator", help="operator convergence for N models on the real control plane")
     o.add_argument("--models", type=int, nargs="+", default=[10, 50, 200],
                    help="model counts to run (default 10 50 200)")
@@ -103,6 +119,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    "get no status)")
     o.set_defaults(func=_cmd_operator)
 
+
+def _add_autoscale(sub: Subparsers) -> None:
     a = sub.add_parser("autoscale", help="the autoscaler in the twin: load step recovery, diurnal GPU-seconds vs "
                        "the cheapest static allocation that holds the peak (local stack)",
                        description="Starts the local stack (control plane, operator, sim pods, Prometheus) and runs "
@@ -131,6 +149,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     a.add_argument("--virtual-args", default="", help="arguments for the virtual part, one string")
     a.set_defaults(func=_cmd_autoscale)
 
+
+def _add_soak(sub: Subparsers) -> None:
     k = sub.add_parser("soak", help="every component fails once under steady mixed load (local stack); issue 12 §7",
                        description="Starts the local stack, deploys the demo model (two decode replicas) and, under "
                        "steady mixed load, kills a prefill pod, kills a decode pod with streams in flight, stalls KV "
@@ -143,6 +163,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     k.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
     k.set_defaults(func=_cmd_soak)
 
+
+def _add_plan(sub: Subparsers) -> None:
     pa = sub.add_parser("plan", help="the capacity planner's accuracy in the twin: predicted vs simulated goodput "
                         "of its pick, and its pick vs a brute-force sweep (disagg.bench.plan_accuracy)")
     pa.add_argument("--mixes", nargs="+", default=None, help="held-out mixes (default: all of HELD_OUT)")
@@ -151,6 +173,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     help="results file (docs/results/plan.json: the docs' tables come from it; `make docs`)")
     pa.set_defaults(func=_cmd_plan_accuracy)
 
+
+def _add_overload(sub: Subparsers) -> None:
     ov = sub.add_parser("overload", help="admission under overload in the twin: an Interactive tenant beside a "
                         "Batch one stepped past the knee, with the batch tenant on Admit, Shed and Queue "
                         "(disagg.bench.overload)",
@@ -167,6 +191,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     "(default: short-chat long-rag mixed code-completion shifting; none given: skip them)")
     ov.set_defaults(func=_cmd_overload)
 
+
+def _add_prefix_cache(sub: Subparsers) -> None:
     pc = sub.add_parser("prefix-cache", help="prefix-cache-aware placement from the engines' KV events vs the "
                         "router's estimate vs none, in the twin; the index's CPU and memory "
                         "(disagg.bench.prefix_cache)")
@@ -179,6 +205,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     help="results file (docs/results/prefix-cache.json: the docs' tables come from it; `make docs`)")
     pc.set_defaults(func=_cmd_prefix_cache)
 
+
+def _add_decision(sub: Subparsers) -> None:
     de = sub.add_parser("decision", help="CPU per routing decision per policy (Thresholds, SLO) at 64 workers "
                         "(disagg.bench.decision)")
     de.add_argument("--snapshots", type=int, default=200, help="seeded load snapshots, idle to busy (>= 2)")
@@ -188,6 +216,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     help="results file (docs/results/decision.json: the docs' tables come from it; `make docs`)")
     de.set_defaults(func=_cmd_decision)
 
+
+def _add_prediction(sub: Subparsers) -> None:
     pr = sub.add_parser("prediction", help="the SLO placement's prediction error (actual ÷ predicted TTFT and TPOT) "
                         "below the knee, in the twin (disagg.bench.prediction)")
     pr.add_argument("--goodput", type=Path, default=Path("docs/results/goodput.json"),

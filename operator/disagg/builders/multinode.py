@@ -56,7 +56,7 @@ from ..api.semantics import resolve_backend as resolve_backend  # the back end o
 from .meta import model_name, namespace_of, object_meta, role_labels, short_hash
 from .replicas import desired_replicas
 from .transport import KV_ROLES
-from .workers import worker_args, worker_deployment
+from .workers import worker_args, worker_pod_template
 
 # Set by the LeaderWorkerSet controller in every pod of a group (kubernetes-sigs/lws, pkg/utils/pod/pod_utils.go
 # and api/leaderworkerset/v1/leaderworkerset_types.go): the leader's
@@ -166,7 +166,7 @@ def generation(dm: DisaggregatedModel, role: Role) -> str:
     StatefulSet back end's group names, so that a group never mixes pods of two generations."""
     spec = dm.spec
     pool: PoolSpec = getattr(spec, role)
-    template = worker_deployment(dm, role)["spec"]["template"]
+    template = worker_pod_template(dm, role)
     return short_hash({"template": template, "layout": layout(pool).__dict__,
                        "ports": [spec.multi_node.data_parallel_rpc_port, spec.multi_node.master_port]},
                       c.GROUP_GENERATION_CHARS)
@@ -236,11 +236,11 @@ def _check(dm: DisaggregatedModel, role: Role) -> Layout:
 
 def _pod_template(dm: DisaggregatedModel, role: Role, node_rank: int, args: list[str],
                   labels: Mapping[str, str], lay: Layout) -> dict[str, Any]:
-    """The pool's pod template (workers.worker_deployment's: env, volumes, security, podTemplate overrides) turned
+    """The pool's pod template (workers.worker_pod_template: env, volumes, security, podTemplate overrides) turned
     into node ``node_rank`` of a group: its arguments, its GPUs, its side-channel ports, leader-only HTTP."""
     spec = dm.spec
     pool: PoolSpec = getattr(spec, role)
-    template: dict[str, Any] = copy.deepcopy(worker_deployment(dm, role)["spec"]["template"])
+    template: dict[str, Any] = copy.deepcopy(worker_pod_template(dm, role))
     pod_spec = template["spec"]
     containers = pod_spec["containers"]
     i = next(i for i, ctr in enumerate(containers) if ctr["name"] == "vllm")

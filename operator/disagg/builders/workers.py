@@ -27,7 +27,7 @@ from .meta import (
 from .replicas import desired_replicas
 from .security import NON_ROOT_UID, Level, container_security_context, level_for, pod_security_context, runs_as_root
 from .tracing import worker_tracing_args, worker_tracing_env
-from .transport import KV_ROLES, UCX_TLS, transport_parts
+from .transport import KV_ROLES, UCX_TLS, TransportParts, transport_parts
 from .vllm import kv_events_args, kv_transfer_config_arg, per_request_metrics_args, shutdown_timeout_args
 
 CONTAINER_NAME = WORKER_CONTAINER
@@ -259,29 +259,12 @@ def _merge_affinity(user: dict[str, Any], terms: list[dict[str, Any]]) -> dict[s
     return affinity
 
 
-def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
-    spec = dm.spec
-    pool: PoolSpec = getattr(spec, role)
-    model = model_name(dm)
-    name = c.pool_name(model, role)
-    chash = compat_hash(spec, role)
-    labels = role_labels(model, role)
-    # The model's own labels stay off the pod template: a label edit on the model must not roll a GPU pool
-    # (it would drop prefix caches and long streams). Pod labels are set explicitly in spec.<pool>.podTemplate.
-    pod_labels = {**labels, c.LABEL_COMPAT: chash}
-    kv_connected = role in KV_ROLES
-    parts = transport_parts(spec.kv_transfer, model) if kv_connected else None
-    capabilities = list(parts.capabilities) if parts else []
-
-    # (the spec's podTemplate leaves the vllm container's command and args alone, and vLLM's side-channel ports,
-    # sideChannelPort + each data-parallel rank, miss the HTTP port: api/semantics.py)
+def _worker_env(spec: DisaggregatedModelSpec, name: str, parts: TransportParts | None) -> list[dict[str, Any]]:
+    """The vllm container's environment: the home directory, the KV transport's variables, the hub token, the
+    Hugging Face cache, tracing, then the user's ``spec.engine.env`` over all of them."""
     env: list[dict[str, Any]] = [{"name": "HOME", "value": HOME_DIR}, {"name": "USER", "value": HOME_USER}]
-    ports = [{"name": c.WORKER_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}]
-    limits: dict[str, Any] = {}
     if parts:
         env += parts.env
-        ports += parts.ports
-        limits.update(parts.limits)
     hub = spec.model.source.hub
     if hub is not None and hub.token_secret_ref is not None:
         env.append(
@@ -292,17 +275,17 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
                 },
             }
         )
-    cache = spec.model.cache
-    if cache is not None:
+    if spec.model.cache is not None:
         env.append({"name": "HF_HOME", "value": HF_CACHE_DIR})
     env += worker_tracing_env(spec, name)
-    env = merge_env(env, spec.engine.env)
+    return merge_env(env, spec.engine.env)
 
-    resources = copy.deepcopy(pool.resources)
-    resources.setdefault("limits", {})
-    resources["limits"][pool.gpu.resource_name] = str(gpu_count(pool))
-    resources["limits"].update(limits)
 
+def _worker_storage(spec: DisaggregatedModelSpec, capabilities: list[str]
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes, the vllm container's mounts and the init containers they need: shared memory, a
+    writable home, the model's PVC (read-only), the Hugging Face cache (a PVC, or a host path whose owner an
+    init container sets when the engine does not run as root)."""
     volumes: list[dict[str, Any]] = [
         {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
         {"name": HOME_VOLUME, "emptyDir": {}},
@@ -316,6 +299,7 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
         volumes.append({"name": MODEL_VOLUME, "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}})
         mounts.append({"name": MODEL_VOLUME, "mountPath": MODEL_MOUNT, "readOnly": True})
     init_containers: list[dict[str, Any]] = []
+    cache = spec.model.cache
     if cache is not None:
         mounts.append({"name": CACHE_VOLUME, "mountPath": HF_CACHE_DIR})
         if cache.pvc is not None:
@@ -324,15 +308,32 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
             volumes.append({"name": CACHE_VOLUME, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}})
             if not runs_as_root(capabilities):
                 init_containers.append(_cache_owner(spec.engine.image, spec.engine.image_pull_policy))
+    return volumes, mounts, init_containers
 
-    container: dict[str, Any] = {
+
+def _worker_container(dm: DisaggregatedModel, role: Role, parts: TransportParts | None,
+                      mounts: list[dict[str, Any]], capabilities: list[str]) -> dict[str, Any]:
+    """The vllm container: ``vllm serve`` with the pool's arguments, its ports (HTTP and the KV transport's),
+    GPUs and the transport's devices in its limits, health probes."""
+    spec = dm.spec
+    pool: PoolSpec = getattr(spec, role)
+    # (the spec's podTemplate leaves the vllm container's command and args alone, and vLLM's side-channel ports,
+    # sideChannelPort + each data-parallel rank, miss the HTTP port: api/semantics.py)
+    ports = [{"name": c.WORKER_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}]
+    resources = copy.deepcopy(pool.resources)
+    resources.setdefault("limits", {})
+    resources["limits"][pool.gpu.resource_name] = str(gpu_count(pool))
+    if parts:
+        ports += parts.ports
+        resources["limits"].update(parts.limits)
+    return {
         "name": CONTAINER_NAME,
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": ["vllm", "serve"],
         "args": worker_args(dm, role),
         "ports": ports,
-        "env": env,
+        "env": _worker_env(spec, c.pool_name(model_name(dm), role), parts),
         "resources": resources,
         "volumeMounts": mounts,
         "startupProbe": _probe("/health", STARTUP_PROBE_PERIOD_SECONDS, STARTUP_PROBE_FAILURES),
@@ -341,13 +342,29 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
         "securityContext": container_security_context(capabilities),
     }
 
+
+def worker_pod_template(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
+    """The pool's pod template: the vllm container, its storage, scheduling (GPU product, node selector,
+    tolerations, the transport's affinity), security, Prometheus annotations, and ``spec.<pool>.podTemplate``
+    merged over it (the selector labels kept). The Deployment's (:func:`worker_deployment`), and the base of a
+    multi-node pool's per-rank templates (multinode.py)."""
+    spec = dm.spec
+    pool: PoolSpec = getattr(spec, role)
+    model = model_name(dm)
+    chash = compat_hash(spec, role)
+    # The model's own labels stay off the pod template: a label edit on the model must not roll a GPU pool
+    # (it would drop prefix caches and long streams). Pod labels are set explicitly in spec.<pool>.podTemplate.
+    pod_labels = {**role_labels(model, role), c.LABEL_COMPAT: chash}
+    parts = transport_parts(spec.kv_transfer, model) if role in KV_ROLES else None
+    capabilities = list(parts.capabilities) if parts else []
+    volumes, mounts, init_containers = _worker_storage(spec, capabilities)
+
     node_selector = dict(pool.node_selector)
     if pool.gpu.product:
         node_selector[pool.gpu.product_label] = pool.gpu.product
-
     pod_spec: dict[str, Any] = {
         **({"initContainers": init_containers} if init_containers else {}),
-        "containers": [container],
+        "containers": [_worker_container(dm, role, parts, mounts, capabilities)],
         "volumes": volumes,
         # vLLM reads VLLM_* variables; service links would inject e.g. VLLM_PORT for a Service named "vllm".
         "enableServiceLinks": False,
@@ -382,11 +399,18 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
         template.setdefault("metadata", {}).setdefault("labels", {}).update(
             {**selector_labels(model, role), c.LABEL_COMPAT: chash}
         )
+    return template
 
+
+def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
+    """The pool's Deployment (a single-node pool): :func:`worker_pod_template`, its replicas and rollout."""
+    pool: PoolSpec = getattr(dm.spec, role)
+    model = model_name(dm)
+    labels = {**role_labels(model, role), c.LABEL_COMPAT: compat_hash(dm.spec, role)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": object_meta(dm, name, {**labels, c.LABEL_COMPAT: chash}),
+        "metadata": object_meta(dm, c.pool_name(model, role), labels),
         "spec": {
             "replicas": desired_replicas(dm, role),
             "selector": {"matchLabels": selector_labels(model, role)},
@@ -396,7 +420,7 @@ def worker_deployment(dm: DisaggregatedModel, role: Role) -> dict[str, Any]:
                 "maxSurge": pool.rolling_update.max_surge, "maxUnavailable": pool.rolling_update.max_unavailable}},
             "progressDeadlineSeconds": STARTUP_PROBE_PERIOD_SECONDS * STARTUP_PROBE_FAILURES + 600,
             "revisionHistoryLimit": 5,
-            "template": template,
+            "template": worker_pod_template(dm, role),
         },
     }
 

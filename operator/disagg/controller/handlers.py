@@ -149,6 +149,19 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     # failed event-triggered reconciles, retried with backoff (kopf retries no event handler), on the operator's loop
     scheduler = LoopScheduler()
     requeue = Requeue(scheduler)
+    _register_lifecycle(registry, config, scheduler, requeue)
+    _register_indexes(registry)
+    _register_models(registry, config, rec, requeue)
+    _register_children(registry, rec, requeue)
+    register_groups(registry, rec, _children_of, requeue)  # pods of multi-node groups (controller/groups.py)
+    if config.autoscaler:
+        register_autoscaler(registry, rec, config.default_prometheus, config.sizer_for)
+    return rec
+
+
+def _register_lifecycle(registry: kopf.OperatorRegistry, config: ControllerConfig, scheduler: LoopScheduler,
+                        requeue: Requeue) -> None:
+    """Start-up (the retries' loop), clean-up (pending retries cancelled), login and the health probe."""
 
     @kopf.on.startup(registry=registry)
     async def bind_retries(**_: Any) -> None:
@@ -169,7 +182,9 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
         index = kwargs.get(MODELS_INDEX)
         return len(index) if index is not None else 0
 
-    # ---------------------------------------------------------------------------------- indexes
+
+def _register_indexes(registry: kopf.OperatorRegistry) -> None:
+    """Which models exist, and every managed child by its model (the reconciles read children from these)."""
 
     @kopf.index(GROUP, VERSION, PLURAL, id=MODELS_INDEX, registry=registry)
     async def index_models(namespace: str | None, name: str, uid: str, **_: Any) -> dict[Any, Any]:
@@ -192,7 +207,11 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
         kopf.index(group, version, plural, id=child_index_name(plural), labels=MANAGED,
                    registry=registry)(make_child_indexer(api_version, kind))
 
-    # ----------------------------------------------------------------------------------- models
+
+def _register_models(registry: kopf.OperatorRegistry, config: ControllerConfig, rec: Reconciler,
+                     requeue: Requeue) -> None:
+    """The model's own handlers: reconcile on resume, create and spec changes; a status-driven reconcile when an
+    input in status changes (not our own patch coming back); held operator-upgrade rollouts polled."""
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, id="reconcile", registry=registry)
@@ -234,7 +253,10 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
         except KubeError as exc:
             log.warning("held-rollout reconcile failed", model=f"{namespace}/{name}", error=str(exc))
 
-    # --------------------------------------------------------------------------------- children
+
+def _register_children(registry: kopf.OperatorRegistry, rec: Reconciler, requeue: Requeue) -> None:
+    """Drift correction: an event on a managed child that is news (not our own apply coming back) reconciles its
+    model, retried with backoff when it fails."""
 
     def make_child_handler(kind: str) -> Callable[..., None]:
         def on_child(type: str | None, body: kopf.Body, namespace: str | None, name: str, labels: Mapping[str, str],
@@ -267,12 +289,6 @@ def register(registry: kopf.OperatorRegistry, config: ControllerConfig | None = 
     for group, version, plural, kind in CHILD_RESOURCES:
         kopf.on.event(group, version, plural, id=f"drift-{plural}", labels=MANAGED, when=make_child_filter(kind),
                       registry=registry)(make_child_handler(kind))
-
-    register_groups(registry, rec, _children_of, requeue)  # pods of multi-node groups (controller/groups.py)
-
-    if config.autoscaler:
-        register_autoscaler(registry, rec, config.default_prometheus, config.sizer_for)
-    return rec
 
 
 def _rollout_pending(status: Mapping[str, Any], **_: Any) -> bool:
