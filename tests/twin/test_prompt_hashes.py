@@ -40,3 +40,20 @@ def test_the_scheduler_keeps_given_hashes_and_computes_missing_ones() -> None:
     c = make_request("c", ids, 4, 0.0, hashes=given)
     off.add(c)
     assert c.hashes == []  # no prefix caching: no hashes, given or not
+
+
+def test_an_arrival_is_prepared_once_for_every_run_over_it() -> None:
+    """prepare keeps its result on the arrival (a benchmark's configurations share the arrivals): the same object
+    for the same index and vocabulary, a fresh one — equal to preparing a copy — when either differs; the arrival's
+    fields and equality are untouched."""
+    import dataclasses
+
+    a = Arrival(0.0, 0, 8, endpoint="/v1/completions", body={"prompt": "tell me a story " * 40, "max_tokens": 8})
+    p = prepare(a, 3, 32000)
+    assert prepare(a, 3, 32000) is p and p.request_id == "twin-000003"
+    again = prepare(dataclasses.replace(a), 3, 32000)  # a copy: prepared afresh, to the same result
+    assert again is not p and (again.prompt_ids, again.hashes, again.max_tokens) == (p.prompt_ids, p.hashes, 8)
+    other = prepare(a, 4, 32000)
+    assert other is not p and other.request_id == "twin-000004"
+    assert prepare(a, 4, 32000) is other
+    assert a == dataclasses.replace(a) and dataclasses.asdict(a)["at"] == 0.0
