@@ -10,7 +10,7 @@ import pytest
 
 from disagg.perf.roofline import Efficiency
 from disagg.results import validate
-from disagg.sim import bench
+from disagg.sim import bench, references
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,8 +79,8 @@ def test_a_prefill_chunk_in_a_decode_step_costs_most_of_what_the_h200_measured(r
 
 
 def test_held_out_points_cover_tp_and_are_not_fit_points(res: dict) -> None:
-    held = [p for p in bench.PUBLISHED if p.kind == "held-out"]
-    fit = [p for p in bench.PUBLISHED if p.kind == "fit"]
+    held = [p for p in references.PUBLISHED if p.kind == "held-out"]
+    fit = [p for p in references.PUBLISHED if p.kind == "fit"]
     assert len(fit) == 3 and len(held) >= 15
     assert any(p.tp > 1 and p.model == "Llama-3.1-70B" for p in held)  # a 70B-class model with TP
     assert any(p.model == "Mixtral-8x7B" for p in held)  # and an MoE model
@@ -88,7 +88,7 @@ def test_held_out_points_cover_tp_and_are_not_fit_points(res: dict) -> None:
 
 
 def test_every_point_is_cited_with_url_date_version_and_hardware() -> None:
-    for p in bench.all_points(ROOT):
+    for p in references.all_points(ROOT):
         c = p.cite
         assert c.url and c.date and c.vllm and c.hardware, p.name
         if p.kind != "bound":
@@ -111,7 +111,7 @@ def test_committed_results_match_the_code() -> None:
 
 
 def test_h200_microbench_results_follow_the_convention() -> None:
-    doc = bench.load_h200(ROOT)
+    doc = references.load_h200(ROOT)
     assert doc is not None
     assert validate(doc, "h200-microbench") == []
     assert doc["machine"]["gpu"] == "NVIDIA H200"

@@ -14,7 +14,8 @@ import statistics
 
 import pytest
 
-from disagg.sim.bench import PUBLISHED, _model
+from disagg.sim.bench import _model
+from disagg.sim.references import PUBLISHED
 from disagg.twin import Arrival, ClusterSpec, PoolSpec, simulate
 
 SPEC = ClusterSpec(aggregated=PoolSpec(1, gpu="H100-SXM", model_preset="Llama-3.1-70B", tp=4),
