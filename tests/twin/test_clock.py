@@ -131,3 +131,12 @@ def test_a_run_collects_rarely_and_restores_the_collector() -> None:
     with pytest.raises(ValueError, match="boom"):
         run_virtual(fail())
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    # a process that froze its own objects keeps them frozen
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        run_virtual(look())
+        assert seen[-1][0] == RUN_GC_THRESHOLD and gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -106,15 +106,19 @@ RUN_GC_THRESHOLD = (100_000, 50, 100)
 @contextlib.contextmanager
 def few_collections() -> Iterator[None]:
     """Collect cycles rarely while the block runs: :data:`RUN_GC_THRESHOLD`, and what was alive before it frozen
-    out of the collector's scans (``gc.freeze``); both restored after."""
+    out of the collector's scans (``gc.freeze``); both restored after. A process that froze objects itself keeps
+    them as they are (nothing frozen here, nothing unfrozen)."""
     old = gc.get_threshold()
-    gc.freeze()
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
     gc.set_threshold(*RUN_GC_THRESHOLD)
     try:
         yield
     finally:
         gc.set_threshold(*old)
-        gc.unfreeze()
+        if freeze:
+            gc.unfreeze()
 
 
 def run_virtual(main: Coroutine[Any, Any, T], *, start: float = 0.0) -> T:
