@@ -90,6 +90,10 @@ def _hashes(xs: Any) -> tuple[Hash, ...]:
     """A list of block hashes as they came (:func:`_hash` each). Every hash of a batch has one type (bytes, or
     int with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``), so the list is checked by its types first: one pass in C
     for the common case, the per-hash conversion only when a hash is neither."""
+    if len(xs) == 1:  # a BlockRemoved names one block (vLLM evicts and reports them one by one)
+        h = xs[0]
+        if type(h) is bytes or type(h) is int:
+            return (h,)
     out = tuple(xs)
     kinds = set(map(type, out))
     if kinds <= _PLAIN_HASH_TYPES:

@@ -135,16 +135,16 @@ class KVIndex:
         w.last_ts = batch.ts
         stored = removed = cleared = orphans = 0
         for e in batch.events:
-            if isinstance(e, BlockStored):
+            if isinstance(e, BlockRemoved):  # the most frequent: one per evicted block
+                if e.medium not in (None, MEDIUM_GPU):
+                    continue
+                removed += self._remove(w, e.block_hashes)
+            elif isinstance(e, BlockStored):
                 if e.medium not in (None, MEDIUM_GPU):
                     continue
                 n, lost = self._store(w, e)
                 stored += n
                 orphans += lost
-            elif isinstance(e, BlockRemoved):
-                if e.medium not in (None, MEDIUM_GPU):
-                    continue
-                removed += self._remove(w, e.block_hashes)
             elif isinstance(e, AllBlocksCleared):
                 cleared += 1
                 self._drop_blocks(w)
