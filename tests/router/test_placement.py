@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from disagg.api.contract import EngineProfile, RouterConfig
-from disagg.perf.costs import EngineCost, decode_chunk_budget
+from disagg.perf.costs import EngineCost, tpot_chunk_budget
 from disagg.router import placement as pl
 from disagg.router.load import STREAM_MIN_SEEN, Worker
 from disagg.router.policy import LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide, demand_pool
@@ -238,14 +238,14 @@ def test_tpot_grows_with_the_prefill_traffic_a_worker_receives() -> None:
 
 def test_the_decode_budget_keeps_one_chunk_within_the_tpot_target() -> None:
     for tpot in (0.03, 0.05, 0.1):
-        b = decode_chunk_budget(COST, tpot, 256)
+        b = tpot_chunk_budget(COST, tpot, 256)
         assert b % 256 == 0
         assert COST.prefill(b).step_s <= tpot
         assert b == COST.budget or COST.prefill(b + 256).step_s > tpot
-    assert decode_chunk_budget(COST, 0.05, 256) < decode_chunk_budget(COST, 0.1, 256) <= COST.budget
-    assert decode_chunk_budget(COST, 0.001, 1024) == 1024  # never below --max-num-seqs (vLLM refuses that)
+    assert tpot_chunk_budget(COST, 0.05, 256) < tpot_chunk_budget(COST, 0.1, 256) <= COST.budget
+    assert tpot_chunk_budget(COST, 0.001, 1024) == 1024  # never below --max-num-seqs (vLLM refuses that)
     big = EngineCost.from_profile(EngineProfile(model="Llama-3.1-70B", tensor_parallel_size=4))
-    assert decode_chunk_budget(big, 0.05, 256) < decode_chunk_budget(COST, 0.05, 256)  # a bigger model: smaller
+    assert tpot_chunk_budget(big, 0.05, 256) < tpot_chunk_budget(COST, 0.05, 256)  # a bigger model: smaller
 
 
 def test_unknown_gpu_or_model_falls_back_to_the_default_prior() -> None:

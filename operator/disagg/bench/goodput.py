@@ -13,10 +13,10 @@ arrivals (one seed) go through each configuration of each deployment — all wit
 * (c) ``conditional``: the same pools with the router's per-request policy, swept over P. ``c-default`` is what
   ships: the CRD's defaults (``RoutingSpec()`` in api/spec.py, read at run time, never copied: the SLO placement
   policy), deployed *for the SLO it is scored at* — a user declares spec.slo, and both the router's placement and
-  the decode pool's chunk budget (:func:`conditional_decode_budget`) follow it — so each of its configurations runs
+  the pools' chunk budget (:func:`conditional_chunk_budget`) follow it — so each of its configurations runs
   once per SLO. ``c-thresholds`` is the rule ladder with the CRD's thresholds (``policy: Thresholds``) and
   ``c-tuned`` the ladder with :data:`CONDITIONAL_ROUTING`; both are deployed for the headline SLO only (the ladder
-  ignores spec.slo; only their decode budget follows it).
+  ignores spec.slo; only their chunk budgets follow it).
 
 Per (mix, rate, SLO) the best configuration of each deployment is reported (c = the shipped default alone: the
 split is the only thing swept), with the ratios c/a and c/b and the targets of :data:`TARGETS`; per (mix, SLO) each
@@ -212,7 +212,7 @@ class Config:
             return {**base, "mode": "Aggregated"}
         if self.variant == "b":
             return {**base, "mode": "Disaggregated", "routing": copy.deepcopy(ALWAYS_ROUTING)}
-        # (c) is deployed for its spec.slo (the router's placement and the decode budget follow it)
+        # (c) is deployed for its spec.slo (the router's placement and the chunk budgets follow it)
         slo = {"ttftP95Ms": int(self.deployed_slo.ttft_ms), "tpotP95Ms": int(self.deployed_slo.tpot_ms)}
         if self.variant == "c-tuned":
             return {**base, "mode": "Disaggregated", "routing": {**copy.deepcopy(CONDITIONAL_ROUTING),
@@ -230,22 +230,27 @@ class Config:
 
         if self.variant == "a":
             return ClusterSpec(aggregated=pool(self.workers, self.budget), router=self.router(), drain_s=drain_s())
-        decode_budget = None
-        if self.variant.startswith("c-"):  # the operator's default decode budget for the deployment's spec.slo
-            decode_budget = conditional_decode_budget(s, self.deployed_slo)
-        return ClusterSpec(prefill=pool(self.prefill), decode=pool(self.workers, decode_budget),
-                           router=self.router(), drain_s=drain_s())
+        router = self.router()
+        decode_budget = prefill_budget = None
+        if self.variant.startswith("c-"):  # the operator's default budgets for the deployment's spec.slo
+            decode_budget = conditional_chunk_budget(s, self.deployed_slo)
+            if router.get("routing", {}).get("elasticFleet", True):  # prefill workers run streams too
+                prefill_budget = conditional_chunk_budget(s, self.deployed_slo, "prefill")
+        return ClusterSpec(prefill=pool(self.prefill, prefill_budget), decode=pool(self.workers, decode_budget),
+                           router=router, drain_s=drain_s())
 
 
-def conditional_decode_budget(s: TwinSettings, slo: SLOSpec | None = None) -> int:
-    """(c)'s decode pool ``--max-num-batched-tokens``: what the operator renders when the spec sets none
-    (builders/workers.py ``chunk_budget``: perf/costs.py ``decode_chunk_budget`` for spec.slo's TPOT; ``slo``:
+def conditional_chunk_budget(s: TwinSettings, slo: SLOSpec | None = None, role: str = "decode") -> int:
+    """(c)'s ``--max-num-batched-tokens`` on the decode pool, or (``role`` prefill) on the prefill pool of an elastic
+    fleet (the CRD's default): what the operator renders when the spec sets none (builders/workers.py
+    ``chunk_budget``: perf/costs.py ``tpot_chunk_budget``, ``prefill_chunk_budget``, for spec.slo's TPOT; ``slo``:
     the one deployed for, default the headline SLO) — the shipped default, not a per-cell choice."""
     from ..api.contract import EngineProfile
-    from ..perf.costs import EngineCost, decode_chunk_budget
+    from ..perf.costs import EngineCost, prefill_chunk_budget, tpot_chunk_budget
 
     cost = EngineCost.from_profile(EngineProfile(gpu=s.gpu, model=s.model_preset))
-    return decode_chunk_budget(cost, (slo or SLOS[0]).tpot_ms / 1000.0, cost.max_num_seqs)
+    bound = prefill_chunk_budget if role == "prefill" else tpot_chunk_budget
+    return bound(cost, (slo or SLOS[0]).tpot_ms / 1000.0, cost.max_num_seqs)
 
 
 def configs(s: TwinSettings) -> list[Config]:

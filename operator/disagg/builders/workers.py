@@ -15,7 +15,7 @@ from ..api.flags import option_name
 from ..api.models import DisaggregatedModel, DisaggregatedModelSpec, PoolSpec
 from ..api.semantics import WORKER_CONTAINER
 from ..api.spec import priority_scheduling
-from ..perf.costs import EngineCost, decode_chunk_budget
+from ..perf.costs import EngineCost, prefill_chunk_budget, tpot_chunk_budget
 from .merge import strategic_merge
 from .meta import (
     model_name,
@@ -158,18 +158,27 @@ def engine_profile(spec: DisaggregatedModelSpec, role: Role) -> c.EngineProfile:
 
 def chunk_budget(spec: DisaggregatedModelSpec, role: Role) -> int | None:
     """``--max-num-batched-tokens`` of a pool: the spec's, else for the decode pool the largest budget whose one
-    prefill chunk fits in spec.slo.tpotP95Ms (perf/costs.py ``decode_chunk_budget``: it bounds what a local
-    prefill does to the streams running beside it), else None (vLLM's default)."""
+    prefill chunk fits in spec.slo.tpotP95Ms (perf/costs.py ``tpot_chunk_budget``: it bounds what a prefill does to
+    the streams running beside it), for the prefill pool of an elastic fleet the same but never below the prefill
+    plateau (``prefill_chunk_budget``), else None (vLLM's default).
+
+    Streams run on decode workers, and on prefill workers when the fleet is elastic (spec.routing.elasticFleet: a
+    prefill worker serves whole requests). A prefill pool that only prefills keeps vLLM's default, and so does the
+    aggregated pool (often an existing deployment kept as the fallback path: its spec says what it runs). Past a
+    few thousand tokens a larger chunk buys no prefill throughput (docs/router.md "The pools' chunk budget")."""
     pool: PoolSpec = getattr(spec, role)
     if pool.max_num_batched_tokens:
         return pool.max_num_batched_tokens
-    if role != "decode" or pool.parallelism.expert or pool.parallelism.data > 1:
+    if role == "aggregated" or (role == "prefill" and not spec.routing.elastic_fleet):
+        return None
+    if pool.parallelism.expert or pool.parallelism.data > 1:
         return None  # expert / data parallel: the all-to-all back end sets its own token limits per rank
     prof = c.EngineProfile(gpu=pool.gpu.product or c.EngineProfile().gpu, model=spec.model.name,
                            tensor_parallel_size=pool.parallelism.tensor,
                            pipeline_parallel_size=pool.parallelism.pipeline, max_num_seqs=pool.max_num_seqs)
     cost = EngineCost.from_profile(prof)
-    return decode_chunk_budget(cost, spec.slo.tpot_p95_ms / 1000.0, pool.max_num_seqs or cost.max_num_seqs)
+    bound = prefill_chunk_budget if role == "prefill" else tpot_chunk_budget
+    return bound(cost, spec.slo.tpot_p95_ms / 1000.0, pool.max_num_seqs or cost.max_num_seqs)
 
 
 def worker_args(dm: DisaggregatedModel, role: Role, rank_args: Sequence[str] = ()) -> list[str]:
