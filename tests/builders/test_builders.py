@@ -24,7 +24,8 @@ from disagg.builders import (
     worker_args,
 )
 from disagg.builders.vllm import image_version, supports_shutdown_timeout
-from disagg.builders.workers import GRACE_MARGIN_SECONDS, worker_deployment
+from disagg.builders.workers import GRACE_MARGIN_SECONDS, engine_profile, worker_deployment
+from disagg.perf.costs import EngineCost, plateau_chunk_budget, prefill_chunk_budget, tpot_chunk_budget
 
 from .conftest import UID, example_body, model, refused
 
@@ -72,6 +73,52 @@ def test_worker_args_order_and_kv_roles() -> None:
     assert flag(worker_args(dm, "decode"), "--max-num-seqs") == "512"
     assert "kv_load_failure_policy" not in kv_config(worker_args(dm, "prefill"))
     assert kv_config(worker_args(dm, "decode"))["kv_load_failure_policy"] == "recompute"
+
+
+def test_chunk_budgets_of_the_pools_that_run_streams() -> None:
+    """Unset maxNumBatchedTokens: the decode pool gets the TPOT-bounded chunk, the prefill pool of an elastic fleet
+    the same where it reaches the prefill plateau (else vLLM's default), a prefill-only pool and the aggregated
+    pool vLLM's default; the router's engine profile says the same as the flag."""
+    for tpot_ms in (25, 50, 100):
+        body = example_body("llama-8b-nvlink")
+        body["spec"]["slo"] = {"ttftP95Ms": 1000, "tpotP95Ms": tpot_ms}
+        body["spec"]["aggregated"] = {"replicas": 1, "gpu": {"count": 1, "product": "NVIDIA-H100-80GB-HBM3"}}
+        for role in ("prefill", "decode"):
+            body["spec"][role].pop("maxNumBatchedTokens", None)
+        dm = parse_model(body)
+        cost = EngineCost.from_profile(c.EngineProfile(gpu="H100-SXM", model=dm.spec.model.name))
+        seqs = {r: getattr(dm.spec, r).max_num_seqs or cost.max_num_seqs for r in ("prefill", "decode")}
+        decode = tpot_chunk_budget(cost, tpot_ms / 1000.0, seqs["decode"])
+        prefill = prefill_chunk_budget(cost, tpot_ms / 1000.0, seqs["prefill"])
+        assert flag(worker_args(dm, "decode"), "--max-num-batched-tokens") == str(decode)
+        own = tpot_chunk_budget(cost, tpot_ms / 1000.0, seqs["prefill"])
+        assert prefill == (own if own >= plateau_chunk_budget(cost) else None)
+        assert flag(worker_args(dm, "prefill"), "--max-num-batched-tokens") == (str(prefill) if prefill else None)
+        assert (prefill is None) == (tpot_ms == 25)  # 8B on an H100: the 25 ms chunk (1024) is below the plateau
+        assert "--max-num-batched-tokens" not in worker_args(dm, "aggregated")
+        roles: tuple[Role, ...] = ("prefill", "decode")
+        for role in roles:
+            rendered = flag(worker_args(dm, role), "--max-num-batched-tokens")
+            assert engine_profile(dm.spec, role).max_num_batched_tokens == (int(rendered) if rendered else None)
+        body["spec"].setdefault("routing", {})["elasticFleet"] = False  # prefill workers only prefill
+        assert "--max-num-batched-tokens" not in worker_args(parse_model(body), "prefill")
+        body["spec"]["prefill"]["maxNumBatchedTokens"] = 12288  # the spec's own value wins
+        assert flag(worker_args(parse_model(body), "prefill"), "--max-num-batched-tokens") == "12288"
+
+
+def test_the_prefill_plateau_is_where_a_larger_chunk_stops_paying() -> None:
+    cost = EngineCost.from_profile(c.EngineProfile(gpu="H100-SXM", model="Llama-3.1-8B"))
+    plateau = plateau_chunk_budget(cost)
+    rate = {b: b / cost.prefill(b).step_s for b in range(256, cost.budget + 1, 256)}
+    assert plateau % 256 == 0 and rate[plateau] >= 0.99 * max(rate.values())
+    assert rate[plateau - 256] < 0.99 * max(rate.values())  # the smallest such
+    assert plateau < cost.budget  # vLLM's 8192 on an H100 is past it
+    # a prefill worker's chunk is TPOT-bounded only where that keeps its prefill throughput
+    assert prefill_chunk_budget(cost, 0.01) is None
+    assert prefill_chunk_budget(cost, 0.1) == tpot_chunk_budget(cost, 0.1) > plateau
+    at_plateau = next(t / 1000 for t in range(5, 200) if tpot_chunk_budget(cost, t / 1000) >= plateau)
+    assert prefill_chunk_budget(cost, at_plateau) == tpot_chunk_budget(cost, at_plateau) >= plateau
+    assert prefill_chunk_budget(cost, at_plateau - 0.001) is None
 
 
 def test_hub_model_and_extra_config_and_parallelism() -> None:

@@ -311,7 +311,9 @@ class PoolSpec(ApiModel):
     max_num_batched_tokens: int | None = Field(
         default=None, ge=1, le=10_485_760, description="Token budget per engine step (--max-num-batched-tokens). "
         "Unset on the decode pool: the largest multiple of 256 whose one prefill chunk fits in spec.slo.tpotP95Ms "
-        "(it bounds the stall a local prefill causes to running streams); elsewhere vLLM's default."
+        "(it bounds the stall a local prefill causes to running streams); on the prefill pool of an elastic fleet "
+        "(routing.elasticFleet) the same where that chunk keeps the pool's prefill throughput (within 1 % of the "
+        "GPU's best); elsewhere vLLM's default."
     )
     extra_args: list[ExtraArg] = Field(
         default_factory=list,
