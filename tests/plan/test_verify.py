@@ -110,25 +110,6 @@ def test_cluster_spec_maps_pools_router_and_slo() -> None:
     assert m.gpus == 5 and c.transport == "rdma" and m.label == "P 2×L40S : D 3×L40S"
 
 
-def test_cluster_spec_runs_the_chunk_budgets_the_operator_renders() -> None:
-    """A pool without maxNumBatchedTokens runs what the operator renders (the TPOT-bounded chunk on decode and on
-    an elastic fleet's prefill pool), not vLLM's default: the twin replays what ships."""
-    from disagg.api.models import DisaggregatedModel
-    from disagg.builders.workers import chunk_budget
-
-    doc = spec()
-    for role in ("prefill", "decode"):
-        doc["spec"][role].pop("maxNumBatchedTokens", None)
-    c = cluster_spec(doc).cluster
-    dm = DisaggregatedModel.model_validate(doc)
-    assert c.prefill is not None and c.decode is not None
-    assert c.decode.max_num_batched_tokens == chunk_budget(dm.spec, "decode") is not None
-    assert c.prefill.max_num_batched_tokens == chunk_budget(dm.spec, "prefill") is not None
-    doc["spec"]["decode"]["maxNumBatchedTokens"] = 4096
-    own = cluster_spec(doc).cluster.decode
-    assert own is not None and own.max_num_batched_tokens == 4096
-
-
 def test_cluster_spec_aggregated_mode_runs_no_prefill_pool() -> None:
     doc = spec(mode="Aggregated")
     m = cluster_spec(doc)

@@ -3,9 +3,8 @@ a traffic profile → arrivals, and ``disagg plan --verify`` (the top candidates
 
 One mapping, :func:`cluster_spec`, serves ``--verify`` (the emitted spec of each candidate) and ``disagg replay``
 (a user's candidate spec): what the twin runs is what ``kubectl apply`` would run — the pools' replicas, GPU
-product, TP, ``maxNumSeqs``, the chunk budget the operator renders (builders/workers.py ``chunk_budget``), the
-router's config as builders/router.py writes it (mode, routing, SLO, transfer timeout) and the KV transport.
-Autoscaling is not modelled: the twin holds ``replicas``.
+product, TP, ``maxNumSeqs``/``maxNumBatchedTokens``, the router's config as builders/router.py writes it (mode,
+routing, SLO, transfer timeout) and the KV transport. Autoscaling is not modelled: the twin holds ``replicas``.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from typing import Any
 
 import structlog
 
-from ..api.contract import Role
 from ..api.validate import errors_of
 from ..perf.presets import PresetError, get_gpu, get_model, infer_model
 from ..twin import SLO, Arrival, ClusterSpec, PoolSpec, TwinResult, simulate
@@ -78,7 +76,6 @@ def cluster_spec(doc: dict[str, Any], *, gpu: str | None = None, model_preset: s
         raise SpecError([f"{e} (disagg validate)" for e in errors])
     from ..api.models import DisaggregatedModel
     from ..builders.router import router_config
-    from ..builders.workers import chunk_budget
 
     dm = DisaggregatedModel.model_validate(doc)
     spec = dm.spec
@@ -100,8 +97,7 @@ def cluster_spec(doc: dict[str, Any], *, gpu: str | None = None, model_preset: s
     pools: dict[str, PoolSpec | None] = {}
     cfg = router_config(dm)
     aggregated_mode = cfg.effective_mode().value == "Aggregated"
-    roles: tuple[Role, ...] = ("prefill", "decode", "aggregated")
-    for role in roles:
+    for role in ("prefill", "decode", "aggregated"):
         ps = getattr(spec, role, None)
         if ps is None or ps.replicas == 0 or (role == "prefill" and aggregated_mode):
             pools[role] = None
@@ -123,9 +119,7 @@ def cluster_spec(doc: dict[str, Any], *, gpu: str | None = None, model_preset: s
             continue
         pools[role] = PoolSpec(count=ps.replicas, gpu=gname, model_preset=preset_name or "Llama-3.1-8B",
                                tp=par.tensor, max_num_seqs=ps.max_num_seqs,
-                               # what the operator renders (the spec's, else the TPOT-bounded chunk of a pool
-                               # that runs streams), not vLLM's default: the twin replays what ships
-                               max_num_batched_tokens=chunk_budget(spec, role),
+                               max_num_batched_tokens=ps.max_num_batched_tokens,
                                extra_args=("--max-model-len", str(spec.model.max_model_len))
                                if spec.model.max_model_len else ())
     if spec.autoscaling.enabled:
