@@ -312,8 +312,8 @@ class PoolSpec(ApiModel):
         default=None, ge=1, le=10_485_760, description="Token budget per engine step (--max-num-batched-tokens). "
         "Unset on the decode pool: the largest multiple of 256 whose one prefill chunk fits in spec.slo.tpotP95Ms "
         "(it bounds the stall a local prefill causes to running streams); on the prefill pool of an elastic fleet "
-        "(routing.elasticFleet) the same where that chunk keeps the pool's prefill throughput (within 1 % of the "
-        "GPU's best); elsewhere vLLM's default."
+        "(routing.elasticFleet) the same, but never below the smallest chunk within 1 % of the GPU's best prefill "
+        "throughput; elsewhere vLLM's default."
     )
     extra_args: list[ExtraArg] = Field(
         default_factory=list,

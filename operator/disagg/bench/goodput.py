@@ -240,12 +240,11 @@ class Config:
                            router=router, drain_s=drain_s())
 
 
-def conditional_chunk_budget(s: TwinSettings, slo: SLOSpec | None = None, role: str = "decode") -> int | None:
+def conditional_chunk_budget(s: TwinSettings, slo: SLOSpec | None = None, role: str = "decode") -> int:
     """(c)'s ``--max-num-batched-tokens`` on the decode pool, or (``role`` prefill) on the prefill pool of an elastic
     fleet (the CRD's default): what the operator renders when the spec sets none (builders/workers.py
     ``chunk_budget``: perf/costs.py ``tpot_chunk_budget``, ``prefill_chunk_budget``, for spec.slo's TPOT; ``slo``:
-    the one deployed for, default the headline SLO; None: vLLM's default) — the shipped default, not a per-cell
-    choice."""
+    the one deployed for, default the headline SLO) — the shipped default, not a per-cell choice."""
     from ..api.contract import EngineProfile
     from ..perf.costs import EngineCost, prefill_chunk_budget, tpot_chunk_budget
 

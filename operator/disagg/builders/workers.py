@@ -159,7 +159,7 @@ def engine_profile(spec: DisaggregatedModelSpec, role: Role) -> c.EngineProfile:
 def chunk_budget(spec: DisaggregatedModelSpec, role: Role) -> int | None:
     """``--max-num-batched-tokens`` of a pool: the spec's, else for the decode pool the largest budget whose one
     prefill chunk fits in spec.slo.tpotP95Ms (perf/costs.py ``tpot_chunk_budget``: it bounds what a prefill does to
-    the streams running beside it), for the prefill pool of an elastic fleet the same where it reaches the prefill
+    the streams running beside it), for the prefill pool of an elastic fleet the same but never below the prefill
     plateau (``prefill_chunk_budget``), else None (vLLM's default).
 
     Streams run on decode workers, and on prefill workers when the fleet is elastic (spec.routing.elasticFleet: a

@@ -204,15 +204,13 @@ def plateau_chunk_budget(cost: EngineCost, share: float = PLATEAU_SHARE) -> int:
     return min(b for b, r in rate.items() if r >= share * best)
 
 
-def prefill_chunk_budget(cost: EngineCost, tpot_slo_s: float, floor: int = BUDGET_STEP) -> int | None:
+def prefill_chunk_budget(cost: EngineCost, tpot_slo_s: float, floor: int = BUDGET_STEP) -> int:
     """The prefill pool's ``--max-num-batched-tokens`` in an elastic fleet (its workers serve whole requests too)
-    when the user sets none: the TPOT-bounded chunk (:func:`tpot_chunk_budget`) where it reaches the prefill
-    plateau (:func:`plateau_chunk_budget`), so that bounding what a prompt does to the streams there costs the
-    pool's prefill nothing; else None (vLLM's default): with a TPOT target too tight for a plateau chunk, streams
-    could be protected there only by slowing prefill, which is the pool's job, and the placement
-    (router/placement.py) prices whole requests there at the TPOT that budget gives."""
-    bound = tpot_chunk_budget(cost, tpot_slo_s, floor)
-    return bound if bound >= plateau_chunk_budget(cost) else None
+    when the user sets none: the TPOT-bounded chunk (:func:`tpot_chunk_budget`), but never below the prefill
+    plateau (:func:`plateau_chunk_budget`) — streams on a prefill worker are its spare capacity, prefill is its
+    job. With a TPOT target too tight for a plateau chunk the whole requests it would serve miss TPOT anyway, and
+    the placement (router/placement.py) prices them so."""
+    return max(tpot_chunk_budget(cost, tpot_slo_s, floor), min(plateau_chunk_budget(cost), cost.budget))
 
 
 def tpot_chunk_budget(cost: EngineCost, tpot_slo_s: float, floor: int = BUDGET_STEP) -> int:
