@@ -210,7 +210,7 @@ def prefill_chunk_budget(cost: EngineCost, tpot_slo_s: float, floor: int = BUDGE
     plateau (:func:`plateau_chunk_budget`) — streams on a prefill worker are its spare capacity, prefill is its
     job. With a TPOT target too tight for a plateau chunk the whole requests it would serve miss TPOT anyway, and
     the placement (router/placement.py) prices them so."""
-    return max(tpot_chunk_budget(cost, tpot_slo_s, floor), min(plateau_chunk_budget(cost), cost.budget))
+    return max(tpot_chunk_budget(cost, tpot_slo_s, floor), plateau_chunk_budget(cost))
 
 
 def tpot_chunk_budget(cost: EngineCost, tpot_slo_s: float, floor: int = BUDGET_STEP) -> int:
