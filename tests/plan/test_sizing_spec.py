@@ -28,6 +28,19 @@ def test_a_known_model_and_gpu_are_sized_with_the_specs_slos_and_parallelism() -
     assert start == pod_start_s("Llama-3.1-70B", tp=8)
 
 
+def test_the_sizing_models_the_chunk_budgets_the_operator_renders() -> None:
+    from disagg.builders.workers import chunk_budget
+
+    spec = _spec()
+    made = sizer_for_spec(spec)
+    assert not isinstance(made, str), made
+    assert (made[0].prefill_chunk, made[0].decode_chunk) == (chunk_budget(spec, "prefill"),
+                                                            chunk_budget(spec, "decode"))
+    spec.decode.max_num_batched_tokens = 3072
+    made = sizer_for_spec(spec)
+    assert not isinstance(made, str) and made[0].decode_chunk == 3072
+
+
 def test_pod_start_seconds_wins_over_the_estimate() -> None:
     made = sizer_for_spec(_spec(podStartSeconds=240))
     assert not isinstance(made, str) and made[1] == 240.0

@@ -110,6 +110,25 @@ def test_cluster_spec_maps_pools_router_and_slo() -> None:
     assert m.gpus == 5 and c.transport == "rdma" and m.label == "P 2×L40S : D 3×L40S"
 
 
+def test_cluster_spec_runs_the_chunk_budget_the_operator_renders() -> None:
+    """A pool without maxNumBatchedTokens runs the budget the operator's worker args carry (the TPOT-bounded one of
+    a pool that runs streams), not vLLM's default: the replay, --verify and the virtual day run what ships."""
+    from disagg.api.models import DisaggregatedModel
+    from disagg.builders.workers import chunk_budget
+
+    doc = spec()
+    for role in ("prefill", "decode"):
+        doc["spec"][role].pop("maxNumBatchedTokens", None)
+    s = DisaggregatedModel.model_validate(doc).spec
+    c = cluster_spec(doc).cluster
+    assert c.prefill is not None and c.decode is not None
+    rendered = (chunk_budget(s, "prefill"), chunk_budget(s, "decode"))
+    assert rendered[1] is not None and rendered[1] < 2048  # vLLM's default on an L40S: the TPOT bound is below it
+    assert (c.prefill.max_num_batched_tokens, c.decode.max_num_batched_tokens) == rendered
+    doc["spec"]["decode"]["maxNumBatchedTokens"] = 4096  # the spec's own value wins, as in the worker args
+    assert cluster_spec(doc).cluster.decode.max_num_batched_tokens == 4096  # type: ignore[union-attr]
+
+
 def test_cluster_spec_aggregated_mode_runs_no_prefill_pool() -> None:
     doc = spec(mode="Aggregated")
     m = cluster_spec(doc)

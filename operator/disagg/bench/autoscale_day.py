@@ -34,8 +34,7 @@ from typing import Any
 
 from ..autoscaling.forecast import Load
 from ..autoscaling.predictive import PredictivePolicy, PredictiveSettings, ReactivePolicy
-from ..perf.presets import get_gpu, get_model, get_transport
-from ..plan.sizing import ModelSizer
+from ..plan.sizing import ModelSizer, sizer_for_spec
 from ..plan.verify import Mapped, cluster_spec, quiet_logs
 from ..twin import SLO, Arrival, simulate
 from ..twin.autoscaler import TwinAutoscaler, of, pod_start_s, proportional
@@ -150,8 +149,13 @@ def mapped(s: DaySettings, p: int, d: int) -> Mapped:
 
 
 def sizer(s: DaySettings) -> ModelSizer:
-    return ModelSizer(get_gpu("L40S"), get_model("Llama-3.1-8B"), get_transport("rdma"), 2.0, 0.05,
-                      max_replicas=s.max_replicas)
+    """The predictive policy's sizing, as the operator builds it for the day's model (plan/sizing.py
+    ``sizer_for_spec``: the pools' chunk budgets as rendered)."""
+    from ..api.models import DisaggregatedModel
+
+    made = sizer_for_spec(DisaggregatedModel.model_validate(model_doc(s)).spec)
+    assert not isinstance(made, str), made
+    return replace(made[0], max_replicas=s.max_replicas)
 
 
 def mix_load(rate: float, rag: float, classes: tuple[Class, Class] = (RAG, CHAT)) -> Load:

@@ -42,6 +42,10 @@ class ModelSizer:
     prefill_tp: int = 1
     decode_tp: int = 1
     max_replicas: int = 64
+    # the pools' --max-num-batched-tokens as the operator renders them (builders/workers.py ``chunk_budget``);
+    # None: vLLM's default for the GPU
+    prefill_chunk: int | None = None
+    decode_chunk: int | None = None
 
     def _workload(self, load: Load) -> Workload:
         rps = max(load.rps, 1e-9)
@@ -56,9 +60,11 @@ class ModelSizer:
                         wr * load.remote_in + wl * load.local_in, ctx, decode_context_sq=ctx_sq)
 
     def _pools(self, wl: Workload) -> tuple[PoolModel, PoolModel]:
-        _, chunk = vllm_batch_defaults(self.gpu)
-        pm = pool_model(self.gpu, self.prefill_tp, 1.0, self.model, wl, chunk, GPU_MEMORY_UTILIZATION)
-        dm = pool_model(self.gpu, self.decode_tp, 1.0, self.model, wl, chunk, GPU_MEMORY_UTILIZATION)
+        _, default = vllm_batch_defaults(self.gpu)
+        pm = pool_model(self.gpu, self.prefill_tp, 1.0, self.model, wl, self.prefill_chunk or default,
+                        GPU_MEMORY_UTILIZATION)
+        dm = pool_model(self.gpu, self.decode_tp, 1.0, self.model, wl, self.decode_chunk or default,
+                        GPU_MEMORY_UTILIZATION)
         return pm, dm
 
     def _prefill_ok(self, pm: PoolModel, dm: PoolModel, wl: Workload, p: int, tau: float,
@@ -152,6 +158,7 @@ def sizer_for_spec(spec: DisaggregatedModelSpec) -> tuple[ModelSizer, float] | s
     """The predictive autoscaler's sizing for a model (``spec.autoscaling.policy: Predictive``) and its pod start
     (``spec.autoscaling.podStartSeconds``, else the twin's estimate from the model's size), or why the performance
     model cannot size it (the operator then scales proportionally and says so in each decision's reason)."""
+    from ..builders.workers import chunk_budget
     from ..perf.presets import PresetError, get_gpu, get_transport, infer_model
     from ..plan.verify import TRANSPORTS
     from ..twin.autoscaler import pod_start_s
@@ -173,6 +180,7 @@ def sizer_for_spec(spec: DisaggregatedModelSpec) -> tuple[ModelSizer, float] | s
         return f"spec.decode.gpu.product: {e}"
     sizer = ModelSizer(gpu, model, transport, spec.slo.ttft_p95_ms / 1000.0, spec.slo.tpot_p95_ms / 1000.0,
                        prefill_tp=spec.prefill.parallelism.tensor, decode_tp=spec.decode.parallelism.tensor,
-                       max_replicas=max(spec.prefill.max_replicas, spec.decode.max_replicas))
+                       max_replicas=max(spec.prefill.max_replicas, spec.decode.max_replicas),
+                       prefill_chunk=chunk_budget(spec, "prefill"), decode_chunk=chunk_budget(spec, "decode"))
     start = spec.autoscaling.pod_start_seconds
     return sizer, float(start) if start is not None else pod_start_s(model.name, tp=spec.decode.parallelism.tensor)

@@ -3,8 +3,10 @@ a traffic profile → arrivals, and ``disagg plan --verify`` (the top candidates
 
 One mapping, :func:`cluster_spec`, serves ``--verify`` (the emitted spec of each candidate) and ``disagg replay``
 (a user's candidate spec): what the twin runs is what ``kubectl apply`` would run — the pools' replicas, GPU
-product, TP, ``maxNumSeqs``/``maxNumBatchedTokens``, the router's config as builders/router.py writes it (mode,
-routing, SLO, transfer timeout) and the KV transport. Autoscaling is not modelled: the twin holds ``replicas``.
+product, TP, ``maxNumSeqs``, the chunk budget the operator renders (builders/workers.py ``chunk_budget``: the
+spec's ``maxNumBatchedTokens``, else the TPOT-bounded default of a pool that runs streams), the router's config as
+builders/router.py writes it (mode, routing, SLO, transfer timeout) and the KV transport. Autoscaling is not
+modelled: the twin holds ``replicas``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from ..api.contract import Role
 from ..api.validate import errors_of
 from ..perf.presets import PresetError, get_gpu, get_model, infer_model
 from ..twin import SLO, Arrival, ClusterSpec, PoolSpec, TwinResult, simulate
@@ -76,6 +79,7 @@ def cluster_spec(doc: dict[str, Any], *, gpu: str | None = None, model_preset: s
         raise SpecError([f"{e} (disagg validate)" for e in errors])
     from ..api.models import DisaggregatedModel
     from ..builders.router import router_config
+    from ..builders.workers import chunk_budget
 
     dm = DisaggregatedModel.model_validate(doc)
     spec = dm.spec
@@ -97,7 +101,8 @@ def cluster_spec(doc: dict[str, Any], *, gpu: str | None = None, model_preset: s
     pools: dict[str, PoolSpec | None] = {}
     cfg = router_config(dm)
     aggregated_mode = cfg.effective_mode().value == "Aggregated"
-    for role in ("prefill", "decode", "aggregated"):
+    roles: tuple[Role, ...] = ("prefill", "decode", "aggregated")
+    for role in roles:
         ps = getattr(spec, role, None)
         if ps is None or ps.replicas == 0 or (role == "prefill" and aggregated_mode):
             pools[role] = None
@@ -119,7 +124,7 @@ def cluster_spec(doc: dict[str, Any], *, gpu: str | None = None, model_preset: s
             continue
         pools[role] = PoolSpec(count=ps.replicas, gpu=gname, model_preset=preset_name or "Llama-3.1-8B",
                                tp=par.tensor, max_num_seqs=ps.max_num_seqs,
-                               max_num_batched_tokens=ps.max_num_batched_tokens,
+                               max_num_batched_tokens=chunk_budget(spec, role),
                                extra_args=("--max-model-len", str(spec.model.max_model_len))
                                if spec.model.max_model_len else ())
     if spec.autoscaling.enabled:
