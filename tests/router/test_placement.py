@@ -230,6 +230,17 @@ def test_predictions_are_monotone_in_load(r: int, extra: int, ahead: int, more: 
     assert heavier.tpot_s >= light.tpot_s * 0.999
 
 
+def test_a_worker_runs_no_more_streams_than_max_num_seqs_whatever_the_router_has_in_flight() -> None:
+    """The router's in-flight count includes requests queued on the worker; vLLM runs at most --max-num-seqs of
+    them, and only those take a share of a step's token budget."""
+    cap = COST.max_num_seqs
+    at_cap = pl.predict_whole(decode(running=cap, kv=0.9, ahead=40_000), COST, 2000, "local", 0.05, 256)
+    for queued in (1, cap, 10 * cap):
+        past = pl.predict_whole(decode(running=cap + queued, kv=0.9, ahead=40_000), COST, 2000, "local", 0.05, 256)
+        assert (past.ttft_s, past.tpot_s) == (at_cap.ttft_s, at_cap.tpot_s)
+    assert at_cap.ttft_s < 60.0  # a queue of 40k prompt tokens drains in seconds, not hours
+
+
 def test_tpot_grows_with_the_prefill_traffic_a_worker_receives() -> None:
     quiet, busy = COST.tpot(32, 2000, 0.0), COST.tpot(32, 2000, 40_000)
     assert quiet == COST.decode_step(32, 2000)

@@ -83,6 +83,15 @@ class Prediction(NamedTuple):  # a NamedTuple: three per request on the hot path
                 "predicted_tpot_ms": round(self.tpot_s * 1000.0, 2), "harm": round(self.harm, 3)}
 
 
+def _streams(w: WorkerLoad, cost: EngineCost) -> int:
+    """The streams ``w`` runs: its running count (the router's in flight there when higher than the last scrape),
+    at most ``--max-num-seqs``: vLLM runs no more at once, and the router's count includes the requests queued
+    there, which take no share of a step's token budget (read as streams, a queue of a thousand left a prefill one
+    token per step and predicted TTFTs of hours past the knee)."""
+    n = int(w.running)
+    return n if n <= cost.max_num_seqs else cost.max_num_seqs
+
+
 def _mean_ctx(w: WorkerLoad, cost: EngineCost, streams: float) -> float:
     return w.kv_usage * cost.kv_capacity_tokens / streams if streams >= 1 else 0.0
 
@@ -158,7 +167,7 @@ def predict_whole(w: WorkerLoad, cost: EngineCost, tokens: int, placement: str, 
     """The whole request on ``w`` (``local`` on a decode worker, ``prefill_worker`` on a prefill worker).
     ``rate_floor``: the prefill traffic the worker is expected to receive at least (a prefill worker: its pool's
     mean rate, since the router spreads remote prefills over the pool)."""
-    streams = int(w.running)
+    streams = _streams(w, cost)
     ctx = _mean_ctx(w, cost, streams)
     rate = w.prefill_rate if w.prefill_rate >= rate_floor else rate_floor
     cached = _cached(w, tokens)
@@ -217,13 +226,13 @@ def _backlog_then(d: WorkerLoad, cost: EngineCost, streams: int, ctx: float, aft
 
 def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: EngineCost, tokens: int,
                    slo_tpot_s: float, out_tokens: float, slo_ttft_s: float = 1.0) -> Prediction:
-    p_streams = int(p.running)
+    p_streams = _streams(p, p_cost)
     p_ctx = _mean_ctx(p, p_cost, p_streams)
     # the prompt's prefix the prefill worker holds (its own KV events: kvindex.py) is not computed again there
     cached = _cached(p, tokens)
     pre = p_cost.prefill(tokens - cached, cached, p_streams, p_ctx, _ahead(p))
     prefill_s = (p_cost.request_overhead_s + pre.seconds) * p.f_prefill
-    d_streams = int(d.running)
+    d_streams = _streams(d, d_cost)
     d_ctx = _mean_ctx(d, d_cost, d_streams)
     transfer = d_cost.transfer(tokens, p_cost.perf.tp)
     # the decode worker pulls the KV, then its next step produces the first token (behind any queue for room)
