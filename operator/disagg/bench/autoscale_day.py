@@ -391,7 +391,9 @@ def run(s: DaySettings, jobs: int = 2) -> dict[str, Any]:
     with _quiet():
         night = sizer(s).size(mix_load(diurnal_rate(0.0, s), rag_share(0.0, s)), 0.8, 1.0, 1.0)
     start = (night.prefill, night.decode)
-    with ProcessPoolExecutor(max_workers=max(1, jobs), initializer=_quiet_worker) as pool:
+    # a fresh process per job: a worker keeps the high-water mark of every job it ran (a whole day's twin is
+    # 5-6 GB), and two such workers that had also run the swings outgrew a 24 GiB machine
+    with ProcessPoolExecutor(max_workers=max(1, jobs), initializer=_quiet_worker, max_tasks_per_child=1) as pool:
         # the longest jobs first (the whole days), then the static peak's probes, the oracle's buckets, the step
         day_fs = [pool.submit(_day_job, (s, n, start)) for n in s.scalers]
         static_f = pool.submit(_static_job, s)
