@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..api.contract import Role
 from ..load.workload import MIXES
 from ..local.procs import SIM_MODEL
 
@@ -233,24 +234,24 @@ class Config:
         router = self.router()
         decode_budget = prefill_budget = None
         if self.variant.startswith("c-"):  # the operator's default budgets for the deployment's spec.slo
+            elastic = bool(router.get("routing", {}).get("elasticFleet", True))  # prefill workers run streams too
             decode_budget = conditional_chunk_budget(s, self.deployed_slo)
-            if router.get("routing", {}).get("elasticFleet", True):  # prefill workers run streams too
-                prefill_budget = conditional_chunk_budget(s, self.deployed_slo, "prefill")
+            prefill_budget = conditional_chunk_budget(s, self.deployed_slo, "prefill", elastic)
         return ClusterSpec(prefill=pool(self.prefill, prefill_budget), decode=pool(self.workers, decode_budget),
                            router=router, drain_s=drain_s())
 
 
-def conditional_chunk_budget(s: TwinSettings, slo: SLOSpec | None = None, role: str = "decode") -> int:
-    """(c)'s ``--max-num-batched-tokens`` on the decode pool, or (``role`` prefill) on the prefill pool of an elastic
-    fleet (the CRD's default): what the operator renders when the spec sets none (builders/workers.py
-    ``chunk_budget``: perf/costs.py ``tpot_chunk_budget``, ``prefill_chunk_budget``, for spec.slo's TPOT; ``slo``:
-    the one deployed for, default the headline SLO) — the shipped default, not a per-cell choice."""
+def conditional_chunk_budget(s: TwinSettings, slo: SLOSpec | None = None, role: Role = "decode",
+                             elastic_fleet: bool = True) -> int | None:
+    """(c)'s ``--max-num-batched-tokens`` on the decode pool, or (``role`` prefill) on the prefill pool (None: vLLM's
+    default, a prefill pool that only prefills): what the operator renders when the spec sets none
+    (perf/costs.py ``pool_chunk_budget``, the rule builders/workers.py ``chunk_budget`` applies, for spec.slo's TPOT;
+    ``slo``: the one deployed for, default the headline SLO) — the shipped default, not a per-cell choice."""
     from ..api.contract import EngineProfile
-    from ..perf.costs import EngineCost, prefill_chunk_budget, tpot_chunk_budget
+    from ..perf.costs import EngineCost, pool_chunk_budget
 
     cost = EngineCost.from_profile(EngineProfile(gpu=s.gpu, model=s.model_preset))
-    bound = prefill_chunk_budget if role == "prefill" else tpot_chunk_budget
-    return bound(cost, (slo or SLOS[0]).tpot_ms / 1000.0, cost.max_num_seqs)
+    return pool_chunk_budget(cost, role, (slo or SLOS[0]).tpot_ms / 1000.0, elastic_fleet, cost.max_num_seqs)
 
 
 def configs(s: TwinSettings) -> list[Config]:

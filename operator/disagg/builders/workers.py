@@ -15,7 +15,7 @@ from ..api.flags import option_name
 from ..api.models import DisaggregatedModel, DisaggregatedModelSpec, PoolSpec
 from ..api.semantics import WORKER_CONTAINER
 from ..api.spec import priority_scheduling
-from ..perf.costs import EngineCost, prefill_chunk_budget, tpot_chunk_budget
+from ..perf.costs import EngineCost, pool_chunk_budget
 from .merge import strategic_merge
 from .meta import (
     model_name,
@@ -169,16 +169,14 @@ def chunk_budget(spec: DisaggregatedModelSpec, role: Role) -> int | None:
     pool: PoolSpec = getattr(spec, role)
     if pool.max_num_batched_tokens:
         return pool.max_num_batched_tokens
-    if role == "aggregated" or (role == "prefill" and not spec.routing.elastic_fleet):
-        return None
     if pool.parallelism.expert or pool.parallelism.data > 1:
         return None  # expert / data parallel: the all-to-all back end sets its own token limits per rank
     prof = c.EngineProfile(gpu=pool.gpu.product or c.EngineProfile().gpu, model=spec.model.name,
                            tensor_parallel_size=pool.parallelism.tensor,
                            pipeline_parallel_size=pool.parallelism.pipeline, max_num_seqs=pool.max_num_seqs)
     cost = EngineCost.from_profile(prof)
-    bound = prefill_chunk_budget if role == "prefill" else tpot_chunk_budget
-    return bound(cost, spec.slo.tpot_p95_ms / 1000.0, pool.max_num_seqs or cost.max_num_seqs)
+    return pool_chunk_budget(cost, role, spec.slo.tpot_p95_ms / 1000.0, spec.routing.elastic_fleet,
+                             pool.max_num_seqs or cost.max_num_seqs)
 
 
 def worker_args(dm: DisaggregatedModel, role: Role, rank_args: Sequence[str] = ()) -> list[str]:

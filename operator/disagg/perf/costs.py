@@ -19,7 +19,7 @@ import functools
 import math
 from typing import NamedTuple
 
-from ..api.contract import EngineProfile
+from ..api.contract import EngineProfile, Role
 from .presets import PresetError, TransportPreset, get_gpu, get_model, get_transport, infer_model, vllm_batch_defaults
 from .roofline import KVCapacityError, PerfModel
 
@@ -202,6 +202,20 @@ def plateau_chunk_budget(cost: EngineCost, share: float = PLATEAU_SHARE) -> int:
         return cost.budget
     best = max(rate.values())
     return min(b for b, r in rate.items() if r >= share * best)
+
+
+def pool_chunk_budget(cost: EngineCost, role: Role, tpot_slo_s: float, elastic_fleet: bool,
+                      floor: int = BUDGET_STEP) -> int | None:
+    """A pool's default ``--max-num-batched-tokens`` (the spec sets none; builders/workers.py ``chunk_budget``, and
+    the goodput bench's (c), which builds its pools without a spec): the decode pool's streams bound it
+    (:func:`tpot_chunk_budget`); so do the prefill pool's in an elastic fleet, never below the prefill plateau
+    (:func:`prefill_chunk_budget`); a prefill pool that only prefills and the aggregated pool: None (vLLM's
+    default)."""
+    if role == "decode":
+        return tpot_chunk_budget(cost, tpot_slo_s, floor)
+    if role == "prefill" and elastic_fleet:
+        return prefill_chunk_budget(cost, tpot_slo_s, floor)
+    return None
 
 
 def prefill_chunk_budget(cost: EngineCost, tpot_slo_s: float, floor: int = BUDGET_STEP) -> int:
