@@ -29,7 +29,12 @@ def _add_goodput(sub: Subparsers) -> None:
                        "default thresholds and tuned ones), scores every run at TTFT/TPOT 1000/50, 1000/25 and "
                        "2000/100 ms and reports the best of each, the knees and the targets (disagg.bench.goodput). "
                        "--real: the real-process run (sims + router on loopback) on a small case, as a cross-check.")
-    g.add_argument("--mixes", nargs="+", default=["short-chat", "long-rag", "mixed", "code-completion", "shifting"])
+    g.add_argument("--mixes", nargs="+", default=None,
+                   help="workload mixes (default: short-chat long-rag mixed code-completion shifting; with --heldout: "
+                   "summarise agentic reasoning longdoc)")
+    g.add_argument("--heldout", action="store_true",
+                   help="the held-out mixes (load/workload.py HELDOUT_MIXES: no default was chosen on them) into "
+                   "docs/results/goodput-heldout.json and their own tables")
     g.add_argument("--gpus", type=int, nargs="+", default=[4],
                    help="simulated GPUs per deployment (one worker per GPU); the twin sweep runs each count given "
                    "(rates scale with it), --real the first")
@@ -264,12 +269,18 @@ def _ints(value: str | None, flag: str) -> tuple[int, ...]:
 def _cmd_goodput(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..load.workload import MIXES
+    from ..load.workload import HELDOUT_MIXES, MIXES
     from . import goodput, goodput_live
 
-    unknown = [m for m in args.mixes if m not in MIXES]
+    if args.heldout and args.real:
+        print("disagg bench goodput: --heldout runs in the twin; it does not combine with --real")
+        return 2
+    args.mixes = args.mixes or list(HELDOUT_MIXES if args.heldout else goodput.SWEEP_PLANS)
+    known = {**MIXES, **HELDOUT_MIXES} if not args.real else MIXES
+    unknown = [m for m in args.mixes if m not in known]
     if unknown:
-        print(f"disagg bench goodput: unknown mix {unknown}; known: {sorted(MIXES)}")
+        print(f"disagg bench goodput: --mixes: unknown mix {unknown}; known: {sorted(MIXES)}"
+              + ("" if args.real else f", held out: {sorted(HELDOUT_MIXES)}"))
         return 2
     def floats(items: list[str], flag: str) -> dict[str, tuple[float, ...]]:
         out = {}
@@ -286,22 +297,24 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
     if not args.real:
         from ..results import invoked_command
 
-        plans = dict(goodput.SWEEP_PLANS)
+        plans = {**goodput.SWEEP_PLANS, **goodput.HELDOUT_PLANS}
         for m, rs in floats(args.rates_per_gpu, "--rates-per-gpu").items():
             plans[m] = dataclasses.replace(plans.get(m, goodput.SweepPlan(m, ())), rates_per_gpu=rs)
         ts = goodput.TwinSettings(gpus=args.gpus[0], gpu=args.gpu, model_preset=args.model_preset, seed=args.seed,
                                   duration_s=args.duration or goodput.TwinSettings.duration_s,
                                   splits=_ints(args.splits, "--splits"), budgets=_ints(args.budgets, "--budgets"),
                                   variants=tuple(args.variants), jobs=args.jobs)
-        out = args.out or goodput.RESULTS
+        out = args.out or (goodput.HELDOUT_RESULTS if args.heldout else goodput.RESULTS)
         try:
             for n in args.gpus:
                 dataclasses.replace(ts, gpus=n).validate()
         except ValueError as e:
             print(f"disagg bench goodput: {e}")
             return 2
+        command = invoked_command(goodput.HELDOUT_COMMAND if args.heldout else goodput.COMMAND)
+        benchmark = "goodput-heldout" if args.heldout else "goodput"
         return _run_and_report(lambda: goodput.run_twin(args.mixes, ts, plans, out=out, gpus=args.gpus,
-                                                        command=invoked_command(goodput.COMMAND)),
+                                                        command=command, benchmark=benchmark),
                                goodput.twin_table, out)
     real_plans = dict(goodput_live.PLANS)
     for m, rs in floats(args.rate, "--rate").items():

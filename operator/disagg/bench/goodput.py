@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api.contract import Role
-from ..load.workload import MIXES
+from ..load.workload import HELDOUT_MIXES, MIXES
 from ..local.procs import SIM_MODEL
 
 DEPLOYMENTS = ("aggregated", "disaggregated", "conditional")
@@ -68,6 +68,9 @@ TRANSFER_TIMEOUT_MS = 30_000
 # ============================================================================================ the twin sweep
 COMMAND = "disagg bench goodput"
 RESULTS = Path("docs") / "results" / "goodput.json"
+# the held-out mixes (load/workload.py HELDOUT_MIXES): their own results file and tables
+HELDOUT_COMMAND = "disagg bench goodput --heldout"
+HELDOUT_RESULTS = Path("docs") / "results" / "goodput-heldout.json"
 ATTAINMENT_KNEE = 0.90  # a deployment holds a rate when ≥ 90 % of its requests meet the SLO
 VARIANTS = ("a", "b", "c-default", "c-thresholds", "c-tuned")
 DEFAULT_VARIANTS = ("a", "b", "c-default", "c-thresholds")  # c-tuned: on request (per-cell tuning is not a default)
@@ -110,7 +113,7 @@ TARGETS: dict[str, tuple[str, ...]] = {
     "2000/100": (NEVER_WORSE,),
 }
 BASELINE_FLOOR = 0.10  # the better baseline's attainment below which the max(a, b) targets are not scored
-LONG_PROMPT_MIXES = frozenset({"long-rag"})
+LONG_PROMPT_MIXES = frozenset({"long-rag", "summarise", "longdoc"})  # the tight-TPOT target's long prompts
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,16 @@ SWEEP_PLANS: dict[str, SweepPlan] = {
     "code-completion": SweepPlan("code-completion", (16.0, 22.0, 28.0), 10.0,
                                  "prefill-bound: mid-length prompts, a few output tokens"),
     "shifting": SweepPlan("shifting", (7.0, 10.0, 13.0), None, "RAG-heavy, then chat-heavy halfway through"),
+}
+# The held-out mixes' ladders (`--heldout`), set from the mixes' token counts before any run (prompt tokens per
+# second against a GPU's ~35k prefill tokens/s, streams against its KV space), not from a first sweep: each is meant
+# to span the aggregated deployment's knee at 4 GPUs, and the tables say where it fell. Reasoning runs 30 s (its
+# requests live 10–20 s).
+HELDOUT_PLANS: dict[str, SweepPlan] = {
+    "summarise": SweepPlan("summarise", (3.0, 4.5, 6.0), None, "prefill-bound: long prompts, short answers"),
+    "agentic": SweepPlan("agentic", (6.0, 9.0, 12.0), None, "long prompts on a few shared prefixes, beside chat"),
+    "reasoning": SweepPlan("reasoning", (8.0, 12.0, 16.0), 30.0, "decode-bound: short prompts, long answers"),
+    "longdoc": SweepPlan("longdoc", (2.0, 3.0, 4.0), None, "a few 12–24k-token prompts among short chats"),
 }
 
 
@@ -327,10 +340,10 @@ def sweep(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] | N
           progress: Callable[[str], None] = print, gpus: Sequence[int] = ()) -> list[dict[str, Any]]:
     """Every (GPU count, mix, rate, config): one twin run each, in a fixed order (``jobs`` > 1 runs them in
     processes). ``gpus``: the GPU counts (default: ``s.gpus``); rates scale with them (per-GPU ladders)."""
-    plans = plans or SWEEP_PLANS
+    plans = plans or {**SWEEP_PLANS, **HELDOUT_PLANS}
     for m in mixes:
-        if m not in MIXES:
-            raise ValueError(f"--mixes: unknown mix {m!r}; known: {sorted(MIXES)}")
+        if m not in MIXES and m not in HELDOUT_MIXES:
+            raise ValueError(f"--mixes: unknown mix {m!r}; known: {sorted(MIXES)}, held out: {sorted(HELDOUT_MIXES)}")
         if m not in plans:
             raise ValueError(f"--rate: no rate ladder for mix {m!r}: pass --rate {m}=RPS[,RPS...]")
         if not plans[m].rates_per_gpu or any(x <= 0 for x in plans[m].rates_per_gpu):
@@ -434,11 +447,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_twin(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] | None = None,
              out: Path | None = RESULTS, command: str = COMMAND, gpus: Sequence[int] = (),
-             progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """The sweep, its summary and the results document (written to ``out`` when given)."""
+             progress: Callable[[str], None] = print, benchmark: str = "goodput") -> dict[str, Any]:
+    """The sweep, its summary and the results document (written to ``out`` when given; ``benchmark``: its name,
+    ``goodput-heldout`` for the held-out mixes)."""
     from ..results import machine_facts, results_doc, write_results
 
-    plans = plans or SWEEP_PLANS
+    plans = plans or {**SWEEP_PLANS, **HELDOUT_PLANS}
     gpus = tuple(gpus or (s.gpus,))
     t0 = time.perf_counter()
     rows = sweep(mixes, s, plans, progress, gpus)
@@ -457,7 +471,7 @@ def run_twin(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] 
                        "on a small mixed case (same decisions; median TTFT/TPOT within 15 %); "
                        "`disagg bench goodput --real` runs the real-process benchmark on a small case",
     }
-    doc = results_doc("goodput", command, results, machine_facts(wall_s=round(wall, 1), jobs=s.jobs))
+    doc = results_doc(benchmark, command, results, machine_facts(wall_s=round(wall, 1), jobs=s.jobs))
     if out is not None:
         write_results(out, doc)
     return doc

@@ -73,6 +73,34 @@ MIXES: dict[str, Mix] = {
     )),
 }
 
+# Held out (2026-12-06): traffic shapes that no default, threshold or rate ladder of the product was chosen or
+# checked on before they were added, run by `disagg bench goodput --heldout` (docs/benchmarks.md §1, "Held-out
+# mixes") to see whether the policy holds for its reasons rather than for the mixes it was developed on. Not in
+# MIXES: the main goodput table and its drain limit stay as they were. Outputs stay within MIXES' longest (1024),
+# so the same drain limit scores them (bench/goodput.py ``drain_s``).
+HELDOUT_MIXES: dict[str, Mix] = {
+    # summarisation / classification: a document in, a few lines out, no document shared between requests
+    "summarise": Mix("summarise", "summarisation: 3–8k-token prompts, 32–96-token answers, nothing shared", (
+        RequestClass("summary", 1.0, (3000, 8000), (32, 96), tenant="summary", chat=False),
+    )),
+    # agents and multi-turn tools: long prompts that repeat one of a few system prompts + tool schemas, beside chat
+    "agentic": Mix("agentic", "agents: 3–8k-token prompts with a 2.5k-token prefix shared by 8, beside chat", (
+        RequestClass("agent", 0.7, (3000, 8000), (64, 256), tenant="agent", shared_prefix_tokens=2500, prefixes=8),
+        RequestClass("chat", 0.3, (64, 512), (32, 192), tenant="chat"),
+    )),
+    # reasoning models: a short question, a long chain of thought streamed back
+    "reasoning": Mix("reasoning", "reasoning: 200–1000-token prompts, 512–1024-token answers", (
+        RequestClass("reason", 1.0, (200, 1000), (512, 1024), tenant="reason"),
+    )),
+    # long-document chat: a few very long prompts (12–24k) among many short chats
+    "longdoc": Mix("longdoc", "long documents: 12–24k-token prompts (30 %) among short chats", (
+        RequestClass("document", 0.3, (12000, 24000), (200, 400), tenant="document"),
+        RequestClass("chat", 0.7, (64, 512), (32, 192), tenant="chat"),
+    )),
+}
+
+
+
 # not in MIXES (the goodput benchmark's table): e2e/test_soak.py's steady load
 SOAK = Mix("soak", "the soak's steady mix: long prompts and short chats, streamed and not, and long streams", (
     RequestClass("rag", 0.2, (4000, 9000), (96, 256), tenant="rag", shared_prefix_tokens=3000),

@@ -85,8 +85,9 @@ def arrivals_from_requests(requests: Iterable[workload.Request]) -> list[Arrival
 
 def arrivals_from_mix(mix: str, rate_per_s: float, duration_s: float, *, seed: int = 0,
                       model: str = TWIN_MODEL) -> list[Arrival]:
-    """Poisson arrivals of a load/workload.py mix (``workload.MIXES`` or ``"soak"``), deterministic for a seed."""
-    mixes = {**workload.MIXES, "soak": workload.SOAK}
+    """Poisson arrivals of a load/workload.py mix (``workload.MIXES``, ``workload.HELDOUT_MIXES`` or ``"soak"``),
+    deterministic for a seed."""
+    mixes = {**workload.MIXES, **workload.HELDOUT_MIXES, "soak": workload.SOAK}
     if mix not in mixes:
         raise ValueError(f"mix: unknown workload mix {mix!r} (one of {', '.join(sorted(mixes))})")
     if rate_per_s <= 0:
