@@ -164,3 +164,41 @@ def test_cli_flags() -> None:
     assert args.func(build_parser().parse_args(["bench", "goodput", "--gpus", "1"])) == 2
     with pytest.raises(SystemExit, match="--splits"):
         args.func(build_parser().parse_args(["bench", "goodput", "--splits", "one"]))
+
+
+def test_heldout_mixes_are_apart_and_scored_like_the_others() -> None:
+    from disagg.load.workload import HELDOUT_MIXES, MIXES
+    from disagg.twin.arrivals import arrivals_from_mix
+
+    assert HELDOUT_MIXES and not set(HELDOUT_MIXES) & set(MIXES)
+    assert set(goodput.HELDOUT_PLANS) == set(HELDOUT_MIXES)  # each has its ladder
+    # the drain limit comes from MIXES' longest answer: a held-out answer beyond it would be cut before it could meet
+    longest = max(c.output_tokens[1] for m in MIXES.values() for c in m.classes + m.then)
+    assert all(c.output_tokens[1] <= longest for m in HELDOUT_MIXES.values() for c in m.classes + m.then)
+    # the long-prompt target covers held-out long-prompt mixes
+    assert {"summarise", "longdoc"} <= goodput.LONG_PROMPT_MIXES
+    arrivals = arrivals_from_mix("summarise", 4.0, 3.0, seed=0)
+    assert arrivals and all(3000 <= a.input_tokens <= 8000 and a.output_tokens <= 96 for a in arrivals)
+
+
+def test_heldout_run_writes_its_own_results(tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "goodput-heldout.json"
+    goodput.run_twin(["summarise"], dataclasses.replace(SMALL, variants=("a", "c-default")),
+                     {"summarise": SweepPlan("summarise", (1.0,))}, out=out, command=goodput.HELDOUT_COMMAND,
+                     progress=lambda _: None, benchmark="goodput-heldout")
+    on_disk = json.loads(out.read_text())
+    assert on_disk["benchmark"] == "goodput-heldout" and results.validate(on_disk, "goodput-heldout") == []
+    assert {r["mix"] for r in on_disk["results"]["rows"]} == {"summarise"}
+
+
+def test_heldout_cli() -> None:
+    from disagg.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "goodput", "--heldout"])
+    assert args.heldout and args.mixes is None
+    assert args.func(build_parser().parse_args(["bench", "goodput", "--heldout", "--real"])) == 2
+    assert args.func(build_parser().parse_args(["bench", "goodput", "--heldout", "--mixes", "nope"])) == 2
+    # a held-out mix is no mix of the real-process run
+    assert args.func(build_parser().parse_args(["bench", "goodput", "--real", "--mixes", "summarise"])) == 2

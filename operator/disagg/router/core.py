@@ -288,6 +288,7 @@ class RequestCore(Generic[R]):
             ctx.runner_up = d.detail["rejected"]
             ctx.placement = ctx.prediction.as_detail()
         ctx.probe = d.reason == "mode_probe"
+        ctx.lent = bool(d.detail.get("elastic"))
         if d.est_prefill_wait_ms is not None:
             ctx.timings["est_prefill_wait"] = d.est_prefill_wait_ms / 1000.0
         return d, ticket, snap
@@ -451,7 +452,7 @@ class RequestCore(Generic[R]):
         with self.track(url, "prefill", own):
             if w is not None:
                 w.prefill_started(own, t)
-                w.remote_prefill_at = t
+                w.pool_work_at = t
             try:
                 kv = await legs.prefill(ctx, url, deadline)
             except UpstreamError as e:
@@ -490,6 +491,8 @@ class RequestCore(Generic[R]):
         if pending and w is not None:
             w.inflight_tokens += pending
             w.prefill_started(pending, started)
+            if w.role == "prefill" and not ctx.lent:  # the prefill pool's own work: its idle clock restarts
+                w.pool_work_at = started
 
         def commit() -> None:
             nonlocal pending

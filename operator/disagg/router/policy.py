@@ -75,7 +75,9 @@ class WorkerLoad(NamedTuple):
     f_prefill: float = 1.0  # observed ÷ predicted TTFT of its recent prefills
     f_decode: float = 1.0  # observed ÷ predicted TPOT of its recent streams
     avg_prompt_tokens: float = 0.0  # other clients' queued prompts are priced at this size
-    remote_idle_s: float = math.inf  # prefill workers: seconds since the router last sent them a prefill leg
+    # prefill workers: seconds since the router last gave them the prefill pool's own work (a prefill leg, a whole
+    # request the SLO placement put there); the ladder's lends (elastic) do not count
+    pool_idle_s: float = math.inf
     stream_tpot_s: float = 0.0  # its recent streams' TPOT, geometric mean (observed; 0: not yet known)
     stream_spread: float = 0.0  # … the standard deviation of their log TPOT
     # the prefills sent there lately: the mean residual size of the one in progress at a random moment, tokens
@@ -355,7 +357,7 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
         """A local decision on the least loaded idle prefill worker when it is less loaded than the decode worker
         (one elastic fleet: a prefill worker serves a whole request as an aggregated engine does)."""
         if local_d is not None and cfg.routing.elastic_fleet and not cfg.prefill_starting and tuning.elastic_idle_s > 0:
-            idle = [w for w in snap.prefill if w.remote_idle_s >= tuning.elastic_idle_s]
+            idle = [w for w in snap.prefill if w.pool_idle_s >= tuning.elastic_idle_s]
             if idle:
                 p = min(idle, key=lambda w: (_decode_load(w), w.kv_usage, w.url))
                 if _decode_load(p) + 1 <= _decode_load(local_d):
