@@ -288,7 +288,6 @@ class RequestCore(Generic[R]):
             ctx.runner_up = d.detail["rejected"]
             ctx.placement = ctx.prediction.as_detail()
         ctx.probe = d.reason == "mode_probe"
-        ctx.lent = bool(d.detail.get("elastic"))
         if d.est_prefill_wait_ms is not None:
             ctx.timings["est_prefill_wait"] = d.est_prefill_wait_ms / 1000.0
         return d, ticket, snap
@@ -491,7 +490,9 @@ class RequestCore(Generic[R]):
         if pending and w is not None:
             w.inflight_tokens += pending
             w.prefill_started(pending, started)
-            if w.role == "prefill" and not ctx.lent:  # the prefill pool's own work: its idle clock restarts
+            if w.role == "prefill" and pending > (w.cost or EngineCost.from_profile(None)).budget:
+                # a prompt longer than a step's chunk: the prefill pool's own kind of work, whoever placed it here
+                # (its steps carry long chunks), so the lends' idle clock restarts (policy.py ``elastic``)
                 w.pool_work_at = started
 
         def commit() -> None:

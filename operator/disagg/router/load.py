@@ -125,8 +125,8 @@ class Worker:
     # the placement's corrections: observed ÷ predicted TTFT of the requests it prefilled, TPOT of those it decoded
     f_prefill: float = 1.0
     f_decode: float = 1.0
-    # when the router last gave it the prefill pool's own work (clock of the core): a prefill leg, or a whole request
-    # that is not the rule ladder's lend (core.py ``relay``; policy.py ``elastic``)
+    # when the router last gave it the prefill pool's own kind of work (clock of the core): a prefill leg, or a whole
+    # request whose prompt is longer than a step's chunk (core.py ``prefill`` and ``relay``; policy.py ``elastic``)
     pool_work_at: float = -math.inf
     # the TPOT of the streams it decoded lately (observe_stream): EWMAs of log TPOT and of its square
     stream_log: float = 0.0

@@ -55,10 +55,6 @@ class Ctx:
     first_upstream_at: float | None = None
     upstream_id: str = ""  # X-Request-Id sent on both legs
     probe: bool = False  # a mode probe (probe.py)
-    # a whole request the rule ladder lent to an idle prefill worker (policy.py ``elastic``): unlike the prefill
-    # pool's own work there (a remote prefill leg, a whole request the SLO placement put there), it does not restart
-    # that worker's idle clock (load.py ``Worker.pool_work_at``)
-    lent: bool = False
     # timing keys that came from a worker's recent metric averages, not from a per-request source
     estimated: set[str] = field(default_factory=set)
     span: Any = None  # the router's span for this request (tracing on and sampled or not); None when tracing is off
