@@ -4,8 +4,6 @@ twin's in-process event path reaches the oracle's hits."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from disagg.api.contract import RouterConfig
@@ -151,44 +149,3 @@ def test_a_prefill_worker_is_known_to_hold_the_prompts_it_prefilled_and_its_queu
     assert seen == [6000, 2000]
     assert p0.inflight_tokens == 0
     assert p0.prefill_size == pytest.approx(6000 + 0.3 * (2000 - 6000))  # the sizes the queueing wait reads
-
-
-class _Answer:
-    """A transport whose decode leg answers at once (commits, then returns): the core's bookkeeping alone."""
-
-    async def relay(self, *args: Any) -> None:  # (ctx, worker, kv, deadline, remote, on_commit)
-        args[-1]()
-
-
-def test_a_long_prompt_restarts_a_prefill_workers_idle_clock_a_short_one_does_not() -> None:
-    """One elastic fleet: the rule ladder lends a prefill worker to short requests only after elastic_idle_s
-    without the prefill pool's own kind of work there — a remote prefill leg, or a whole request whose prompt spans
-    more than a step's chunk (the SLO placement's long prompt, or a lent one), whose long chunks would stall the
-    lent streams; a short whole request, lent or placed, does not (or one lend would stop the next)."""
-    import asyncio
-
-    now = [100.0]
-    ws = WorkerSet(clock=lambda: now[0])
-    ws.set_pool("decode", [("http://d0", "c")])
-    ws.set_pool("prefill", [("http://p0", "c")])
-    core: RequestCore[None] = RequestCore(ws, RouterMetrics(), clock=lambda: now[0])
-    thresholds = RouterConfig.model_validate({"model": "m", "mode": "Disaggregated",
-                                              "routing": {"policy": "Thresholds"}})
-    d0, p0 = ws.get("http://d0"), ws.get("http://p0")
-    assert d0 is not None and p0 is not None
-    d0.inflight = 3  # the decode worker is busier than the idle prefill worker
-    short = list(range(64))
-    hashes = tuple(features.token_block_keys(short, 16))
-    d, _ = core.decide(_ctx(short), thresholds, None, 16, hashes)
-    assert (d.reason, d.decode, d.detail) == ("short_prompt", "http://p0", {"elastic": True})
-    asyncio.run(core.relay(_ctx(short), _Answer(), "http://p0", None, hashes))  # type: ignore[arg-type]
-    assert p0.pool_work_at == -float("inf")  # still idle: the next short request is lent too
-    assert core.decide(_ctx(short), thresholds, None, 16, hashes)[0].decode == "http://p0"
-    budget = COST.budget  # the pool's chunk (--max-num-batched-tokens; the default engine here)
-    long = list(range(10_000, 10_000 + budget + 16))  # none of it cached there
-    asyncio.run(core.relay(_ctx(long), _Answer(), "http://p0", None,  # type: ignore[arg-type]
-                           tuple(features.token_block_keys(long, 16))))
-    assert p0.pool_work_at == 100.0
-    assert core.decide(_ctx(short), thresholds, None, 16, hashes)[0].decode == "http://d0"  # no lend for 5 s
-    now[0] = 105.0
-    assert core.decide(_ctx(short), thresholds, None, 16, hashes)[0].decode == "http://p0"

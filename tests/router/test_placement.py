@@ -351,7 +351,7 @@ def test_the_ladders_grey_zone_is_overruled_on_less_evidence() -> None:
 
     tight = RouterConfig.model_validate({"model": "m", "mode": "Disaggregated", "routing": {"policy": "SLO"},
                                          "slo": {"ttftP95Ms": 1000, "tpotP95Ms": 25}})
-    busy_prefill = WorkerLoad(url="p0", compat="c", role="prefill", cost=COST, pool_idle_s=0.0,
+    busy_prefill = WorkerLoad(url="p0", compat="c", role="prefill", cost=COST, remote_idle_s=0.0,
                               prefill_rate=60_000)  # no slack for whole requests; remote prefills only
     snap = LoadSnapshot(prefill=(busy_prefill,), decode=(decode(running=8, rate=4000, kv=0.3),))
 

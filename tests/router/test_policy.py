@@ -322,7 +322,7 @@ def test_a_local_request_runs_whole_on_an_idle_prefill_worker_less_loaded_than_t
 
 
 def test_a_prefill_worker_with_recent_remote_prefills_or_a_starting_pool_serves_no_whole_request() -> None:
-    recent = WorkerLoad("http://p1", compat="a", pool_idle_s=1.0)
+    recent = WorkerLoad("http://p1", compat="a", remote_idle_s=1.0)
     assert decide(cfg(), feats(SHORT), LoadSnapshot(prefill=(recent,), decode=(BUSY_D,))).decode == "http://d1"
     starting = cfg(prefillStarting=True)
     assert decide(starting, feats(SHORT), LoadSnapshot(prefill=(P,), decode=(BUSY_D,))).decode == "http://d1"

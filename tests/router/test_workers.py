@@ -240,7 +240,7 @@ def test_a_workers_load_fills_every_field_of_the_policys_view() -> None:
                      "vllm:kv_cache_usage_perc": 0.42, WAITING_FOR_CAPACITY: 2.0})
     w.prefill_started(900, now=10.0)
     w.prefill_started(300, now=10.5)  # sizes 900 then 300: mean 720, mean square 594 000 (α 0.3)
-    w.pool_work_at = 8.5
+    w.remote_prefill_at = 8.5
     for k in range(30):  # streams ended there: their TPOT's centre and spread
         w.observe_stream(0.030 + 0.001 * (k % 7))
     centre, spread = w.stream_tpot
@@ -248,7 +248,7 @@ def test_a_workers_load_fills_every_field_of_the_policys_view() -> None:
     want = WorkerLoad(url="http://p7", compat="c9", inflight=3, est_wait_ms=w.est_prefill_wait_s(11.0) * 1000.0,
                       running=5.0, waiting=6.0, kv_usage=0.42, prefix_tokens=77, role="prefill", queued=2.0,
                       ahead_tokens=1234, prefill_rate=w.prefill_rate(11.0), cost=cost, f_prefill=1.25,
-                      f_decode=0.75, avg_prompt_tokens=321.0, pool_idle_s=2.5, stream_tpot_s=centre,
+                      f_decode=0.75, avg_prompt_tokens=321.0, remote_idle_s=2.5, stream_tpot_s=centre,
                       stream_spread=spread, prefill_residual_tokens=594_000 / 1440, prefill_size_tokens=720.0)
     assert got._asdict() == want._asdict()
     assert len(set(map(repr, got))) == len(got)  # every figure differs: a swapped pair cannot pass unseen

@@ -47,7 +47,7 @@ def snapshots(n: int, seed: int = 0) -> list[Any]:
                                inflight=rng.randint(0, int(8 * busy) + 1),
                                est_wait_ms=rng.uniform(0, 400 * busy), ahead_tokens=rng.randint(0, int(40_000 * busy)),
                                prefill_rate=rng.uniform(0, 60_000 * busy), running=rng.randint(0, 2),
-                               pool_idle_s=rng.choice((0.5, 10.0)))
+                               remote_idle_s=rng.choice((0.5, 10.0)))
                     for j in range(PREFILL))
         dec = tuple(WorkerLoad(url=f"http://d{j}", compat="c", role="decode", cost=cost,
                                inflight=rng.randint(0, int(200 * busy) + 1),

@@ -451,7 +451,7 @@ class RequestCore(Generic[R]):
         with self.track(url, "prefill", own):
             if w is not None:
                 w.prefill_started(own, t)
-                w.pool_work_at = t
+                w.remote_prefill_at = t
             try:
                 kv = await legs.prefill(ctx, url, deadline)
             except UpstreamError as e:
@@ -490,10 +490,6 @@ class RequestCore(Generic[R]):
         if pending and w is not None:
             w.inflight_tokens += pending
             w.prefill_started(pending, started)
-            if w.role == "prefill" and pending > (w.cost or EngineCost.from_profile(None)).budget:
-                # a prompt longer than a step's chunk: the prefill pool's own kind of work, whoever placed it here
-                # (its steps carry long chunks), so the lends' idle clock restarts (policy.py ``elastic``)
-                w.pool_work_at = started
 
         def commit() -> None:
             nonlocal pending

@@ -125,9 +125,7 @@ class Worker:
     # the placement's corrections: observed ÷ predicted TTFT of the requests it prefilled, TPOT of those it decoded
     f_prefill: float = 1.0
     f_decode: float = 1.0
-    # when the router last gave it the prefill pool's own kind of work (clock of the core): a prefill leg, or a whole
-    # request whose prompt is longer than a step's chunk (core.py ``prefill`` and ``relay``; policy.py ``elastic``)
-    pool_work_at: float = -math.inf
+    remote_prefill_at: float = -math.inf  # when the router last sent it a prefill leg (clock of the core)
     # the TPOT of the streams it decoded lately (observe_stream): EWMAs of log TPOT and of its square
     stream_log: float = 0.0
     stream_log2: float = 0.0
@@ -294,7 +292,7 @@ class Worker:
             waiting, kv_usage, prefix_tokens, self.role, queued,  # waiting, kv_usage, prefix_tokens, role, queued
             max(0, self.inflight_tokens), self.prefill_rate(now), self.cost,  # ahead_tokens, prefill_rate, cost
             self.f_prefill, self.f_decode, self.avg_prompt_tokens or 0.0,  # f_prefill, f_decode, avg_prompt_tokens
-            now - self.pool_work_at,  # pool_idle_s
+            now - self.remote_prefill_at,  # remote_idle_s
             *self.stream_tpot,  # stream_tpot_s, stream_spread
             self.prefill_size2 / (2.0 * self.prefill_size) if self.prefill_size and self.prefill_size2 else 0.0,
             self.prefill_size or 0.0,  # prefill_residual_tokens (above), prefill_size_tokens

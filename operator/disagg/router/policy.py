@@ -75,9 +75,7 @@ class WorkerLoad(NamedTuple):
     f_prefill: float = 1.0  # observed ÷ predicted TTFT of its recent prefills
     f_decode: float = 1.0  # observed ÷ predicted TPOT of its recent streams
     avg_prompt_tokens: float = 0.0  # other clients' queued prompts are priced at this size
-    # prefill workers: seconds since the router last gave them the prefill pool's own kind of work (a prefill leg, or
-    # a whole request whose prompt is longer than a step's chunk: their steps carry long chunks)
-    pool_idle_s: float = math.inf
+    remote_idle_s: float = math.inf  # prefill workers: seconds since the router last sent them a prefill leg
     stream_tpot_s: float = 0.0  # its recent streams' TPOT, geometric mean (observed; 0: not yet known)
     stream_spread: float = 0.0  # … the standard deviation of their log TPOT
     # the prefills sent there lately: the mean residual size of the one in progress at a random moment, tokens
@@ -104,8 +102,8 @@ class Tuning:
 
     decode_pressure_kv_usage: float = 0.5  # decode worker under pressure at this KV-cache usage …
     # one elastic fleet (Thresholds): a request the ladder keeps local may run whole on a prefill worker that has
-    # had none of the prefill pool's own work for this long (pool_idle_s: its steps are free of long chunks) and is
-    # less loaded than the decode worker. 0: off.
+    # had no remote prefill for this long (its steps are free of long chunks) and is less loaded than the decode
+    # worker. 0: off.
     elastic_idle_s: float = 5.0
     decode_pressure_running: int = 8  # … or this many running + waiting sequences
     prefix_affinity_slack: int = 4  # prefer the prefix-holding decode worker unless it has this many more in flight
@@ -354,11 +352,10 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
                         local_decode=local_d.url if local_d else None, detail=detail)
 
     def elastic(reason: str, **detail: Any) -> Decision:
-        """A local decision on the least loaded idle prefill worker (``pool_idle_s``) when it is less loaded than
-        the decode worker (one elastic fleet: a prefill worker serves a whole request as an aggregated engine does);
-        its detail says ``elastic``."""
+        """A local decision on the least loaded idle prefill worker when it is less loaded than the decode worker
+        (one elastic fleet: a prefill worker serves a whole request as an aggregated engine does)."""
         if local_d is not None and cfg.routing.elastic_fleet and not cfg.prefill_starting and tuning.elastic_idle_s > 0:
-            idle = [w for w in snap.prefill if w.pool_idle_s >= tuning.elastic_idle_s]
+            idle = [w for w in snap.prefill if w.remote_idle_s >= tuning.elastic_idle_s]
             if idle:
                 p = min(idle, key=lambda w: (_decode_load(w), w.kv_usage, w.url))
                 if _decode_load(p) + 1 <= _decode_load(local_d):
