@@ -187,7 +187,7 @@ def test_heldout_run_writes_its_own_results(tmp_path: Path) -> None:
     out = tmp_path / "goodput-heldout.json"
     goodput.run_twin(["summarise"], dataclasses.replace(SMALL, variants=("a", "c-default")),
                      {"summarise": SweepPlan("summarise", (1.0,))}, out=out, command=goodput.HELDOUT_COMMAND,
-                     progress=lambda _: None, benchmark="goodput-heldout")
+                     progress=lambda _: None, benchmark=goodput.HELDOUT_BENCHMARK)
     on_disk = json.loads(out.read_text())
     assert on_disk["benchmark"] == "goodput-heldout" and results.validate(on_disk, "goodput-heldout") == []
     assert {r["mix"] for r in on_disk["results"]["rows"]} == {"summarise"}

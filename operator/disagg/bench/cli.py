@@ -269,14 +269,14 @@ def _ints(value: str | None, flag: str) -> tuple[int, ...]:
 def _cmd_goodput(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..load.workload import HELDOUT_MIXES, MIXES
+    from ..load.workload import ALL_MIXES, HELDOUT_MIXES, MIXES
     from . import goodput, goodput_live
 
     if args.heldout and args.real:
         print("disagg bench goodput: --heldout runs in the twin; it does not combine with --real")
         return 2
     args.mixes = args.mixes or list(HELDOUT_MIXES if args.heldout else goodput.SWEEP_PLANS)
-    known = {**MIXES, **HELDOUT_MIXES} if not args.real else MIXES
+    known = MIXES if args.real else ALL_MIXES
     unknown = [m for m in args.mixes if m not in known]
     if unknown:
         print(f"disagg bench goodput: --mixes: unknown mix {unknown}; known: {sorted(MIXES)}"
@@ -297,7 +297,7 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
     if not args.real:
         from ..results import invoked_command
 
-        plans = {**goodput.SWEEP_PLANS, **goodput.HELDOUT_PLANS}
+        plans = dict(goodput.ALL_PLANS)
         for m, rs in floats(args.rates_per_gpu, "--rates-per-gpu").items():
             plans[m] = dataclasses.replace(plans.get(m, goodput.SweepPlan(m, ())), rates_per_gpu=rs)
         ts = goodput.TwinSettings(gpus=args.gpus[0], gpu=args.gpu, model_preset=args.model_preset, seed=args.seed,
@@ -312,7 +312,7 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
             print(f"disagg bench goodput: {e}")
             return 2
         command = invoked_command(goodput.HELDOUT_COMMAND if args.heldout else goodput.COMMAND)
-        benchmark = "goodput-heldout" if args.heldout else "goodput"
+        benchmark = goodput.HELDOUT_BENCHMARK if args.heldout else "goodput"
         return _run_and_report(lambda: goodput.run_twin(args.mixes, ts, plans, out=out, gpus=args.gpus,
                                                         command=command, benchmark=benchmark),
                                goodput.twin_table, out)

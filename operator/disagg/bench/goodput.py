@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api.contract import Role
-from ..load.workload import HELDOUT_MIXES, MIXES
+from ..load.workload import ALL_MIXES, HELDOUT_MIXES, MIXES
 from ..local.procs import SIM_MODEL
 
 DEPLOYMENTS = ("aggregated", "disaggregated", "conditional")
@@ -69,6 +69,7 @@ TRANSFER_TIMEOUT_MS = 30_000
 COMMAND = "disagg bench goodput"
 RESULTS = Path("docs") / "results" / "goodput.json"
 # the held-out mixes (load/workload.py HELDOUT_MIXES): their own results file and tables
+HELDOUT_BENCHMARK = "goodput-heldout"
 HELDOUT_COMMAND = "disagg bench goodput --heldout"
 HELDOUT_RESULTS = Path("docs") / "results" / "goodput-heldout.json"
 ATTAINMENT_KNEE = 0.90  # a deployment holds a rate when ≥ 90 % of its requests meet the SLO
@@ -151,6 +152,7 @@ HELDOUT_PLANS: dict[str, SweepPlan] = {
     "reasoning": SweepPlan("reasoning", (8.0, 12.0, 16.0), 30.0, "decode-bound: short prompts, long answers"),
     "longdoc": SweepPlan("longdoc", (2.0, 3.0, 4.0), None, "a few 12–24k-token prompts among short chats"),
 }
+ALL_PLANS: dict[str, SweepPlan] = {**SWEEP_PLANS, **HELDOUT_PLANS}
 
 
 @dataclass(frozen=True)
@@ -340,9 +342,9 @@ def sweep(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] | N
           progress: Callable[[str], None] = print, gpus: Sequence[int] = ()) -> list[dict[str, Any]]:
     """Every (GPU count, mix, rate, config): one twin run each, in a fixed order (``jobs`` > 1 runs them in
     processes). ``gpus``: the GPU counts (default: ``s.gpus``); rates scale with them (per-GPU ladders)."""
-    plans = plans or {**SWEEP_PLANS, **HELDOUT_PLANS}
+    plans = plans or ALL_PLANS
     for m in mixes:
-        if m not in MIXES and m not in HELDOUT_MIXES:
+        if m not in ALL_MIXES:
             raise ValueError(f"--mixes: unknown mix {m!r}; known: {sorted(MIXES)}, held out: {sorted(HELDOUT_MIXES)}")
         if m not in plans:
             raise ValueError(f"--rate: no rate ladder for mix {m!r}: pass --rate {m}=RPS[,RPS...]")
@@ -452,7 +454,7 @@ def run_twin(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] 
     ``goodput-heldout`` for the held-out mixes)."""
     from ..results import machine_facts, results_doc, write_results
 
-    plans = plans or {**SWEEP_PLANS, **HELDOUT_PLANS}
+    plans = plans or ALL_PLANS
     gpus = tuple(gpus or (s.gpus,))
     t0 = time.perf_counter()
     rows = sweep(mixes, s, plans, progress, gpus)

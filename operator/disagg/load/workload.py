@@ -98,7 +98,7 @@ HELDOUT_MIXES: dict[str, Mix] = {
         RequestClass("chat", 0.7, (64, 512), (32, 192), tenant="chat"),
     )),
 }
-
+ALL_MIXES: dict[str, Mix] = {**MIXES, **HELDOUT_MIXES}  # every mix the goodput benchmark and the twin accept by name
 
 
 # not in MIXES (the goodput benchmark's table): e2e/test_soak.py's steady load

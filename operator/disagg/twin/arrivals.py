@@ -87,7 +87,7 @@ def arrivals_from_mix(mix: str, rate_per_s: float, duration_s: float, *, seed: i
                       model: str = TWIN_MODEL) -> list[Arrival]:
     """Poisson arrivals of a load/workload.py mix (``workload.MIXES``, ``workload.HELDOUT_MIXES`` or ``"soak"``),
     deterministic for a seed."""
-    mixes = {**workload.MIXES, **workload.HELDOUT_MIXES, "soak": workload.SOAK}
+    mixes = {**workload.ALL_MIXES, "soak": workload.SOAK}
     if mix not in mixes:
         raise ValueError(f"mix: unknown workload mix {mix!r} (one of {', '.join(sorted(mixes))})")
     if rate_per_s <= 0:
