@@ -507,3 +507,25 @@ def test_a_remote_first_token_waits_for_the_decode_workers_prefill_queue_as_it_f
     assert by_rho[1] - idle == pytest.approx(0.5 * s + 0.5 * s, rel=0.05)
     # saturated: the queueing wait is read at ρ = RHO_MAX, and the fluid backlog's growth takes over beyond
     assert math.isfinite(ttft(1.0, 6000)) and ttft(1.0, 6000) <= ttft(3.0, 6000)
+
+
+def test_a_prefill_cannot_push_streams_past_a_step_with_a_full_chunk() -> None:
+    """Every step a stream takes is at most a decode step beside a full chunk of the budget
+    (EngineCost.mixed_step: the TPOT of streams whose every step is mixed), so however long the prefill placed
+    there, the harm is at most the rise of the streams' chance to miss up to that ceiling, and none for streams
+    already at it (a prefill then keeps them there for longer, it does not slow them)."""
+    streams, ctx = 40, 2000.0
+    ceiling = COST.mixed_step(streams, ctx)
+    assert COST.tpot(streams, ctx, 1e12) == pytest.approx(ceiling) and ceiling > COST.tpot(streams, ctx)
+    slo, spread = 1.02 * ceiling, 0.1 * pl.LOGISTIC_PER_SD
+    kv = streams * ctx / COST.kv_capacity_tokens
+    near = decode(running=streams, kv=kv)._replace(stream_tpot_s=0.99 * ceiling, stream_spread=0.1)
+    stall = COST.prefill(64_000, 0, streams, ctx, 0.0).own_stall_s
+    assert stall / 16 > 0.5 * ceiling  # uncapped, the stall alone would put the streams far past the target
+    cap = streams * (pl.p_miss(ceiling, slo, spread) - pl.p_miss(0.99 * ceiling, slo, spread))
+    assert pl._harm(near, COST, streams, ctx, 0.0, stall, slo, 16) == pytest.approx(cap)
+    at = near._replace(stream_tpot_s=ceiling)
+    assert pl._harm(at, COST, streams, ctx, 0.0, stall, slo, 16) == 0.0
+    # a short stall under the ceiling is charged in full, as before
+    small = COST.prefill(64, 0, streams, ctx, 0.0).own_stall_s
+    assert 0.0 < pl._harm(near, COST, streams, ctx, 0.0, small, slo, 16) < cap

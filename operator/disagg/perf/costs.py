@@ -137,14 +137,24 @@ class EngineCost:
         room = self.budget - streams
         if room < 1:
             room = 1
-        key = (streams, mean_ctx)  # the mixed step of a full chunk beside them
+        t_m = self.mixed_step(streams, mean_ctx)
+        u = min(1.0, prefill_rate * t_m / room)
+        return 1.0 / (u / t_m + (1.0 - u) / t_d)
+
+    def mixed_step(self, streams: int, mean_ctx: float) -> float:
+        """One step of ``streams`` decodes beside a full chunk of prefill (the rest of the token budget): the
+        longest step they can take, and so the ceiling of their TPOT however many prefills the worker
+        receives (every step mixed, :meth:`tpot` at ``u`` = 1)."""
+        if streams < 1:
+            streams = 1
+        key = (streams, mean_ctx)
         t_m = self._mixed_memo.get(key)
         if t_m is None:
             if len(self._mixed_memo) >= 4096:
                 self._mixed_memo.clear()
-            t_m = self._mixed_memo[key] = self.chunked(room, 0, streams, mean_ctx)[1]
-        u = min(1.0, prefill_rate * t_m / room)
-        return 1.0 / (u / t_m + (1.0 - u) / t_d)
+            room = self.budget - streams
+            t_m = self._mixed_memo[key] = self.chunked(room if room >= 1 else 1, 0, streams, mean_ctx)[1]
+        return t_m
 
     def transfer(self, tokens: int, remote_tp: int | None = None) -> float:
         """PerfModel.transfer_time over this pool's transport (the same float), its constants kept per remote TP."""

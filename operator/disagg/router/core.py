@@ -490,6 +490,12 @@ class RequestCore(Generic[R]):
         if pending and w is not None:
             w.inflight_tokens += pending
             w.prefill_started(pending, started)
+            if (pred is not None and pred.placement == "prefill_worker" and w.cost is not None
+                    and pending > w.cost.budget):
+                # the SLO placement's whole long prompt keeps the worker's steps long, as a remote prefill would:
+                # it is not idle to the ladder's elastic rule (policy.py), which would lend it streams that its
+                # chunks stall (docs/router.md "One elastic fleet")
+                w.remote_prefill_at = started
 
         def commit() -> None:
             nonlocal pending

@@ -132,6 +132,13 @@ def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float
     if spread < MIN_STREAM_SPREAD:
         spread = MIN_STREAM_SPREAD
     added = stall_s * w.f_decode / (out_tokens if out_tokens > 1.0 else 1.0)
+    # no stream there takes longer than one step with a full chunk beside it (EngineCost.mixed_step): a prefill
+    # cannot push the streams' TPOT past that ceiling, only keep them at it for longer
+    ceiling = cost.mixed_step(streams, ctx) * w.f_decode
+    if before + added > ceiling:
+        added = ceiling - before if ceiling > before else 0.0
+        if added <= 0.0:
+            return 0.0
     p_before = p_miss(before, slo_tpot_s, spread)
     rise = p_miss(before + added, slo_tpot_s, spread) - p_before
     if rate > 0.0 and model > 0.0:  # its share of what the prefills the worker receives do to the streams (docstring)
