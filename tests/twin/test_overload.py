@@ -30,8 +30,9 @@ def poisson(rate: float, tenant: str, input_tokens: int, output_tokens: int, see
 def run(batch_overload: str, policy: str = "SLO") -> TwinResult:
     # batch at 160 req/s: far past one decode worker's knee. (80 was until the SLO placement's stall harm got its
     # ceiling (2026-12-07): the placement no longer sends the overflow where the smaller of two over-counted harms
-    # pointed, and chat kept 100 % under Admit at 80 req/s of batch, 94.2 % at 120. 32 was, until the perf model read an H100's memory as
-    # CUDA reports it, 79.22 GiB not 80e9 B: issue 26. With ~5 GiB more KV the decode worker absorbed 32 req/s
+    # pointed, and chat kept 100 % under Admit at 80 req/s of batch, 94.2 % at 120. 32 was, until the perf model
+    # read an H100's memory as CUDA reports it, 79.22 GiB not 80e9 B: issue 26. With ~5 GiB more KV the decode
+    # worker absorbed 32 req/s
     # of batch without costing chat its SLO under Admit, so it was no longer an overload for everyone. 48 was until
     # the SLO placement overruled a ladder choice at risk on any clear saving (2026-12-05): that alone kept chat
     # at 0.96 under Admit at 48, and at 0.95 at 64.)
