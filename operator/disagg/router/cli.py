@@ -72,8 +72,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="… and at least this many milliseconds after its decode leg started")
     p.add_argument("--elastic-idle-seconds", type=_non_negative, default=Tuning.elastic_idle_s,
                    help="one elastic fleet (policy Thresholds): a request kept local may run whole on a prefill "
-                   "worker that has had no remote prefill for this many seconds and is less loaded than the decode "
-                   "worker; 0: off, and no whole requests on prefill workers under policy SLO either")
+                   "worker that has had no remote prefill (nor a whole prompt longer than its chunk placed there by "
+                   "policy SLO) for this many seconds and is less loaded than the decode worker; 0: off, and no whole "
+                   "requests on prefill workers under policy SLO either")
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="send OpenTelemetry traces to this collector: OTLP/HTTP to a traces URL "
                    "(http://jaeger:4318/v1/traces) or OTLP/gRPC to host:port (http://otel-collector:4317), as "

@@ -125,7 +125,9 @@ class Worker:
     # the placement's corrections: observed ÷ predicted TTFT of the requests it prefilled, TPOT of those it decoded
     f_prefill: float = 1.0
     f_decode: float = 1.0
-    remote_prefill_at: float = -math.inf  # when the router last sent it a prefill leg (clock of the core)
+    # when the router last sent it a prefill leg, or the SLO placement a whole prompt longer than its chunk (clock of
+    # the core; core.py ``prefill`` and ``relay``): its steps carried long chunks then (policy.py ``elastic``)
+    remote_prefill_at: float = -math.inf
     # the TPOT of the streams it decoded lately (observe_stream): EWMAs of log TPOT and of its square
     stream_log: float = 0.0
     stream_log2: float = 0.0

@@ -75,7 +75,9 @@ class WorkerLoad(NamedTuple):
     f_prefill: float = 1.0  # observed ÷ predicted TTFT of its recent prefills
     f_decode: float = 1.0  # observed ÷ predicted TPOT of its recent streams
     avg_prompt_tokens: float = 0.0  # other clients' queued prompts are priced at this size
-    remote_idle_s: float = math.inf  # prefill workers: seconds since the router last sent them a prefill leg
+    # prefill workers: seconds since the router last sent them a prefill leg (or the SLO placement a whole prompt
+    # longer than their chunk: load.py ``Worker.remote_prefill_at``)
+    remote_idle_s: float = math.inf
     stream_tpot_s: float = 0.0  # its recent streams' TPOT, geometric mean (observed; 0: not yet known)
     stream_spread: float = 0.0  # … the standard deviation of their log TPOT
     # the prefills sent there lately: the mean residual size of the one in progress at a random moment, tokens
@@ -102,8 +104,8 @@ class Tuning:
 
     decode_pressure_kv_usage: float = 0.5  # decode worker under pressure at this KV-cache usage …
     # one elastic fleet (Thresholds): a request the ladder keeps local may run whole on a prefill worker that has
-    # had no remote prefill for this long (its steps are free of long chunks) and is less loaded than the decode
-    # worker. 0: off.
+    # had no remote prefill (nor a long whole prompt the SLO placement put there) for this long (its steps are free
+    # of long chunks) and is less loaded than the decode worker. 0: off.
     elastic_idle_s: float = 5.0
     decode_pressure_running: int = 8  # … or this many running + waiting sequences
     prefix_affinity_slack: int = 4  # prefer the prefix-holding decode worker unless it has this many more in flight
