@@ -69,3 +69,20 @@ def test_virtual_bench_smoke() -> None:
     assert all(not w["role_moves"] for w in r["swings"] if w["scaler"] == "predictive-pods")
     assert tables["swing"].count("| predictive-pods |") == 2
     assert "| predictive |" in tables["day"] and "hindsight oracle" in tables["day"]
+
+
+def test_a_probe_measures_after_its_warmup() -> None:
+    """The oracle's and the static peak's probe counts the requests arriving after a warm-up of the same load: a split
+    past its capacity holds for a while from empty pools (its queue starts empty), so a cold probe approves it."""
+    cold = ad.probe_fn(ad.DaySettings(probe_s=20.0, probe_warmup_s=0.0))
+    warm = ad.probe_fn(ad.DaySettings(probe_s=20.0, probe_warmup_s=40.0))
+    # 1.6 RAG prompts/s of 6–10k tokens on one L40S prefill worker (≈ 0.8 s each): past its capacity
+    assert warm(2.0, 0.8, 1, 1) < cold(2.0, 0.8, 1, 1) - 0.2
+    # well within capacity the warm-up changes nothing that matters
+    assert warm(0.5, 0.5, 2, 2) >= 0.95 and cold(0.5, 0.5, 2, 2) >= 0.95
+
+
+def test_cli_rejects_a_negative_window(capsys) -> None:
+    with pytest.raises(SystemExit):
+        ad.main(["--scale-down-window", "-1"])
+    assert "--scale-down-window" in capsys.readouterr().err
