@@ -86,3 +86,9 @@ def test_cli_rejects_a_negative_window(capsys) -> None:
     with pytest.raises(SystemExit):
         ad.main(["--scale-down-window", "-1"])
     assert "--scale-down-window" in capsys.readouterr().err
+
+
+def test_cli_keeps_the_2h_results_for_the_2h_day(capsys) -> None:
+    with pytest.raises(SystemExit):
+        ad.main(["--name", "autoscale_day-2h"])  # the 1 h day under the 2 h day's name
+    assert "--day 7200" in capsys.readouterr().err

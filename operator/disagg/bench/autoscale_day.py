@@ -439,8 +439,8 @@ def run(s: DaySettings, jobs: int = 2) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------- report
 
+BENCHMARK = "autoscale_day"
 COMMAND = "python -m disagg.bench.autoscale_day"
-RESULTS = "docs/results/autoscale_day.json"
 
 
 def _pct(v: float | None) -> str:
@@ -527,10 +527,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="virtual seconds of load before each oracle / static-peak probe's measured window")
     p.add_argument("--scalers", nargs="+", choices=SCALERS, default=list(DaySettings.scalers),
                    help="the autoscalers to run over the day (the static peak and the oracle always run)")
-    p.add_argument("--out", type=Path, default=Path(RESULTS))
+    p.add_argument("--name", default=BENCHMARK, choices=(BENCHMARK, f"{BENCHMARK}-2h"),
+                   help=f"the results' benchmark name: {BENCHMARK} (the 1 h day) or {BENCHMARK}-2h (--day 7200)")
+    p.add_argument("--out", type=Path, default=None, help="the results file (default docs/results/<name>.json)")
     a = p.parse_args(argv)
+    out = a.out or Path("docs") / "results" / f"{a.name}.json"
     if a.scale_down_window < 0:
         p.error(f"--scale-down-window: must be >= 0, got {a.scale_down_window}")
+    if a.name.endswith("-2h") and a.day != 7200:
+        p.error(f"--name {a.name}: the 2 h day's results need --day 7200, got --day {a.day:g}")
     if a.probe_warmup < 0:
         p.error(f"--probe-warmup: must be >= 0, got {a.probe_warmup}")
     s = DaySettings(day_s=a.day, peak_rps=a.peak_rate, compile_cache=a.compile_cache, seed=a.seed,
@@ -538,8 +543,8 @@ def main(argv: list[str] | None = None) -> int:
                     scalers=tuple(a.scalers))
     results = run(s, jobs=a.jobs)
     command = " ".join([COMMAND, *map(shlex.quote, argv if argv is not None else sys.argv[1:])])
-    doc = results_doc("autoscale_day", command, results)
-    write_results(a.out, doc)
+    doc = results_doc(a.name, command, results)
+    write_results(out, doc)
     for t in render_tables(doc).values():
         print(t + "\n")
     sys.stdout.flush()

@@ -62,6 +62,8 @@ REGISTRY: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("sim", "disagg.sim.bench", "make bench-sim"),
     Benchmark("autoscale", "disagg.bench.autoscale", "make bench-autoscale"),
     Benchmark("autoscale_day", "disagg.bench.autoscale_day", "disagg bench autoscale --virtual"),
+    Benchmark("autoscale_day-2h", "disagg.bench.autoscale_day",
+              "python -m disagg.bench.autoscale_day --day 7200 --scalers predictive --name autoscale_day-2h"),
     Benchmark("operator", "disagg.bench.operator_bench", "make bench-operator"),
     Benchmark("soak", "disagg.bench.soak", "make bench-soak"),
     Benchmark("plan", "disagg.bench.plan_accuracy", "make bench-plan"),
