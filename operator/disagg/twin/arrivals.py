@@ -13,6 +13,7 @@ request; the router's prefix hashes are then the engine's own 16-token block has
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -61,7 +62,9 @@ class Prepared:
 
     arrival: Arrival
     request_id: str
-    prompt_ids: list[int]
+    # 4 bytes a token (array "I"): kept with the arrival for the run, a list of ints took 36 (a whole day's twin held
+    # gigabytes of them)
+    prompt_ids: Sequence[int]
     router_input_tokens: int
     hashes: tuple[int, ...]
     max_tokens: int | None  # as the router reads it from the body
@@ -175,10 +178,10 @@ def _prepare(a: Arrival, index: int, vocab: int) -> Prepared:
     if a.body is not None:
         body = dict(a.body)
         view = features.prompt_view(a.endpoint, body)
-        ids = _engine_prompt(a.endpoint, body, vocab)
+        ids = array("I", _engine_prompt(a.endpoint, body, vocab))
         return Prepared(a, rid, ids, features.count_input_tokens(view), features.prefix_block_hashes(view),
                         features.requested_max_tokens(body))
-    ids = _synthetic_prompt(a, rid)
+    ids = array("I", _synthetic_prompt(a, rid))
     blocks = block_hashes(ids, features.PREFIX_BLOCK_TOKENS)  # the router's prefix keys are the engines' hashes
     hashes = tuple(int.from_bytes(h[:8], "little") for h in blocks[: features.MAX_PREFIX_BLOCKS])
     return Prepared(a, rid, ids, len(ids), hashes, a.output_tokens if a.max_tokens_known else None,
