@@ -15,8 +15,8 @@ import yaml
 from disagg.bench.plan_accuracy import gamma_times, mmpp_times
 from disagg.cli import main
 from disagg.plan import burst
-from disagg.plan.model import erlang_c, mgc, split_ca2
 from disagg.plan.profile import ProfileError, parse_profile, window_peak
+from disagg.plan.queueing import erlang_c, mgc, split_ca2
 from disagg.plan.reqlog import LogError, read_lines, read_times, traffic_from_log
 from disagg.plan.search import search
 from disagg.plan.verify import (

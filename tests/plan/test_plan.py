@@ -15,8 +15,9 @@ from disagg.api.validate import errors_of, validate_documents
 from disagg.cli import main
 from disagg.perf.presets import TRANSPORTS, get_gpu, get_model
 from disagg.plan.emit import bounds, to_model
-from disagg.plan.model import IDLE, build_workload, decode_side, erlang_c, mgc, overflow_share, pool_model
+from disagg.plan.model import build_workload, decode_side, overflow_share, pool_model
 from disagg.plan.profile import ProfileError, TokenDist, load_profile, parse_profile
+from disagg.plan.queueing import IDLE, erlang_c, mgc
 from disagg.plan.report import render
 from disagg.plan.search import Evaluator, Mode, search
 

@@ -23,10 +23,8 @@ from typing import Literal
 from ..perf.presets import TRANSPORTS, ModelPreset, TransportPreset
 from ..router.policy import Tuning
 from .model import (
-    IDLE,
     DecodeSide,
     PoolModel,
-    Queue,
     Workload,
     build_workload,
     by_tenant,
@@ -41,6 +39,7 @@ from .model import (
     ttft_ok,
 )
 from .profile import Profile
+from .queueing import IDLE, Queue
 
 Mode = Literal["aggregated", "disaggregated", "conditional"]
 THRESHOLDS = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
