@@ -11,10 +11,11 @@ import pytest
 import yaml
 
 from disagg.cli import main
+from disagg.plan.arrivals import profile_arrivals
 from disagg.plan.emit import to_model
 from disagg.plan.profile import parse_profile
 from disagg.plan.search import search
-from disagg.plan.verify import SpecError, VerifySettings, cluster_spec, profile_arrivals, render_verify, verify
+from disagg.plan.verify import SpecError, VerifySettings, cluster_spec, render_verify, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 

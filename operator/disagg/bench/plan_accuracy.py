@@ -242,10 +242,10 @@ def near(thresholds: list[int], pick: int | None) -> list[int]:
 
 def run_mix(name: str, data: dict[str, Any], seed: int = 0, say: Any = print) -> dict[str, Any]:
     from ..perf.presets import TRANSPORTS
+    from ..plan.arrivals import profile_arrivals
     from ..plan.model import build_workload
     from ..plan.profile import parse_profile
     from ..plan.search import Evaluator, search, thresholds_for
-    from ..plan.verify import profile_arrivals
 
     p = parse_profile(data)
     res = search(p)
@@ -313,10 +313,10 @@ def run_bursty_mix(name: str, data: dict[str, Any], seed: int = 0, say: Any = pr
     """A bursty mix (module docstring): the planner on the measured profile, the pick, the smooth planner's pick and
     a sweep, all in the twin on the mix's own arrival times, judged per 30-s window within the declared peak."""
     from ..perf.presets import TRANSPORTS
+    from ..plan.arrivals import profile_arrivals
     from ..plan.model import build_workload
     from ..plan.profile import parse_profile
     from ..plan.search import Evaluator, search, thresholds_for
-    from ..plan.verify import profile_arrivals
 
     times = arrival_times(name, BURST_DURATION_S, seed)
     bdata, sdata = bursty_profile(data, times)

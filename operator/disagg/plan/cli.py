@@ -152,10 +152,11 @@ def _check_verify_flags(args: argparse.Namespace) -> list[str]:
 
 def _recorded(args: argparse.Namespace, profile: Any, log: Any, settings: Any) -> Any:
     """The recorded arrivals ``--verify`` replays (None: Poisson ones from the profile). LogError on a bad file."""
+    from .arrivals import profile_arrivals
     from .burst import measure as burstiness
     from .reqlog import arrivals as log_arrivals
     from .reqlog import read_arrivals_file
-    from .verify import profile_arrivals, recorded
+    from .verify import recorded
 
     if log is not None:
         arr, _ = log_arrivals(log)
