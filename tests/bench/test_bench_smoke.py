@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from disagg.bench import goodput, goodput_live, router_bench
+from disagg.bench import goodput, goodput_live, nginx, router_bench
 
 
 def _children() -> set[int]:
@@ -62,7 +62,7 @@ def test_goodput_smoke(tmp_path: Path) -> None:
 
 def test_router_bench_smoke(tmp_path: Path) -> None:
     before = _children()
-    assert router_bench.find_nginx(), "nginx missing: `make test` installs it (hack/ensure-nginx.sh)"
+    assert nginx.find_nginx(), "nginx missing: `make test` installs it (hack/ensure-nginx.sh)"
     targets = ["direct", "router", "nginx"]
     doc = router_bench.run(streams=8, rounds=2, tokens=6, time_scale=1.0, targets=targets, out=tmp_path / "rb.json",
                            progress=lambda *_: None)

@@ -30,7 +30,6 @@ import json
 import os
 import random
 import re
-import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -41,53 +40,9 @@ import aiohttp
 import yaml
 
 from ..load.loadgen import percentile
-from ..local.procs import HOST, SIM_MODEL, Proc, Processes, cpu_seconds, free_port
+from ..local.procs import SIM_MODEL, Proc, Processes, cpu_seconds
 from ..results import machine_facts, results_doc, write_results
-
-NGINX_CONF = """\
-worker_processes 1;
-error_log {dir}/error.log warn;
-pid {dir}/nginx.pid;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    client_body_temp_path {dir}/tmp-body;
-    proxy_temp_path {dir}/tmp-proxy;
-    fastcgi_temp_path {dir}/tmp-fastcgi;
-    uwsgi_temp_path {dir}/tmp-uwsgi;
-    scgi_temp_path {dir}/tmp-scgi;
-    upstream sim {{ server {upstream}; keepalive 1024; }}
-    server {{
-        listen {host}:{port};
-        location / {{
-            proxy_pass http://sim;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_request_buffering off;
-            proxy_read_timeout 300s;
-        }}
-    }}
-}}
-"""
-
-
-def find_nginx(explicit: str | None = None) -> str | None:
-    for c in [explicit, shutil.which("nginx"), "/usr/sbin/nginx"]:
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    return None
-
-
-def start_nginx(procs: Processes, binary: str, upstream: str) -> Proc:
-    d = procs.log_dir / "nginx"
-    d.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    (d / "nginx.conf").write_text(NGINX_CONF.format(dir=d, upstream=upstream, host=HOST, port=port))
-    # foreground (daemon off), own prefix and error log: nothing outside the temp directory is touched
-    p = procs.spawn("nginx", [binary, "-p", str(d), "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"),
-                              "-g", "daemon off;"], f"http://{HOST}:{port}", role="nginx")
-    return p
+from .nginx import find_nginx, nginx_version, start_nginx
 
 
 async def _stream(session: aiohttp.ClientSession, url: str, body: bytes,
@@ -318,7 +273,7 @@ def run(streams: int = 500, rounds: int = 3, tokens: int = 64, time_scale: float
                            "chunks_per_s_by_phase": {k: r["direct_chunks_per_s"] for k, r in rows.items()}}, **rows}
     mach = machine_facts(date=started.isoformat(timespec="seconds"),
                          loadavg_start=[round(x, 2) for x in load0],
-                         loadavg_end=[round(x, 2) for x in os.getloadavg()], nginx_version=_nginx_version(nginx_bin))
+                         loadavg_end=[round(x, 2) for x in os.getloadavg()], nginx_version=nginx_version(nginx_bin))
     result = results_doc("router", command_line(streams, rounds, tokens, time_scale), {
         "settings": {"streams": streams, "rounds": rounds, "tokens": tokens, "time_scale": time_scale,
                      "step_wall_ms": round(step_wall * 1000, 1), "nginx": nginx_bin, "nginx_worker_processes": 1,
@@ -342,18 +297,6 @@ def _wait_workers(p: Proc, n: int, timeout: float = 30.0) -> None:
         except OSError:
             pass
         time.sleep(0.1)
-
-
-def _nginx_version(binary: str | None) -> str | None:
-    if not binary:
-        return None
-    import subprocess
-
-    try:
-        out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (out.stderr or out.stdout).strip().removeprefix("nginx version: ").removeprefix("nginx/") or None
 
 
 # ------------------------------------------------------------------------------------------------- targets
