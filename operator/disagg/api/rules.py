@@ -15,14 +15,33 @@ spec that breaks it, refused by both the apiserver and ``spec_errors`` with the 
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from .flags import RESERVED_ARG_PATTERN, RESERVED_FLAGS, RESERVED_SHORT_FLAGS, sets_reserved_flag
+from .rule_predicates import (
+    EXTRA_ARGS_CEL,
+    EXTRA_ARGS_MESSAGE,
+    HEADER_NAME,
+    LAYOUT_CEL,
+    MOST_WORKERS,
+    OTLP_HTTP_PORT_NO_PATH,
+    OTLP_NO_PATH,
+    SURGE_PERCENT,
+    UNAVAILABLE_PERCENT,
+    count_or_percent,
+    extra_args_free,
+    int_or_percent_cel,
+    layout,
+    matches,
+    otlp_http_has_path,
+    tenant_overrides_ordered,
+    unique,
+    zero,
+    zero_cel,
+)
 from .spec import (
     DisaggregatedModelSpec,
     EngineSpec,
@@ -87,93 +106,6 @@ def rule(
     return Rule(name=name, on=on, cel=cel, message=message, holds=holds, field_path=field_path)
 
 
-# --------------------------------------------------------------------------------------------- predicates
-
-
-def _tenant_overrides_ordered(t: TenantPolicy) -> bool:
-    rp, lp = t.remote_prefill, t.local_prefill
-    if rp is None or rp.min_input_tokens is None or lp is None or lp.max_input_tokens is None:
-        return True
-    return rp.min_input_tokens > lp.max_input_tokens
-
-
-def _unique(names: Sequence[str]) -> bool:
-    return len(names) == len(set(names))
-
-
-def _extra_args_message() -> str:
-    """The extraArgs rule's message: each flag the operator owns and where it comes from (from api/flags.py)."""
-    shorts = {long: short for short, long in RESERVED_SHORT_FLAGS.items()}
-    owned = [f"{flag}{'/' + shorts[flag] if flag in shorts else ''}: {source.split(' (')[0]}"
-             for flag, source in RESERVED_FLAGS.items() if source.startswith("spec.")]
-    banned = [flag for flag, source in RESERVED_FLAGS.items() if not source.startswith("spec.")]
-    return ("extraArgs must not set a flag the operator owns, in any spelling (--flag=value, underscores, dotted "
-            f"sub-keys such as --kv-transfer-config.kv_role): set the spec field instead ({'; '.join(owned)}); "
-            f"{', '.join(banned[:-1])} and {banned[-1]} are not allowed")
-
-
-EXTRA_ARGS_CEL = f"self.extraArgs.all(a, !a.matches('{RESERVED_ARG_PATTERN}'))"
-EXTRA_ARGS_MESSAGE = _extra_args_message()
-
-
-def _extra_args_free(args: Sequence[str]) -> bool:
-    return not any(sets_reserved_flag(a) for a in args)
-
-
-def _matches(pattern: str, text: str) -> bool:
-    """CEL's ``text.matches(pattern)`` (RE2, unanchored search): RE2's ``$`` matches only at the end of the text,
-    Python's also before a final newline."""
-    return re.search(pattern.removesuffix("$") + r"\Z" if pattern.endswith("$") else pattern, text) is not None
-
-
-def _count_or_percent(v: int | str, percent: str, most: int) -> bool:
-    """A count in [0, most], or a string matching ``percent`` (the CEL below, in Python)."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return 0 <= v <= most
-    return isinstance(v, str) and _matches(percent, v)
-
-
-def _zero(v: int | str) -> bool:
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v == 0
-    return isinstance(v, str) and _matches(ZERO_PERCENT, v)
-
-
-SURGE_PERCENT = "^[0-9]{1,3}%$"
-UNAVAILABLE_PERCENT = "^(100|[1-9]?[0-9])%$"
-ZERO_PERCENT = "^0+%$"
-MOST_WORKERS = 1000
-
-
-def _int_or_percent_cel(field: str, percent: str) -> str:
-    return (f"type(self.{field}) == int ? (self.{field} >= 0 && self.{field} <= {MOST_WORKERS}) "
-            f": self.{field}.matches('{percent}')")
-
-
-def _zero_cel(field: str) -> str:
-    return f"(type(self.{field}) == int ? self.{field} == 0 : self.{field}.matches('{ZERO_PERCENT}'))"
-
-
-_LAYOUT_CEL = "(self.parallelism.tensor * self.parallelism.pipeline * self.parallelism.data)"
-
-
-def _layout(p: PoolSpec) -> int:
-    """GPUs of one replica: tensor × pipeline × data."""
-    return p.parallelism.tensor * p.parallelism.pipeline * p.parallelism.data
-
-
-# an OTLP endpoint with no path (http(s)://host[:port], a final / at most), and one on OTLP/HTTP's port 4318
-OTLP_NO_PATH = "^https?://[^/]+/?$"
-OTLP_HTTP_PORT_NO_PATH = "^https?://[^/]+:4318/?$"
-# an HTTP field name as multi-tenant stores use them (RFC 9110 token, narrowed to letters, digits and -)
-HEADER_NAME = "^[A-Za-z0-9][A-Za-z0-9-]*$"
-
-
-def _otlp_http_has_path(t: TracingSpec) -> bool:
-    http = t.protocol == "http/protobuf" if t.protocol is not None else _matches(OTLP_HTTP_PORT_NO_PATH, t.endpoint)
-    return not http or not _matches(OTLP_NO_PATH, t.endpoint)
-
-
 # ------------------------------------------------------------------------------------------------- table
 
 RULES: tuple[Rule, ...] = (
@@ -214,22 +146,22 @@ RULES: tuple[Rule, ...] = (
         on=PoolSpec,
         # vLLM: --nnodes must divide data × pipeline × tensor (vllm/engine/arg_utils.py 0.33.0 lines 2399-2413);
         # every node of a group gets the same share of GPUs
-        cel=f"self.nodesPerReplica <= 1 || {_LAYOUT_CEL} % self.nodesPerReplica == 0",
+        cel=f"self.nodesPerReplica <= 1 || {LAYOUT_CEL} % self.nodesPerReplica == 0",
         message="parallelism.tensor × parallelism.pipeline × parallelism.data must be a multiple of "
         "nodesPerReplica: every node of a replica runs the same number of GPUs",
         field_path=".nodesPerReplica",
-        holds=lambda p: p.nodes_per_replica <= 1 or _layout(p) % p.nodes_per_replica == 0,
+        holds=lambda p: p.nodes_per_replica <= 1 or layout(p) % p.nodes_per_replica == 0,
     ),
     rule(
         "pool-multinode-gpu-count",
         on=PoolSpec,
         cel=f"!has(self.gpu.count) || self.nodesPerReplica <= 1 "
-            f"|| self.gpu.count * self.nodesPerReplica == {_LAYOUT_CEL}",
+            f"|| self.gpu.count * self.nodesPerReplica == {LAYOUT_CEL}",
         message="with nodesPerReplica > 1, gpu.count (per pod) × nodesPerReplica must equal parallelism.tensor × "
         "parallelism.pipeline × parallelism.data: each GPU of the replica runs one rank",
         field_path=".gpu.count",
         holds=lambda p: p.gpu.count is None or p.nodes_per_replica <= 1
-        or p.gpu.count * p.nodes_per_replica == _layout(p),
+        or p.gpu.count * p.nodes_per_replica == layout(p),
     ),
     rule(
         "pool-multinode-data-divides",
@@ -267,27 +199,27 @@ RULES: tuple[Rule, ...] = (
     rule(
         "rolling-update-max-surge-format",
         on=RollingUpdateSpec,
-        cel=_int_or_percent_cel("maxSurge", SURGE_PERCENT),
+        cel=int_or_percent_cel("maxSurge", SURGE_PERCENT),
         message=f"maxSurge must be a count from 0 to {MOST_WORKERS} or a percentage such as 25%",
         field_path=".maxSurge",
-        holds=lambda r: _count_or_percent(r.max_surge, SURGE_PERCENT, MOST_WORKERS),
+        holds=lambda r: count_or_percent(r.max_surge, SURGE_PERCENT, MOST_WORKERS),
     ),
     rule(
         "rolling-update-max-unavailable-format",
         on=RollingUpdateSpec,
-        cel=_int_or_percent_cel("maxUnavailable", UNAVAILABLE_PERCENT),
+        cel=int_or_percent_cel("maxUnavailable", UNAVAILABLE_PERCENT),
         message=f"maxUnavailable must be a count from 0 to {MOST_WORKERS} or a percentage from 0% to 100%",
         field_path=".maxUnavailable",
-        holds=lambda r: _count_or_percent(r.max_unavailable, UNAVAILABLE_PERCENT, MOST_WORKERS),
+        holds=lambda r: count_or_percent(r.max_unavailable, UNAVAILABLE_PERCENT, MOST_WORKERS),
     ),
     rule(
         "rolling-update-not-both-zero",
         on=RollingUpdateSpec,
-        cel=f"!({_zero_cel('maxSurge')} && {_zero_cel('maxUnavailable')})",
+        cel=f"!({zero_cel('maxSurge')} && {zero_cel('maxUnavailable')})",
         message="maxUnavailable may not be 0 when maxSurge is 0: the rollout could neither add a worker nor take "
         "one away",
         field_path=".maxUnavailable",
-        holds=lambda r: not (_zero(r.max_surge) and _zero(r.max_unavailable)),
+        holds=lambda r: not (zero(r.max_surge) and zero(r.max_unavailable)),
     ),
     rule(
         "model-cache-one-kind",
@@ -327,7 +259,7 @@ RULES: tuple[Rule, ...] = (
         cel=EXTRA_ARGS_CEL,
         message=EXTRA_ARGS_MESSAGE,
         field_path=".extraArgs",
-        holds=lambda e: _extra_args_free(e.extra_args),
+        holds=lambda e: extra_args_free(e.extra_args),
     ),
     rule(
         "pool-extra-args-not-reserved",
@@ -335,7 +267,7 @@ RULES: tuple[Rule, ...] = (
         cel=EXTRA_ARGS_CEL,
         message=EXTRA_ARGS_MESSAGE,
         field_path=".extraArgs",
-        holds=lambda p: _extra_args_free(p.extra_args),
+        holds=lambda p: extra_args_free(p.extra_args),
     ),
     rule(
         "tenant-remote-above-local",
@@ -345,7 +277,7 @@ RULES: tuple[Rule, ...] = (
         "|| self.remotePrefill.minInputTokens > self.localPrefill.maxInputTokens",
         message="remotePrefill.minInputTokens must be greater than localPrefill.maxInputTokens",
         field_path=".remotePrefill.minInputTokens",
-        holds=_tenant_overrides_ordered,
+        holds=tenant_overrides_ordered,
     ),
     rule(
         "tenant-max-queued-needs-queue",
@@ -385,7 +317,7 @@ RULES: tuple[Rule, ...] = (
         cel="self.tenants.all(t, self.tenants.exists_one(u, u.name == t.name))",
         message="tenants[].name must be unique",
         field_path=".tenants",
-        holds=lambda r: _unique([t.name for t in r.tenants]),
+        holds=lambda r: unique([t.name for t in r.tenants]),
     ),
     rule(
         "routing-bucket-names-unique",
@@ -393,7 +325,7 @@ RULES: tuple[Rule, ...] = (
         cel="self.buckets.all(b, self.buckets.exists_one(c, c.name == b.name))",
         message="buckets[].name must be unique",
         field_path=".buckets",
-        holds=lambda r: _unique([b.name for b in r.buckets]),
+        holds=lambda r: unique([b.name for b in r.buckets]),
     ),
     rule(
         "ratio-min-le-max",
@@ -418,7 +350,7 @@ RULES: tuple[Rule, ...] = (
         cel=f"!has(self.headers) || self.headers.all(k, k.matches('{HEADER_NAME}'))",
         message="headers: each name must be an HTTP header name (letters, digits and -, e.g. X-Scope-OrgID)",
         field_path=".headers",
-        holds=lambda p: p.headers is None or all(_matches(HEADER_NAME, k) for k in p.headers),
+        holds=lambda p: p.headers is None or all(matches(HEADER_NAME, k) for k in p.headers),
     ),
     rule(
         "prometheus-headers-no-credentials",
@@ -458,7 +390,7 @@ RULES: tuple[Rule, ...] = (
                 "e.g. http://otel-collector:4317); for a traces URL with a path (.../v1/traces) set protocol "
                 "http/protobuf",
         field_path=".endpoint",
-        holds=lambda t: t.protocol != "grpc" or _matches(OTLP_NO_PATH, t.endpoint),
+        holds=lambda t: t.protocol != "grpc" or matches(OTLP_NO_PATH, t.endpoint),
     ),
     rule(
         "tracing-http-needs-path",
@@ -469,7 +401,7 @@ RULES: tuple[Rule, ...] = (
                 "with its path, e.g. http://otel-collector:4318/v1/traces: vLLM and the router post to it as given; "
                 "for a gRPC collector on that port set protocol grpc",
         field_path=".endpoint",
-        holds=_otlp_http_has_path,
+        holds=otlp_http_has_path,
     ),
 )
 
