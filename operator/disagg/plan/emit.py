@@ -8,7 +8,8 @@ from typing import Any
 
 from .model import fixed_p95
 from .profile import Profile
-from .search import Candidate, PlanResult, Pool, resize
+from .search import Candidate, PlanResult, Pool
+from .sizes import resize
 
 
 @dataclass(frozen=True)

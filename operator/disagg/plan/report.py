@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .search import Candidate, Mode, PlanResult, display_set, neighbours
+from .search import Candidate, Mode, PlanResult, display_set
+from .sizes import neighbours
 
 
 def _ms(x: float) -> str:
