@@ -50,6 +50,23 @@ def test_free_ports_lie_below_the_ephemeral_range_and_are_not_handed_out_twice()
     assert len(set(seen)) == len(seen)  # none handed out twice by this process
 
 
+def test_a_port_block_leaves_out_ports_handed_out_lately(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's base comes from free_port (so it is new), but the ports after it must be new too: a block that
+    overlapped a port handed out to another child let two children bind the same port (found as a flaky
+    duplicate in the test above)."""
+    from disagg.local import procs
+
+    taken = free_ports(1)[0]
+    later = iter([taken - 1])  # first a base whose block (taken - 1, taken) overlaps the port just handed out
+
+    def base(host: str = procs.HOST) -> int:
+        return next(later, None) or procs.free_ports(1, host)[0]
+
+    monkeypatch.setattr(procs, "free_port", base)
+    got = free_port_block(2)
+    assert got != taken - 1 and taken not in range(got, got + 2)
+
+
 def test_wait_for_returns_the_first_truthy_value() -> None:
     calls = iter([None, 0, "", "got it", "later"])
     assert wait_for(lambda: next(calls), 5, "a value", interval=0.001) == "got it"

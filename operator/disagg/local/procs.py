@@ -116,6 +116,9 @@ def free_port_block(n: int, host: str = HOST, attempts: int = 200) -> int:
         base = free_port(host)
         if base + n > _port_range().stop:  # the block stays below the ephemeral range too
             continue
+        with _RECENT_LOCK:  # the base is ours (free_port handed it out); the rest of the block must not be another's
+            if any(port in _RECENT_PORTS for port in range(base + 1, base + n)):
+                continue
         socks: list[socket.socket] = []
         try:
             for port in range(base, base + n):
