@@ -92,3 +92,9 @@ def test_cli_keeps_the_2h_results_for_the_2h_day(capsys) -> None:
     with pytest.raises(SystemExit):
         ad.main(["--name", "autoscale_day-2h"])  # the 1 h day under the 2 h day's name
     assert "--day 7200" in capsys.readouterr().err
+
+
+def test_cli_rejects_a_negative_warmup(capsys) -> None:
+    with pytest.raises(SystemExit):
+        ad.main(["--probe-warmup", "-5"])
+    assert "--probe-warmup" in capsys.readouterr().err

@@ -185,8 +185,8 @@ def probe_fn(s: DaySettings) -> ProbeFn:
             m = mapped(s, p, d)
             span = s.probe_warmup_s + s.probe_s
             arr = steady_arrivals(rate, rag, span, s.seed)
-            r = simulate(m.cluster, arr, seed=s.seed, slo=m.slo, window_s=span) if arr else None
-            measured = [x for x in r.records if x.arrival_s >= s.probe_warmup_s] if r else []
+            records = simulate(m.cluster, arr, seed=s.seed, slo=m.slo, window_s=span).records if arr else []
+            measured = [x for x in records if x.arrival_s >= s.probe_warmup_s]
             cache[key] = sum(x.meets(m.slo) for x in measured) / len(measured) if measured else 1.0
         return cache[key]
 
@@ -451,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from ..results import results_doc, write_results
+    from .docs import REGISTRY
 
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__)
     p.add_argument("--day", type=float, default=DaySettings.day_s, help="virtual seconds standing for 24 h")
@@ -468,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"the results' benchmark name: {BENCHMARK} (the 1 h day) or {BENCHMARK}-2h (--day 7200)")
     p.add_argument("--out", type=Path, default=None, help="the results file (default docs/results/<name>.json)")
     a = p.parse_args(argv)
-    out = a.out or Path("docs") / "results" / f"{a.name}.json"
+    out = a.out or REGISTRY[a.name].results
     if a.scale_down_window < 0:
         p.error(f"--scale-down-window: must be >= 0, got {a.scale_down_window}")
     if a.name.endswith("-2h") and a.day != 7200:
