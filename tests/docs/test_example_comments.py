@@ -73,7 +73,8 @@ def _always_canary_excluded(body: dict[str, Any], tenant: str) -> bool:
     outputs, both endpoints, many request ids)."""
     from disagg.builders.router import router_config
     from disagg.router.features import request_hash_fraction
-    from disagg.router.policy import LoadSnapshot, RequestFeatures, WorkerLoad, decide
+    from disagg.router.policy import decide
+    from disagg.router.policy_types import LoadSnapshot, RequestFeatures, WorkerLoad
 
     cfg = router_config(parse_model(body))
     snap = LoadSnapshot(prefill=(WorkerLoad("http://p", compat="a", role="prefill"),),

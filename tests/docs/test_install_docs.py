@@ -141,7 +141,8 @@ def test_ready_does_not_wait_for_the_aggregated_pool_and_the_router_uses_decode_
     from disagg.builders import parse_model
     from disagg.builders.router import router_config
     from disagg.controller.status import desired_status
-    from disagg.router.policy import LoadSnapshot, RequestFeatures, WorkerLoad, decide
+    from disagg.router.policy import decide
+    from disagg.router.policy_types import LoadSnapshot, RequestFeatures, WorkerLoad
 
     body = _migration_model()
     dm = parse_model(body)

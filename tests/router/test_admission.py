@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from disagg.router.admission import PRIORITY_WEIGHT, AdmissionQueue, FairQueue, QueueTimeoutError
 from disagg.router.core import room_wait
-from disagg.router.policy import WorkerLoad
+from disagg.router.policy_types import WorkerLoad
 from disagg.twin.clock import run_virtual
 
 INTERACTIVE, BATCH, BACKGROUND = 0, 1, 2

@@ -10,7 +10,8 @@ import pytest
 
 from disagg.api.contract import RouterConfig
 from disagg.router.features import request_hash_fraction
-from disagg.router.policy import LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide
+from disagg.router.policy import decide
+from disagg.router.policy_types import LoadSnapshot, RequestFeatures, Tuning, WorkerLoad
 from disagg.router.probe import ProbeLimiter, probe_decision
 from disagg.router.proxy import COMMIT, ERROR, HOLD, StreamAccount, StreamStart, has_error_finish, is_generation_error
 

@@ -14,7 +14,7 @@ from disagg.router.core import RequestCore
 from disagg.router.kvevents import Batch, BlockStored
 from disagg.router.load import WorkerSet
 from disagg.router.metrics import RouterMetrics
-from disagg.router.policy import WorkerLoad
+from disagg.router.policy_types import WorkerLoad
 from disagg.router.request import Ctx
 
 COST = EngineCost.from_profile(None)

@@ -14,7 +14,8 @@ from disagg.api.contract import EngineProfile, RouterConfig
 from disagg.perf.costs import EngineCost, tpot_chunk_budget
 from disagg.router import placement as pl
 from disagg.router.load import STREAM_MIN_SEEN, Worker
-from disagg.router.policy import LoadSnapshot, RequestFeatures, Tuning, WorkerLoad, decide, demand_pool
+from disagg.router.policy import decide, demand_pool
+from disagg.router.policy_types import LoadSnapshot, RequestFeatures, Tuning, WorkerLoad
 
 COST = EngineCost.from_profile(None)  # H100-SXM, Llama-3.1-8B, vLLM's defaults
 SLO = {"ttftP95Ms": 1000, "tpotP95Ms": 50}

@@ -8,7 +8,7 @@ from disagg.perf.costs import EngineCost
 from disagg.router.core import RequestCore
 from disagg.router.load import Worker, WorkerSet
 from disagg.router.metrics import RouterMetrics
-from disagg.router.policy import Tuning
+from disagg.router.policy_types import Tuning
 
 
 def pools(p: int, d: int) -> WorkerSet:

@@ -22,7 +22,8 @@ from disagg.poll import until
 from disagg.router.core import RequestCore
 from disagg.router.load import Worker, WorkerSet
 from disagg.router.metrics import RouterMetrics
-from disagg.router.policy import LoadSnapshot, RequestFeatures, Tuning, decide
+from disagg.router.policy import decide
+from disagg.router.policy_types import LoadSnapshot, RequestFeatures, Tuning
 from disagg.router.prefork import child_argv
 from disagg.router.probe import ProbeLimiter
 
@@ -231,7 +232,7 @@ def test_a_workers_load_fills_every_field_of_the_policys_view() -> None:
     against the keyword form on a worker whose every figure differs."""
     from disagg.perf.costs import EngineCost
     from disagg.router.load import WAITING_FOR_CAPACITY, Worker
-    from disagg.router.policy import WorkerLoad
+    from disagg.router.policy_types import WorkerLoad
 
     cost = EngineCost.from_profile(None)
     w = Worker(url="http://p7", role="prefill", compat="c9", inflight=3, inflight_tokens=1234, cost=cost,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from disagg.router.policy import Tuning
+from disagg.router.policy_types import Tuning
 from disagg.twin import Arrival, ClusterSpec, PoolSpec, TwinResult, simulate
 from disagg.twin.cluster import TwinCluster
 

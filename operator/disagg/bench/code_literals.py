@@ -280,7 +280,8 @@ def events() -> dict[str, set[str]]:
 def decisions() -> dict[str, set[str]]:
     """Routing decision reason → decisions (remote, local, reject), from every ``Decision(kind, reason, …)`` and
     ``dataclasses.replace(d, …, reason=…)`` in the router's policy, core and probes."""
-    lit = Literals(package_files("router/policy.py", "router/core.py", "router/probe.py", "router/placement.py"),
+    lit = Literals(package_files("router/policy.py", "router/slo_policy.py", "router/core.py", "router/probe.py",
+                                 "router/placement.py"),
                    attributes=True)
     out: dict[str, set[str]] = defaultdict(set)
     for mod, call in lit.calls():

@@ -36,7 +36,7 @@ BUDGET_US = 30.0  # issue 27: the SLO placement adds at most this at p50 over th
 def snapshots(n: int, seed: int = 0) -> list[Any]:
     """``n`` load snapshots of a 16P + 48D fleet, from idle to busy (seeded)."""
     from ..perf.costs import EngineCost
-    from ..router.policy import LoadSnapshot, WorkerLoad
+    from ..router.policy_types import LoadSnapshot, WorkerLoad
 
     cost = EngineCost.from_profile(None)
     rng = random.Random(seed)
@@ -70,7 +70,8 @@ def measure(policies: tuple[str, ...], snaps: list[Any], prompts: tuple[int, ...
     The mean CPU time per call: each policy's rounds again, whole, under ``time.thread_time_ns``."""
     from ..api.contract import RouterConfig
     from ..router.features import request_hash_fraction
-    from ..router.policy import RequestFeatures, decide
+    from ..router.policy import decide
+    from ..router.policy_types import RequestFeatures
 
     cfgs = {p: RouterConfig.model_validate({"model": "m", "mode": "Disaggregated",
                                             "slo": {"ttftP95Ms": 1000, "tpotP95Ms": 50},

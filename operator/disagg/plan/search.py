@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..perf.presets import TRANSPORTS, ModelPreset, TransportPreset
-from ..router.policy import Tuning
+from ..router.policy_types import Tuning
 from .model import (
     DecodeSide,
     PoolModel,

@@ -18,7 +18,7 @@ from ..builders.vllm import KV_EVENTS_PORT
 from .config import ConfigWatcher
 from .kvsub import kv_endpoints
 from .load import WorkerSet, parse_worker_arg
-from .policy import Tuning
+from .policy_types import Tuning
 from .server import Router, RouterOptions
 
 log = logs.get("disagg.router")

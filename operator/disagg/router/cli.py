@@ -11,7 +11,7 @@ from typing import Any
 
 from ..api.contract import ROUTER_PORT
 from ..builders.vllm import KV_EVENTS_PORT, KV_EVENTS_REPLAY_PORT
-from .policy import Tuning
+from .policy_types import Tuning
 
 
 def _non_negative(text: str) -> float:

@@ -60,16 +60,8 @@ from .paths import (  # the transport contract and the cause mapping live with t
     OnCommit,
 )
 from .placement import Prediction
-from .policy import (
-    Decision,
-    LoadSnapshot,
-    RequestFeatures,
-    Tuning,
-    WorkerLoad,
-    decide,
-    demand_pool,
-    find_tenant,
-)
+from .policy import decide, demand_pool, find_tenant
+from .policy_types import Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad
 from .prefix import PrefixIndex
 from .probe import ProbeLimiter, probe_decision
 from .proxy import UpstreamError

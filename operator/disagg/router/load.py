@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..perf.costs import EngineCost
-from .policy import WorkerLoad
+from .policy_types import WorkerLoad
 
 GAUGES = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
           "vllm:num_requests_waiting_by_reason")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..api.contract import RouterConfig
 from .breaker import Ticket
-from .policy import Decision
+from .policy_types import Decision
 from .proxy import UpstreamError
 from .request import Ctx
 

@@ -1,5 +1,5 @@
 """SLO-predictive placement (``spec.routing.policy: SLO``). PURE: features + load snapshot + SLO → the placement
-that keeps the most requests within the SLO, with its prediction. No I/O, no clock. policy.py ``slo_decision``
+that keeps the most requests within the SLO, with its prediction. No I/O, no clock. slo_policy.py ``slo_decision``
 prices the ladder's choice and the alternatives with these functions and, once the ladder's choice is at risk
 (``Tuning.slo_keep`` expected misses), overrules it when another placement is predicted to keep more requests
 within the SLO (by more than ``Tuning.slo_override`` expected misses: 0.01 by default, a noise floor, so the fewest
@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..api.models import SLOSpec
 from ..perf.costs import EngineCost
 
-if TYPE_CHECKING:  # policy.py imports this module (its SLO policy)
-    from .policy import WorkerLoad
+if TYPE_CHECKING:
+    from .policy_types import WorkerLoad
 
 SPREAD = 0.15  # relative spread of an outcome around its prediction (logistic scale)
 # the streams on a worker spread around its mean TPOT (each its own context and output) wider than one prediction
@@ -284,7 +284,7 @@ def rank(options: list[Prediction], slo_ttft_s: float, slo_tpot_s: float) -> lis
 class RunnerUp:
     """The best placement a request did not take (its log line's and span's ``rejected_placement``), priced when
     first asked for: a ladder choice predicted to meet stands without its alternatives priced on the decision's
-    path (policy.py ``slo_decision``), and the log line, written when the request ends, prices them then, on the
+    path (slo_policy.py ``slo_decision``), and the log line, written when the request ends, prices them then, on the
     same snapshot, to the same result."""
 
     __slots__ = ("_price", "_value")

@@ -27,126 +27,16 @@ Rule order (first match wins; docs/router.md has the table):
 14. otherwise                                                            → remote policy|tenant_always|bucket_remote
 """
 
+
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from ..api.contract import RouterConfig
 from ..api.models import ActiveMode, PromptBucket, TenantPolicy
-from . import placement as pl
-
-if TYPE_CHECKING:
-    from ..perf.costs import EngineCost
-
-DecisionKind = Literal["remote", "local", "reject"]
-DEFAULT_TENANT = "default"
-
-
-@dataclass(frozen=True)
-class RequestFeatures:
-    request_id: str
-    endpoint: str  # /v1/completions | /v1/chat/completions
-    input_tokens: int
-    max_tokens: int | None = None  # what the client asked for, if anything
-    tenant: str | None = None  # TenantPolicy.name, None when no tenant matched
-    canary_fraction: float = 0.0  # features.request_hash_fraction(request_id)
-
-
-class WorkerLoad(NamedTuple):
-    """One worker's load for the policy, built for every ready worker on every request (a NamedTuple: about half
-    the cost of a frozen dataclass at 64 workers)."""
-
-    url: str
-    compat: str = ""
-    inflight: int = 0  # router's own in-flight requests on this worker
-    est_wait_ms: float = 0.0  # prefill workers: estimated queue wait for a new prefill
-    running: float = 0.0  # vllm:num_requests_running (scraped), or the router's count if higher
-    waiting: float = 0.0  # vllm:num_requests_waiting (scraped)
-    kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
-    prefix_tokens: int = 0  # tokens of this prompt's prefix the router thinks it holds
-    # for the SLO placement (placement.py)
-    role: str = "decode"
-    queued: float = 0.0  # requests waiting for room (not for their KV) at the last scrape
-    ahead_tokens: int = 0  # prompt tokens of the router's prefills in flight there, not yet at their first token
-    prefill_rate: float = 0.0  # prefill tokens/s sent there lately
-    cost: EngineCost | None = None  # its engine priced (perf/costs.py); None: the default prior
-    f_prefill: float = 1.0  # observed ÷ predicted TTFT of its recent prefills
-    f_decode: float = 1.0  # observed ÷ predicted TPOT of its recent streams
-    avg_prompt_tokens: float = 0.0  # other clients' queued prompts are priced at this size
-    # prefill workers: seconds since the router last sent them a prefill leg (or the SLO placement a whole prompt
-    # longer than their chunk: load.py ``Worker.remote_prefill_at``)
-    remote_idle_s: float = math.inf
-    stream_tpot_s: float = 0.0  # its recent streams' TPOT, geometric mean (observed; 0: not yet known)
-    stream_spread: float = 0.0  # … the standard deviation of their log TPOT
-    # the prefills sent there lately: the mean residual size of the one in progress at a random moment, tokens
-    # (E[n²] ÷ 2E[n]: Pollaczek–Khinchine's residual; placement.py ``_backlog_then``)
-    prefill_residual_tokens: float = 0.0
-    prefill_size_tokens: float = 0.0  # … and their mean size, tokens
-
-
-@dataclass(frozen=True)
-class LoadSnapshot:
-    prefill: tuple[WorkerLoad, ...] = ()
-    decode: tuple[WorkerLoad, ...] = ()
-    aggregated: tuple[WorkerLoad, ...] = ()  # optional aggregated pool: serves mode Aggregated when present
-    tenant_avg_output_tokens: float | None = None  # observed average output of this request's tenant
-    # Circuit breakers (breaker.py) that would not let a remote request through now: decode URLs and
-    # (prefill URL, decode URL) pairs. Local prefill on such a decode worker is still fine.
-    blocked_decode: frozenset[str] = frozenset()
-    blocked_pairs: frozenset[tuple[str, str]] = frozenset()
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """Router knobs outside the API (CLI flags), with defaults."""
-
-    decode_pressure_kv_usage: float = 0.5  # decode worker under pressure at this KV-cache usage …
-    # one elastic fleet (Thresholds): a request the ladder keeps local may run whole on a prefill worker that has
-    # had no remote prefill (nor a long whole prompt the SLO placement put there) for this long (its steps are free
-    # of long chunks) and is less loaded than the decode worker. 0: off.
-    elastic_idle_s: float = 5.0
-    decode_pressure_running: int = 8  # … or this many running + waiting sequences
-    prefix_affinity_slack: int = 4  # prefer the prefix-holding decode worker unless it has this many more in flight
-    # A slow KV hand-off is a routing event (core.py "hedge"): a remote stream whose first token has not come this
-    # many times the decode worker's recent remote first-token time after its decode leg started (and at least
-    # hedge_min_s) gets a local prefill on another worker beside it; the first to answer serves. 0: off.
-    hedge_factor: float = 8.0
-    hedge_min_s: float = 0.25
-    # SLO placement (placement.py): the output a stream is assumed to have when nothing says more, and by how many
-    # expected misses a placement must beat the ladder's choice by to overrule it: one in a hundred, a noise floor.
-    # Any clear saving overrules (the placement predicted to keep the most requests within the SLO wins); a
-    # difference within the model's own error at light load keeps the ladder's choice (docs/router.md "How much an
-    # overrule must save": the goodput benchmark at margins of 0.5/0.2, 0.01 and 0)
-    default_output_tokens: int = 256
-    slo_override: float = 0.01
-    # … and by how many when the ladder's rule is in its grey zone (GREY_REASONS: a prompt between the local and
-    # the remote thresholds, a long prompt with a short answer), where a static rule knows least
-    slo_override_grey: float = 0.01
-    # … but the ladder's choice stands, whatever another placement saves, while its own expected misses stay below
-    # this: a choice predicted to keep this request and those it would slow within the SLO needs no overrule. At
-    # light load every placement meets, and the differences left (a long prompt's KV transfer against its prefill
-    # on an idle decode worker) are in the logistic's tail, not in the SLO: there the ladder's intent — long
-    # prompts on the prefill pool, decode steps free of their chunks — holds (docs/router.md "How much an overrule
-    # must save"). 0: the margin alone decides
-    slo_keep: float = 0.1
-
-
-@dataclass(frozen=True)
-class Decision:
-    decision: DecisionKind
-    reason: str
-    decode: str | None = None  # decode worker URL (both paths)
-    prefill: str | None = None  # prefill worker URL (remote only)
-    tenant: str = DEFAULT_TENANT
-    bucket: str | None = None
-    est_prefill_wait_ms: float | None = None
-    prefix_tokens: int = 0
-    status: int = 200  # HTTP status for reject
-    # Decode worker choice for a local path if the remote decision must fall back (compat group may differ).
-    local_decode: str | None = None
-    detail: dict[str, Any] = field(default_factory=dict)
+from .policy_types import DEFAULT_TENANT, DEFAULT_TUNING, Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad
+from .slo_policy import slo_decision
 
 
 @dataclass(frozen=True)
@@ -223,7 +113,7 @@ def _decode_load(w: WorkerLoad) -> float:
     return max(float(w.inflight), w.running + w.waiting)
 
 
-def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = Tuning()) -> WorkerLoad | None:
+def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = DEFAULT_TUNING) -> WorkerLoad | None:
     """Least loaded decode worker; the one holding the longest prefix wins unless it is `slack` busier."""
     if not workers:
         return None
@@ -264,7 +154,7 @@ def _saved_ms(w: WorkerLoad) -> float:
     return w.cost.prefill(w.prefix_tokens).seconds * 1000.0 * w.f_prefill
 
 
-def choose_pair(decodes: tuple[WorkerLoad, ...], snap: LoadSnapshot, tuning: Tuning = Tuning(),
+def choose_pair(decodes: tuple[WorkerLoad, ...], snap: LoadSnapshot, tuning: Tuning = DEFAULT_TUNING,
                 first: WorkerLoad | None = None) -> tuple[WorkerLoad, WorkerLoad] | None:
     """The preferred decode worker and its prefill worker, skipping decode workers and pairs whose circuit
     breaker is open; None when every candidate is blocked. ``first``: ``choose_decode(decodes)`` when the caller
@@ -293,20 +183,17 @@ def under_pressure(w: WorkerLoad, tuning: Tuning) -> bool:
 # The ladder's own choices (rules 7–10, 12b, 13 LocalPrefill, 14 policy): what the SLO policy may overrule.
 LADDER_REASONS = frozenset({"short_prompt", "prefix_cache_hit", "below_remote_threshold", "short_output",
                             "no_decode_pressure", "prefill_queue_overload", "policy"})
-# … and those where its rule is least sure: neither short enough for `maxInputTokens` nor long enough for
-# `minInputTokens`, or long but with an answer below `minExpectedOutputTokens` (Tuning.slo_override_grey)
-GREY_REASONS = frozenset({"below_remote_threshold", "short_output"})
 
 
-def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning = Tuning()) -> Decision:
-    picks = _Picks(snap, tuning)
+def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning = DEFAULT_TUNING) -> Decision:
+    picks = Picks(snap, tuning)
     d = _ladder(cfg, f, snap, tuning, picks)
     if cfg.routing.policy == "SLO" and d.decision != "reject" and d.reason in LADDER_REASONS:
         return slo_decision(cfg, f, snap, tuning, d, picks)
     return d
 
 
-class _Picks:
+class Picks:
     """The workers a request would use — the least loaded decode worker, the remote pair — each chosen once per
     request and shared by the ladder and the SLO placement (the hot path: every request, up to 64 workers)."""
 
@@ -341,7 +228,7 @@ class _Picks:
         return choose_prefill(self.snap.prefill, None)
 
 
-def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning, picks: _Picks) -> Decision:
+def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning, picks: Picks) -> Decision:
     tenant = find_tenant(cfg, f.tenant)
     tname = tenant.name if tenant else DEFAULT_TENANT
     bucket = find_bucket(cfg, f.input_tokens)
@@ -433,145 +320,3 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
         return Decision(**{**d2.__dict__, "est_prefill_wait_ms": p.est_wait_ms,
                            "detail": {**d2.detail, "deflected": True}})
     return remote(reason)
-
-
-def _spent(o: pl.Prediction, local_d: WorkerLoad, pw: WorkerLoad | None, slo_tpot_s: float) -> bool:
-    """Whether placement ``o`` prefills on a worker over its TPOT budget (placement.over_tpot_budget): the whole
-    request on the decode worker or on the prefill worker; a remote prefill adds a stream to its decode worker, no
-    prefill."""
-    if o.placement == "local":
-        return pl.over_tpot_budget(local_d, slo_tpot_s)
-    if o.placement == "prefill_worker" and pw is not None:
-        return pl.over_tpot_budget(pw, slo_tpot_s)
-    return False
-
-
-class _Priced:
-    """The placements one request may take, each priced once and only when asked for (the hot path: a ladder choice
-    predicted to meet is the only one priced on the decision's path; slo_decision)."""
-
-    __slots__ = ("_local", "_priced", "_remote", "_whole", "base_worker", "cfg", "f", "out", "pair", "picks", "pw",
-                 "slo_tpot", "slo_ttft", "snap", "tuning")
-
-    def __init__(self, cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning, base: Decision,
-                 picks: _Picks) -> None:
-        self.cfg, self.f, self.snap, self.tuning, self.picks = cfg, f, snap, tuning, picks
-        self.out = float(f.max_tokens if f.max_tokens is not None else
-                         snap.tenant_avg_output_tokens or tuning.default_output_tokens)
-        self.slo_tpot, self.slo_ttft = cfg.slo.tpot_p95_ms / 1000.0, cfg.slo.ttft_p95_ms / 1000.0
-        self.base_worker = (next((w for w in snap.prefill if w.url == base.decode), None)
-                            if base.detail.get("elastic") else None)
-        self.pair: tuple[WorkerLoad, WorkerLoad] | None = None
-        self.pw: WorkerLoad | None = None
-        self._local: pl.Prediction | None = None
-        self._remote: pl.Prediction | None = None
-        self._whole: pl.Prediction | None = None
-        self._priced: set[str] = set()  # which of remote and prefill_worker are priced (None: infeasible)
-
-    def local(self) -> pl.Prediction:
-        """The whole request on the chosen decode worker."""
-        if self._local is None:
-            d = self.picks.local_d
-            assert d is not None  # the ladder rejected otherwise
-            self._local = pl.predict_whole(d, pl.cost_of(d), self.f.input_tokens, "local", self.slo_tpot, self.out,
-                                           slo_ttft_s=self.slo_ttft)
-        return self._local
-
-    def _remote_ok(self) -> bool:
-        return bool(self.snap.prefill) and not self.cfg.prefill_starting
-
-    def remote(self) -> pl.Prediction | None:
-        """Remote prefill on a compatible pair (closed breakers, the prefill pool not starting); None: no pair."""
-        if "remote" not in self._priced:
-            self._priced.add("remote")
-            self.pair = self.picks.pair() if self._remote_ok() else None
-            if self.pair is not None:
-                d, p = self.pair
-                self._remote = pl.predict_remote(p, pl.cost_of(p), d, pl.cost_of(d), self.f.input_tokens,
-                                                 self.slo_tpot, self.out, slo_ttft_s=self.slo_ttft)
-        return self._remote
-
-    def on_prefill_worker(self) -> pl.Prediction | None:
-        """The whole request on the ladder's elastic prefill worker, else on the least busy prefill worker (one
-        elastic fleet; Tuning.elastic_idle_s 0: off, here too); None: none."""
-        if "prefill_worker" not in self._priced:
-            self._priced.add("prefill_worker")
-            if self._remote_ok():
-                elastic = self.cfg.routing.elastic_fleet and self.tuning.elastic_idle_s > 0
-                self.pw = self.base_worker or (self.picks.any_prefill() if elastic else None)
-            if self.pw is not None:  # a stream there shares its steps with the pool's remote prefills to come
-                pw, prefill = self.pw, self.snap.prefill
-                pool_rate = sum([w.prefill_rate for w in prefill]) / len(prefill)
-                self._whole = pl.predict_whole(pw, pl.cost_of(pw), self.f.input_tokens, "prefill_worker",
-                                               self.slo_tpot, self.out, rate_floor=pool_rate,
-                                               slo_ttft_s=self.slo_ttft)
-        return self._whole
-
-    def options(self) -> list[pl.Prediction]:
-        """Every feasible placement, in the listed order (local, remote, prefill worker: the ranking's ties)."""
-        return [o for o in (self.local(), self.remote(), self.on_prefill_worker()) if o is not None]
-
-    def runner_up(self, taken: pl.Prediction) -> pl.Prediction | None:
-        """The best-ranked placement other than ``taken``."""
-        return next((o for o, _ in pl.rank(self.options(), self.slo_ttft, self.slo_tpot) if o is not taken), None)
-
-
-def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning,
-                 base: Decision, picks: _Picks) -> Decision:
-    """``spec.routing.policy: SLO``: the ladder's choice ``base``, overruled by the placement predicted to keep
-    more requests within spec.slo (placement.py: by more than ``tuning.slo_override`` expected misses, or
-    ``tuning.slo_override_grey`` where the ladder's rule is in its grey zone, :data:`GREY_REASONS`; both 0.01 by
-    default: a noise floor, not a prior for the ladder) once the ladder's choice is at risk (its expected misses at
-    least ``tuning.slo_keep``),
-    among the whole request on the chosen decode worker, remote prefill on a compatible pair (closed breakers, the
-    prefill pool not starting), and the whole request on the least busy prefill worker."""
-    priced = _Priced(cfg, f, snap, tuning, base, picks)
-    slo_tpot, slo_ttft = priced.slo_tpot, priced.slo_ttft
-    kind = "remote" if base.decision == "remote" else "prefill_worker" if priced.base_worker is not None else "local"
-    # the ladder's choice first (remote without a pair: priced as local, as the ranking below finds it)
-    first = priced.remote() if kind == "remote" else priced.on_prefill_worker() if kind == "prefill_worker" else None
-    if first is None:
-        first = priced.local()
-    detail: dict[str, Any] = base.detail
-    if pl.misses(first, slo_ttft, slo_tpot) < tuning.slo_keep:
-        # predicted to meet: it stands whatever the others save (below), so they are priced only for the log line
-        detail["prediction"] = first
-        detail["rejected"] = pl.RunnerUp(price=lambda: priced.runner_up(first))
-        return base
-    local = priced.local()
-    remote = priced.remote()
-    order = pl.rank(priced.options(), slo_ttft, slo_tpot)
-    local_d, pw = picks.local_d, priced.pw
-    assert local_d is not None
-    chosen, chosen_misses = next((x for x in order if x[0].placement == kind), None) or next(
-        x for x in order if x[0] is local)
-    # an overrule puts no prefill on a worker whose streams already spend the TPOT SLO's allowance: its harm to
-    # them is past what the stall model sees (the load they live through grows), and the ladder's own choice stands
-    best, best_misses = next(x for x in order if x[0] is chosen or not _spent(x[0], local_d, pw, slo_tpot))
-    margin = tuning.slo_override_grey if base.reason in GREY_REASONS else tuning.slo_override
-    # ties (equal expected misses at the ranking's precision) and savings within the margin keep it
-    if best is not chosen and round(chosen_misses, 3) - round(best_misses, 3) <= margin + 1e-9:
-        best = chosen
-    # the predictions themselves (formatted for the log line and the span only when the request is logged)
-    detail["prediction"] = best
-    detail["rejected"] = pl.RunnerUp(next((x[0] for x in order if x[0] is not best), None))
-    if (base.decision == "remote" and best is not remote and remote is not None
-            and pl.p_miss(remote.ttft_s, slo_ttft) >= tuning.slo_keep and remote.prefill_s >= 0.5 * remote.ttft_s):
-        # prefill work the ladder meant for the prefill pool, placed elsewhere because the remote path is at risk on
-        # its TTFT — its chance to miss it alone reaches the floor that lets an overrule happen at all
-        # (Tuning.slo_keep) — and its prefill leg (queue + compute on the prefill worker) is most of it: demand the
-        # prefill pool could not take in time (the autoscaler's prefill signal: disagg_prefill_deflections_total).
-        # Not counted when the remote path lost on the decode side (a full decode worker, a slow transfer, harm to
-        # streams). A predicted TTFT past the target alone would miss most of them: an overrule comes well before.
-        detail["deflected"] = True
-    if best is chosen:
-        return base  # its detail, this request's own dict, now carries the prediction
-    if best.placement == "remote" and priced.pair is not None:
-        detail.pop("deflected", None)  # the ladder's overflow, overruled: the prefill pool takes it after all
-        d, p = priced.pair
-        return Decision("remote", "slo_remote", decode=d.url, prefill=p.url, tenant=base.tenant, bucket=base.bucket,
-                        est_prefill_wait_ms=p.est_wait_ms, prefix_tokens=d.prefix_tokens, local_decode=local_d.url,
-                        detail=detail)
-    return Decision("local", "slo_" + best.placement, decode=best.worker, tenant=base.tenant, bucket=base.bucket,
-                    prefix_tokens=local_d.prefix_tokens if best.placement == "local" else 0,
-                    local_decode=best.worker, detail=detail)

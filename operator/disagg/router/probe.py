@@ -19,7 +19,8 @@ import dataclasses
 
 from ..api.contract import RouterConfig
 from ..api.models import ActiveMode
-from .policy import Decision, LoadSnapshot, RequestFeatures, Tuning, decide
+from .policy import decide
+from .policy_types import Decision, LoadSnapshot, RequestFeatures, Tuning
 
 PROBE_REASON = "mode_probe"
 _EPS = 1e-9

@@ -34,7 +34,7 @@ from .kvsub import Endpoints, KVSubscriber
 from .legs import HttpLegs, Upstream
 from .load import WorkerSet
 from .metrics import RouterMetrics
-from .policy import Tuning
+from .policy_types import Tuning
 from .rawstream import RawPool
 from .request import Ctx, fwd_headers, openai_error, parse_request
 from .scrape import Scraper

@@ -29,7 +29,7 @@ from ..router.core import RequestCore
 from ..router.kvindex import sink_for
 from ..router.load import GAUGES, HISTOGRAMS, Worker, WorkerSet
 from ..router.metrics import RouterMetrics
-from ..router.policy import Decision, Tuning
+from ..router.policy_types import Decision, Tuning
 from ..router.request import Ctx
 from ..sim import config as sim_config
 from ..sim.engine import Engine, ReqCtx, SimClock, make_request
