@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from disagg.router.admission import PRIORITY_WEIGHT, AdmissionQueue, FairQueue, QueueTimeoutError
-from disagg.router.core import room_wait
+from disagg.router.overload import room_wait
 from disagg.router.policy_types import WorkerLoad
 from disagg.twin.clock import run_virtual
 

@@ -92,7 +92,7 @@ def test_queued_requests_wait_in_the_router_and_that_wait_is_in_their_ttft() -> 
 
 def test_under_the_thresholds_policy_admission_prices_the_ladders_choice() -> None:
     """No SLO placement, so no prediction from the policy: admission prices the ladder's choice with the same model
-    (core.py ``_over_slo``) and protects chat the same way."""
+    (overload.py ``over_slo``) and protects chat the same way."""
     admit, shed = run("Admit", "Thresholds"), run("Shed", "Thresholds")
     assert attainment(shed, "chat") >= 0.95
     assert goodput(shed, "batch") > 3 * goodput(admit, "batch")

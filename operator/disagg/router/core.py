@@ -49,12 +49,12 @@ from ..api.spec import (
 )
 from ..perf.costs import EngineCost
 from . import features, paths
-from . import placement as pl
 from .admission import AdmissionQueue, QueueTimeoutError
 from .breaker import Breakers, Ticket
 from .kvindex import KVIndex
 from .load import TenantStats, Worker, WorkerSet
 from .metrics import RouterMetrics
+from .overload import ADMISSION_MARGIN, newest_first_after, over_slo
 from .paths import (  # the transport contract and the cause mapping live with the paths; imported from here too
     Legs,
     OnCommit,
@@ -79,15 +79,6 @@ REMOTE_PATH_CAUSES = (*PREFILL_CAUSES, *KV_CAUSES, "decode_rejected")
 
 R = TypeVar("R")
 
-# Admission (admit): a request is past the knee when its predicted TTFT exceeds the SLO (or, for a prompt that
-# cannot make the SLO even on an idle engine, that idle TTFT) by more than this share of it. Negative: the
-# prediction is a median, and past the knee it runs short of what the engines then do (stale scrapes, local
-# prefills beside a full batch of streams: docs/router.md "Admission and overload"), so admission holds a request
-# predicted beyond half its SLO. Measured on `disagg bench overload`'s cluster at its top step (batch 32 req/s),
-# batch goodput within the SLO in req/s, Shed / Queue: margin 0: 6.7 / 6.0; -0.3: 8.8 / 6.7; -0.5: 13.8 / 11.1;
-# -0.7: 12.6 / 13.1 (chat 100 % in every case).
-ADMISSION_MARGIN = -0.5
-IDLE_FACTOR = 2.0  # … and beyond twice what it would take on an idle engine (a long prompt is not an overload)
 
 
 class RequestCore(Generic[R]):
@@ -319,7 +310,8 @@ class RequestCore(Generic[R]):
         t = find_tenant(cfg, tenant)
         policy = t.overload if t is not None else "Admit"
         prio = t.priority if t is not None else "Interactive"
-        over, excess = self._over_slo(cfg, d, snap, ctx, max_tokens)
+        over, excess = over_slo(cfg, d, snap, ctx.input_tokens, max_tokens, self.tuning.default_output_tokens,
+                                self.admission_margin)
         if not over:
             return self._admitted(ctx, d, ticket, prio, "within_slo")
         if policy == "Admit":
@@ -347,7 +339,8 @@ class RequestCore(Generic[R]):
                 if d.decision == "reject":
                     outcome = "rejected"
                     return self._count(d, ctx), ticket
-                over, _ = self._over_slo(cfg, d, snap, ctx, max_tokens)
+                over, _ = over_slo(cfg, d, snap, ctx.input_tokens, max_tokens, self.tuning.default_output_tokens,
+                                   self.admission_margin)
                 if not over or self.serving == 0:
                     outcome = "admitted"
                     return self._admitted(ctx, d, ticket, prio, "nothing_in_flight" if over else "released")
@@ -377,47 +370,6 @@ class RequestCore(Generic[R]):
         self.metrics.admission.labels(d.tenant, prio, "shed", reason).inc()
         return self._count(Decision("reject", decision_reason, tenant=d.tenant, bucket=d.bucket, status=429,
                                     detail={"retry_after": max(1, math.ceil(retry_after_s))}), ctx, demand=d)
-
-    def _over_slo(self, cfg: RouterConfig, d: Decision, snap: LoadSnapshot, ctx: Ctx,
-                  max_tokens: int | None) -> tuple[bool, float]:
-        """Whether ``d``'s predicted TTFT misses the SLO by the admission margin, and by how many seconds it
-        exceeds that limit. The SLO placement's own prediction when it made one, else the same model (placement.py)
-        on the ladder's choice, at least the ladder's prefill-queue estimate for a remote one; plus the wait for
-        room on a decode worker that is out of it (:func:`room_wait`). A prompt long enough that even an idle
-        engine takes a good part of the SLO is held only past :data:`IDLE_FACTOR` times that idle TTFT."""
-        slo = cfg.slo.ttft_p95_ms / 1000.0
-        pred = d.detail.get("prediction")
-        tokens = ctx.input_tokens
-        by_url = {w.url: w for w in (*snap.decode, *snap.aggregated, *snap.prefill)}
-        out = float(max_tokens if max_tokens is not None else
-                    snap.tenant_avg_output_tokens or self.tuning.default_output_tokens)
-        if isinstance(pred, Prediction):
-            ttft, tpot = pred.ttft_s, pred.tpot_s
-            dw, first = by_url.get(pred.worker), by_url.get(pred.prefill_worker or pred.worker)
-        else:
-            slo_tpot = cfg.slo.tpot_p95_ms / 1000.0
-            dw = by_url.get(d.decode or "")
-            pw = next((w for w in snap.prefill if w.url == d.prefill), None) if d.prefill else None
-            if dw is None:
-                return False, 0.0
-            if d.decision == "remote" and pw is not None:
-                p = pl.predict_remote(pw, pl.cost_of(pw), dw, pl.cost_of(dw), tokens, slo_tpot, out, slo_ttft_s=slo)
-                first = pw
-            else:
-                p = pl.predict_whole(dw, pl.cost_of(dw), tokens, "local", slo_tpot, out, slo_ttft_s=slo)
-                first = dw
-            ttft, tpot = p.ttft_s, p.tpot_s
-        if dw is not None:
-            ttft += room_wait(dw, out, tpot)
-        limit = slo * (1.0 + self.admission_margin)
-        if first is not None:
-            cost = pl.cost_of(first)
-            idle = (cost.request_overhead_s + cost.prefill(tokens).seconds) * first.f_prefill
-            limit = max(limit, IDLE_FACTOR * idle)
-            if d.decision == "remote" and d.est_prefill_wait_ms is not None:
-                # the ladder's backlog clock (load.py) sees the prefill queue from what it sent: the larger wins
-                ttft = max(ttft, d.est_prefill_wait_ms / 1000.0 + idle)
-        return ttft > limit, max(0.0, ttft - limit)
 
     def fallback_worker(self, exclude: set[str], prefer: str | None = None) -> str | None:
         """A worker for local/aggregated serving: the aggregated pool first, else the least loaded decode worker."""
@@ -546,25 +498,3 @@ class RequestCore(Generic[R]):
 def _scaled(tokens: int, scale: float) -> int:
     """A text prefix match (blocks cut by bytes) in engine tokens: × the prompt's learned scale."""
     return tokens if scale == 1.0 or tokens == 0 else round(tokens * scale)
-
-
-ROOM_FULL_KV = 0.9  # a worker this full of KV blocks admits new streams only as others finish
-
-
-def newest_first_after(cfg: RouterConfig) -> float:
-    """A tenant's admission queue is released newest first once its oldest request has waited this long: half the
-    TTFT SLO (admission.py, adaptive LIFO)."""
-    return cfg.slo.ttft_p95_ms / 2000.0
-
-
-def room_wait(w: WorkerLoad, out_tokens: float, tpot_s: float) -> float:
-    """Admission's wait for room on the worker that decodes: with ``w.queued`` requests waiting for room (KV
-    blocks or sequence slots) at its last scrape, a new one waits until that many of its ``w.running`` streams
-    have finished, and streams finish at about ``running / (out_tokens × TPOT)`` per second (Little's law). The
-    placement's TTFT (placement.py) prices a queue of compute, not of room; past the knee the room is what runs
-    out first on a decode worker."""
-    if w.running < 1:
-        return 0.0
-    # the scrape is up to an interval old: on a full worker the router's own requests beyond those running wait too
-    queued = max(w.queued, w.inflight - w.running) if w.kv_usage >= ROOM_FULL_KV else w.queued
-    return max(0.0, queued) * out_tokens * tpot_s / w.running
