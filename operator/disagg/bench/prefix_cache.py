@@ -134,8 +134,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 def run_variant(variant: str, arrivals: list[Any], decode_workers: int = 4, seed: int = 0, replicas: int = 1,
                 kv_blocks: int | None = None, prefill_workers: int = 0) -> dict[str, Any]:
-    from ..twin.cluster import ClusterSpec, PoolSpec
     from ..twin.run import simulate
+    from ..twin.spec import ClusterSpec, PoolSpec
 
     ids_of = {a.request_id: tuple(a.body["prompt"]) for a in arrivals}
     oracle: dict[str, int] = {}

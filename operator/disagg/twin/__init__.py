@@ -59,8 +59,9 @@ from __future__ import annotations
 
 from .arrivals import Arrival, arrivals_from_mix, arrivals_from_requests
 from .clock import DeadlockError, VirtualTimeLoop, run_virtual
-from .cluster import ClusterSpec, PoolSpec, TwinCluster
+from .cluster import TwinCluster
 from .run import SLO, Controller, PoolStats, RequestRecord, TwinResult, simulate
+from .spec import ClusterSpec, PoolSpec
 
 __all__ = [
     "SLO",

@@ -46,8 +46,8 @@ SCENARIOS = (
 
 def run_one(sc: Scenario, seed: int = 0) -> dict[str, Any]:
     from .arrivals import arrivals_from_mix
-    from .cluster import ClusterSpec, PoolSpec
     from .run import simulate
+    from .spec import ClusterSpec, PoolSpec
 
     spec = ClusterSpec(prefill=PoolSpec(sc.prefill), decode=PoolSpec(sc.decode),
                        router={"mode": "Disaggregated", "routing": CONDITIONAL_ROUTING})

@@ -89,8 +89,8 @@ def read_arrivals(path: Path) -> list[Any]:
 
 def run_scenario(args: argparse.Namespace) -> dict[str, Any]:
     from .arrivals import arrivals_from_mix
-    from .cluster import ClusterSpec
     from .run import SLO, simulate
+    from .spec import ClusterSpec
 
     sc = _load_yaml(args.scenario, "--scenario") if args.scenario else {}
     for role in ("prefill", "decode", "aggregated"):

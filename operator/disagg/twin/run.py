@@ -17,7 +17,8 @@ from typing import Any
 from ..load import loadgen
 from .arrivals import Arrival, check_sorted
 from .clock import VirtualTimeLoop, run_virtual
-from .cluster import ClusterSpec, Outcome, TwinCluster
+from .cluster import Outcome, TwinCluster
+from .spec import ClusterSpec
 
 Controller = Callable[[TwinCluster], Coroutine[Any, Any, None]]
 
