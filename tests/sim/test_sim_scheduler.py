@@ -248,7 +248,7 @@ def test_priority_policy_preempts_the_lowest_priority_running_request():
 
 
 def test_the_request_priority_is_read_as_vllm_reads_it():
-    from disagg.sim.server import ApiError, request_priority
+    from disagg.sim.protocol import ApiError, request_priority
 
     assert request_priority({}, {}) == 0
     assert request_priority({}, {"priority": 2}) == 2

@@ -41,12 +41,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +54,18 @@ from ..load.workload import Mix, Request, RequestClass, generate
 from ..local.harness import ModelHarness, router_workers_at
 from ..local.stack import LocalStack
 from ..results import invoked_command, machine_facts, results_doc, write_results
-
-ATTAINMENT_TARGET = 0.90
+from .autoscale_measure import (
+    ATTAINMENT_TARGET,
+    attainment_buckets,
+    diurnal_rate,
+    diurnal_trace,
+    gpu_seconds,
+    miss_causes,
+    pod_start_s,
+    recovery_time,
+    step_trace,
+)
+from .autoscale_tables import render_tables, table
 
 # Long RAG prompts (prefill-heavy, remote prefill) next to long streams (decode-heavy): a 3× step needs both pools.
 AUTOSCALE_MIX = Mix("autoscale", "long RAG prompts (remote prefill) + long streams", (
@@ -93,102 +102,6 @@ def command_line(s: Settings) -> str:
             f"{s.step_factor:g} --step-pre {s.step_pre_s:g} --step-post {s.step_post_s:g} --trough-rate "
             f"{s.trough_rate:g} --peak-rate {s.peak_rate:g} --day {s.day_s:g} --probe {s.probe_s:g} "
             f"--scale-down-stabilization {s.scale_down_stabilization_s} --seed {s.seed}")
-
-
-# ---------------------------------------------------------------------------------------------------- pure helpers
-def step_trace(mix: Mix, base: float, factor: float, pre_s: float, post_s: float, model: str,
-               seed: int = 0) -> list[Request]:
-    """``base`` req/s for ``pre_s``, then ``factor × base`` for ``post_s`` (one list, arrival times ascending)."""
-    a = generate(mix, base, pre_s, model, seed=seed)
-    b = generate(mix, base * factor, post_s, model, seed=seed + 1)
-    b = [replace(r, at=r.at + pre_s, id=f"{r.id}-s") for r in b]
-    return a + b
-
-
-def diurnal_rate(t: float, day_s: float, trough: float, peak: float) -> float:
-    return trough + (peak - trough) * (1 - math.cos(2 * math.pi * t / day_s)) / 2
-
-
-def diurnal_trace(mix: Mix, trough: float, peak: float, day_s: float, model: str, seed: int = 0) -> list[Request]:
-    """Poisson arrivals at ``diurnal_rate`` (thinning of a ``peak``-rate Poisson stream)."""
-    rng = random.Random(seed * 7919 + 1)
-    return [r for r in generate(mix, peak, day_s, model, seed=seed)
-            if rng.random() < diurnal_rate(r.at, day_s, trough, peak) / peak]
-
-
-def attainment_buckets(arrivals: list[float], met: list[bool], bucket_s: float,
-                       until: float | None = None) -> list[dict[str, Any]]:
-    """Attainment per bucket of arrival time: [{t0, n, met, attainment}] (empty buckets: attainment None)."""
-    end = until if until is not None else (max(arrivals) if arrivals else 0.0)
-    nb = max(1, math.ceil(end / bucket_s - 1e-9))
-    rows: list[dict[str, Any]] = [{"t0": round(i * bucket_s, 3), "n": 0, "met": 0, "attainment": None}
-                                  for i in range(nb)]
-    for at, ok in zip(arrivals, met, strict=True):
-        i = min(nb - 1, int(at // bucket_s))
-        rows[i]["n"] += 1
-        rows[i]["met"] += int(ok)
-    for r in rows:
-        if r["n"]:
-            r["attainment"] = round(r["met"] / r["n"], 4)
-    return rows
-
-
-def recovery_time(buckets: list[dict[str, Any]], step_at: float, target: float = ATTAINMENT_TARGET,
-                  sustain: int = 3) -> float | None:
-    """Seconds from ``step_at`` to the start of the first run of ``sustain`` buckets (or all remaining ones) with
-    attainment ≥ target among the buckets starting at/after the step; None when it never recovers."""
-    post = [b for b in buckets if b["t0"] >= step_at - 1e-9]
-    good = [b["attainment"] is None or b["attainment"] >= target for b in post]
-    for i in range(len(post)):
-        run = good[i:i + sustain]
-        if run and all(run) and (len(run) == sustain or i + len(run) == len(post)):
-            return round(float(post[i]["t0"]) - step_at, 3)
-    return None
-
-
-def gpu_seconds(samples: list[dict[str, Any]], t_start: float, t_end: float, gpus: dict[str, int],
-                key: str = "ready") -> float:
-    """∫ Σ_pool replicas(pool) × gpus[pool] dt over [t_start, t_end], replicas held from each sample to the next."""
-    pts = sorted((s["t"], sum(s.get(f"{p}_{key}", 0) * g for p, g in gpus.items())) for s in samples)
-    if not pts:
-        return 0.0
-    total = 0.0
-    for i, (t, v) in enumerate(pts):
-        nxt = pts[i + 1][0] if i + 1 < len(pts) else t_end
-        lo, hi = max(t, t_start), min(nxt, t_end)
-        if hi > lo:
-            total += v * (hi - lo)
-    # before the first sample: the first sample's value
-    if pts[0][0] > t_start:
-        total += pts[0][1] * (min(pts[0][0], t_end) - t_start)
-    return round(total, 2)
-
-
-def pod_start_s(samples: list[dict[str, Any]], pool: str) -> float | None:
-    """From the first sample where desired replicas rose to the first where ready replicas reached it."""
-    prev = None
-    for i, s in enumerate(samples):
-        d = s.get(f"{pool}_desired", 0)
-        if prev is not None and d > prev:
-            for s2 in samples[i:]:
-                if s2.get(f"{pool}_ready", 0) >= d:
-                    return round(float(s2["t"]) - float(s["t"]), 2)
-            return None
-        prev = d
-    return None
-
-
-def miss_causes(results: list[loadgen.Result], ttft_s: float, tpot_s: float) -> dict[str, int]:
-    out = {"ttft": 0, "tpot": 0, "error": 0}
-    for r in results:
-        if not r.ok:
-            out["error"] += 1
-            continue
-        if r.ttft_s is None or r.ttft_s > ttft_s:
-            out["ttft"] += 1
-        if r.tpot_s is not None and r.tpot_s > tpot_s:
-            out["tpot"] += 1
-    return out
 
 
 # ------------------------------------------------------------------------------------------ the hindsight oracle
@@ -498,130 +411,6 @@ def run(s: Settings, out: Path | None = None, log_dir: Path | None = None,
     if out:
         write_results(out, final)
     return final
-
-
-def _split(replicas: dict[str, int]) -> str:
-    return f"{replicas.get('prefill', 0)}P + {replicas.get('decode', 0)}D"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1%}"
-
-
-def _verdict(met: bool | None) -> str:
-    return "n/a" if met is None else ("met" if met else "MISSED")
-
-
-def _step_line(st: dict[str, Any]) -> tuple[str, str]:
-    """(recovery figure, verdict) of the step part."""
-    if not st.get("breached"):
-        return (f"never breached: worst bucket after the step {_pct(st['min_bucket_attainment_after'])} — no recovery "
-                "to measure", "n/a")
-    if st["recovery_s"] is None:
-        return "breached and never recovered to ≥ 90 % before the end", "MISSED"
-    return (f"recovery {st['recovery_s']:g} s = {st['recovery_intervals']:g} autoscaler intervals (pod start "
-            f"{st['pod_start_s']} s)", _verdict(st["met_target"]))
-
-
-def table(doc: dict[str, Any]) -> str:
-    """The terminal summary of a results document."""
-    r = doc["results"]
-    lines = [f"SLO: TTFT ≤ {r['slo']['ttft_ms']:g} ms and TPOT ≤ {r['slo']['tpot_ms']:g} ms per request; "
-             f"attainment target ≥ {ATTAINMENT_TARGET:.0%}"]
-    st = r.get("step")
-    if st:
-        fig, verdict = _step_line(st)
-        lines += [
-            f"load step {st['base_rate']:g} → {st['step_rate']:g} req/s: "
-            f"attainment before {st['attainment_before']:.1%}, after {st['attainment_after']:.1%} "
-            f"(worst bucket {_pct(st['min_bucket_attainment_after'])}), errors {st['errors']}",
-            f"  {fig} (target ≤ 2 × {st['interval_s']} s + pod start = {st['target_s']:g} s) → {verdict}; "
-            f"max ready {st['max_replicas']}",
-        ]
-    day = r.get("diurnal")
-    if day:
-        lines.append(f"diurnal day {day['day_s']:g} s, {day['trough_rate']:g}–{day['peak_rate']:g} req/s: "
-                     f"attainment {day['attainment']:.1%}, GPU-s (ready) {day['gpu_seconds_ready']:g}, "
-                     f"(desired) {day['gpu_seconds_desired']:g}, errors {day['errors']}, "
-                     f"max ready {day['max_replicas']}")
-    o = r.get("static_peak")
-    if o:
-        for pr in o["probes"]:
-            lines.append(f"  static probe {pr['prefill']}P + {pr['decode']}D at {o['rate']:g} req/s: "
-                         f"attainment {pr['attainment']:.1%} misses {pr['misses']}")
-        if o["split"]:
-            lines.append(f"static peak allocation: {o['split']['prefill']}P + {o['split']['decode']}D = "
-                         f"{o['split']['gpus']} GPUs → {o.get('gpu_seconds', 0):g} GPU-s per day")
-        else:
-            lines.append("static peak allocation: no probed split met the SLO")
-    if day and "vs_static_peak" in day:
-        v = day["vs_static_peak"]
-        lines.append(f"autoscaled ÷ static peak GPU-seconds: {'n/a' if v is None else f'{v:.3f}'} (target ≤ 1.15 "
-                     f"with attainment ≥ 90 %) → {_verdict(day.get('met_target'))}")
-    if day:
-        h = day.get("hindsight") or {}
-        lines.append("autoscaled ÷ hindsight oracle GPU-seconds: " + (
-            f"{day['vs_hindsight']:.3f}" if day.get("vs_hindsight") is not None
-            else f"pending ({h.get('reason', HINDSIGHT_PENDING)})"))
-    m = doc["machine"]
-    lines.append(f"wall time {r.get('wall_s', 0):g} s on {m.get('cpus')} CPUs ({m.get('cpu')})")
-    return "\n".join(lines)
-
-
-def render_tables(doc: dict[str, Any]) -> dict[str, str]:
-    """docs/benchmarks.md §4 from docs/results/autoscale.json: ``summary`` (one row per figure and target)."""
-    r = doc["results"]
-    slo = r.get("slo") or {}
-    rows: list[tuple[str, str, str, str]] = []
-    st = r.get("step")
-    if st:
-        fig, verdict = _step_line(st)
-        rows.append((f"step {st['base_rate']:g} → {st['step_rate']:g} req/s at {st['step_at_s']:g} s",
-                     f"{fig}; attainment before {_pct(st['attainment_before'])}, after "
-                     f"{_pct(st['attainment_after'])}, worst 5 s bucket after the step "
-                     f"{_pct(st['min_bucket_attainment_after'])}; at most {_split(st['max_replicas'])} ready; errors "
-                     f"{st['errors']}",
-                     f"recovery ≤ {st['target_s']:g} s (2 × {st['interval_s']} s + pod start)", verdict))
-    day = r.get("diurnal")
-    if day:
-        rows.append((f"diurnal, {day['day_s']:g} s day, {day['trough_rate']:g} → {day['peak_rate']:g} → "
-                     f"{day['trough_rate']:g} req/s",
-                     f"attainment {_pct(day['attainment'])} ({day['requests']} requests, errors {day['errors']}); "
-                     f"GPU-seconds {day['gpu_seconds_ready']:g} ready ({day['gpu_seconds_desired']:g} desired); "
-                     f"at most {_split(day['max_replicas'])} ready",
-                     f"attainment ≥ {ATTAINMENT_TARGET:.0%}",
-                     "met" if day["attainment"] >= ATTAINMENT_TARGET else "MISSED"))
-    o = r.get("static_peak")
-    if o:
-        probes = ", ".join(f"{p['prefill']}P+{p['decode']}D {_pct(p['attainment'])}" for p in o["probes"])
-        split = o.get("split")
-        what = (f"**{split['prefill']}P + {split['decode']}D** = {split['gpus']} GPUs → {o.get('gpu_seconds', 0):g} "
-                "GPU-s per day" if split else "no probed split held the peak")
-        rows.append((f"static peak allocation at {o['rate']:g} req/s ({o['probe_s']:g} s probes)",
-                     f"{probes} → {what}", "", ""))
-    if day and "vs_static_peak" in day:
-        v = day["vs_static_peak"]
-        static_gs = (o or {}).get("gpu_seconds")
-        rows.append(("autoscaled ÷ static peak allocation",
-                     "n/a (no static split)" if v is None else f"**{v:.3f}** ({day['gpu_seconds_ready']:g} / "
-                                                               f"{static_gs:g})",
-                     "≤ 1.15 with attainment ≥ 90 %", _verdict(day.get("met_target"))))
-    if day:
-        h = day.get("hindsight") or {"status": "pending", "reason": HINDSIGHT_PENDING}
-        if h.get("status") == "measured":
-            rows.append(("autoscaled ÷ hindsight oracle",
-                         f"**{day['vs_hindsight']:.3f}** ({day['gpu_seconds_ready']:g} / {h['gpu_seconds']:g})", "",
-                         ""))
-        else:
-            rows.append(("autoscaled ÷ hindsight oracle", f"pending: {h.get('reason')}", "", "pending"))
-    m = doc["machine"]
-    head = (f"SLO per request: TTFT ≤ {slo.get('ttft_ms', 0):g} ms and TPOT ≤ {slo.get('tpot_ms', 0):g} ms; "
-            f"wall time {r.get('wall_s', 0):g} s; load average {m.get('loadavg_start', '?')} → "
-            f"{m.get('loadavg_end', '?')}" + (" (partial run: the file was written before the end)"
-                                                       if doc.get("partial") else "") + ".")
-    out = [head, "", "| part | figure | target | |", "| --- | --- | --- | --- |",
-           *(f"| {a} | {b_} | {c} | {d} |" for a, b_, c, d in rows)]
-    return {"summary": "\n".join(out)}
 
 
 __all__ = [

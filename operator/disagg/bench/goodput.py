@@ -46,6 +46,8 @@ from typing import Any
 from ..api.contract import Role
 from ..load.workload import ALL_MIXES, HELDOUT_MIXES, MIXES
 from ..local.procs import SIM_MODEL
+from .goodput_tables import render_tables as render_tables  # bench/docs.py's registry reads it here
+from .goodput_tables import twin_table as twin_table  # … and bench/cli.py
 
 DEPLOYMENTS = ("aggregated", "disaggregated", "conditional")
 LABEL = {"aggregated": "a", "disaggregated": "b", "conditional": "c"}
@@ -477,81 +479,3 @@ def run_twin(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] 
     if out is not None:
         write_results(out, doc)
     return doc
-
-
-# --------------------------------------------------------------------------------------------- rendering
-def _f(v: Any, nd: int = 2) -> str:
-    if v is None:
-        return "–"
-    if isinstance(v, float):
-        return "∞" if v == float("inf") else f"{v:.{nd}f}"
-    return str(v)
-
-
-def _cell(e: dict[str, Any] | None) -> str:
-    if e is None:
-        return "–"
-    return f"{_f(e['goodput_rps'], 1)} ({_f(e['attainment'], 2)}) {e['config']}" + (
-        f" [{e['variant']}]" if e["variant"].startswith("c-") else "")
-
-
-def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
-    """``summary`` (best of each deployment per GPU count, mix, rate and SLO), ``knee``, ``targets``, ``sweep``."""
-    res = results_doc["results"]
-    st = res["settings"]
-    where = (f"{st['gpu']}, {st['model_preset']}, one worker per GPU; Poisson arrivals, seed {st['seed']}, "
-             + "; ".join(f"{m}: {p['duration_s'] or st['duration_s']:g} simulated s per run"
-                         for m, p in res["plans"].items()))
-    # the ladders' columns when the run has them
-    fams = ["a", "b", "c"] + [f for f in ("c-thresholds", "c-tuned") if any(e.get(f) for e in res["best"])]
-    names = {"a": "(a) aggregated", "b": "(b) disaggregated", "c": "(c) conditional, shipped default",
-             "c-thresholds": "(c) Thresholds", "c-tuned": "(c) Thresholds, tuned"}
-    head = ("| GPUs | mix | rate /s | SLO ms | " + " | ".join(names[f] for f in fams)
-            + " | c/a | c/b | c/max(a, b) | targets |\n|---:|---|---:|---|" + "---|" * len(fams)
-            + "---:|---:|---:|---|")
-    lines = [head]
-    for e in res["best"]:
-        t = ", ".join(f"{k}: {'met' if v else '**missed**'}" for k, v in (e.get("targets") or {}).items())
-        lines.append(f"| {e['gpus']} | {e['mix']} | {e['rate']:g} | {e['slo']} | "
-                     + " | ".join(_cell(e.get(f)) for f in fams) + " | "
-                     + f"{_f(e.get('c_over_a'))} | {_f(e.get('c_over_b'))} | {_f(e.get('c_over_max_ab'))} | "
-                     f"{t or '–'} |")
-    summary = ("Each cell: goodput in req/s (attainment) and the deployment's best configuration of the sweep at "
-               f"that rate and SLO. {where}. Goodput counts the requests of the Poisson sample, so at full "
-               "attainment it can exceed the nominal rate.\n\n" + "\n".join(lines))
-
-    kl = ["| GPUs | mix | SLO ms | rates swept /s | " + " | ".join(names[f] for f in fams) + " |",
-          "|---:|---|---|---|" + "---:|" * len(fams)]
-    for k in res["knees"]:
-        rates = ", ".join(f"{x:g}" for x in k["rates"])
-        cells = " | ".join("–" if f not in k else f"≥ {k[f]:g}" if k[f] is not None else f"< {k['rates'][0]:g}"
-                           for f in fams)
-        kl.append(f"| {k['gpus']} | {k['mix']} | {k['slo']} | {rates} | {cells} |")
-    knee = (f"The highest swept rate (req/s) at which the deployment's best configuration keeps ≥ "
-            f"{st['attainment_knee']:.0%} of requests within the SLO (`<` the lowest rate: none did).\n\n"
-            + "\n".join(kl))
-
-    tl = ["| SLO ms | target | met | missed at |", "|---|---|---:|---|"]
-    for slo, ts in res["targets"].items():
-        for t, v in ts.items():
-            tl.append(f"| {slo} | {t} | {v['met']}/{v['of']} | {', '.join(v['missed']) or '–'} |")
-    targets = "\n".join(tl)
-
-    keys = st["slos"]
-    sl = ["| GPUs | mix | rate /s | variant | config | " + " | ".join(f"att. {k}" for k in keys)
-          + " | TTFT p95 ms | TPOT p95 ms | remote | errors | unfinished |",
-          "|---:|---|---:|---|---|" + "---:|" * (len(keys) + 5)]
-    for r in res["rows"]:
-        deployed = f" (spec.slo {r['deployed_slo']})" if r.get("deployed_slo") else ""
-        sl.append(f"| {r['gpus']} | {r['mix']} | {r['rate']:g} | {r['variant']} | {r['config']}{deployed} | "
-                  + " | ".join(_f(r["slos"][k]["attainment"], 3) for k in keys)
-                  + f" | {_f(r['ttft_p95_ms'], 0)} | {_f(r['tpot_p95_ms'], 1)} | {r['remote_share']:.0%} | "
-                  f"{r['errors']} | {r.get('unfinished', 0)} |")
-    sweep = ("Every run (TTFT/TPOT p95 over the requests that finished; `unfinished`: still running "
-             f"{drain_s():g} s after the last arrival, when no SLO can be met any more).\n\n" + "\n".join(sl))
-    return {"summary": summary, "knee": knee, "targets": targets, "sweep": sweep}
-
-
-def twin_table(doc: dict[str, Any]) -> str:
-    t = render_tables(doc)
-    return "\n\n".join([t["summary"], t["knee"], t["targets"]])

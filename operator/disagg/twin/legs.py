@@ -16,7 +16,7 @@ from typing_extensions import override
 from ..router.core import Legs, OnCommit
 from ..router.proxy import PREFILL_KV_PARAMS, UpstreamError
 from ..router.request import Ctx
-from ..sim.server import ApiError, check_lengths, error_body
+from ..sim.protocol import ApiError, check_lengths, error_body
 
 if TYPE_CHECKING:
     from .cluster import Outcome, TwinCluster, TwinWorker
