@@ -29,7 +29,6 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -45,23 +44,27 @@ from kubernetes.client.exceptions import ApiException
 from ..kube import api_client
 from ..poll import WaitTimeoutError, wait_for
 from .controlplane import REPO_ROOT, ControlPlane, _openssl, find_binaries
+from .host import (
+    kill_cgroup_members,
+    kill_if,
+    make_cgroup_root,
+    pids,
+    remove_cgroups,
+    remove_kubelet_chains,
+)
+from .node_config import GATEWAY, POD_CIDR, containerd_toml, kubelet_config
 from .procs import free_ports, stop_group, tail_lines
 
 NODE_NAME = "localhost"
 BRIDGE = "disagg0"
-POD_CIDR = "10.244.0.0/24"
-GATEWAY = "10.244.0.1"
 KUBERNETES_SERVICE_IP = "10.96.0.1"  # the first address of ControlPlane's --service-cluster-ip-range 10.96.0.0/16
 NFT_TABLE = "disagg-local"
 GPU_RESOURCE = "nvidia.com/gpu"
 RDMA_RESOURCE = "rdma/hca"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-CNI_BIN_DIR = "/usr/lib/cni"
-CGROUP_ROOT = "/disagg-local"
 NODE_TOOLS = REPO_ROOT / "hack" / "ensure-node-tools.sh"
 BUILD_NODE = REPO_ROOT / "hack" / "build-node.sh"
 BUILD_IMAGES = REPO_ROOT / "hack" / "build-images.sh"
-PAUSE_IMAGE = "localhost/disagg/pause:3.10"
 
 
 def cache_dir() -> Path:
@@ -340,38 +343,7 @@ class LocalCluster:
     def _containerd(self) -> None:
         d = self.state_dir / "containerd"
         d.mkdir(parents=True, exist_ok=True)
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
-        (d / "config.toml").write_text(f"""version = 2
-root = "{d / 'root'}"
-state = "{d / 'state'}"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-[grpc]
-  address = "{self.containerd_socket}"
-[ttrpc]
-  address = "{d / 'containerd.sock.ttrpc'}"
-[debug]
-  address = "{d / 'debug.sock'}"
-[metrics]
-  address = ""
-[{cri}]
-  sandbox_image = "{PAUSE_IMAGE}"
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [{cri}.containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [{cri}.containerd.runtimes.runc.options]
-        BinaryName = "/usr/bin/runc"
-        SystemdCgroup = false
-  [{cri}.cni]
-    bin_dir = "{CNI_BIN_DIR}"
-    conf_dir = "{self.state_dir / 'cni' / 'net.d'}"
-""")
+        (d / "config.toml").write_text(containerd_toml(d, self.containerd_socket, self.state_dir / "cni" / "net.d"))
         self._spawn("containerd", ["containerd", "--config", str(d / "config.toml"), "--log-level", "warn"])
 
         def up() -> bool:
@@ -438,26 +410,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         kc = self._kubeconfig_for(pki, "kubelet")
         root = self.state_dir / "kubelet"
         root.mkdir(parents=True, exist_ok=True)
-        _make_cgroup_root()
+        make_cgroup_root()
         (port,) = free_ports(1)
-        config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-            "address": GATEWAY, "port": port, "readOnlyPort": 0, "healthzPort": 0,
-            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                               "x509": {"clientCAFile": str(pki / "ca.crt")}},
-            "authorization": {"mode": "Webhook"},
-            "cgroupDriver": "cgroupfs", "cgroupRoot": CGROUP_ROOT,
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            "failSwapOn": False, "podCIDR": POD_CIDR, "maxPods": 64, "resolvConf": "/etc/resolv.conf",
-            "podLogsDir": str(self.state_dir / "pod-logs"),
-            # shared machine: never evict or garbage-collect images because of the host's disk
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
-                             "nodefs.inodesFree": "1%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-            "serializeImagePulls": False, "syncFrequency": "10s", "fileCheckFrequency": "10s",
-            "volumePluginDir": str(root / "volume-plugins"),
-            "shutdownGracePeriod": "0s", "rotateCertificates": False,
-        }
+        config = kubelet_config(port, pki / "ca.crt", self.containerd_socket, self.state_dir / "pod-logs", root)
         (root / "config.yaml").write_text(yaml.safe_dump(config))
         self._spawn("kubelet", [
             str(binary), "--config", str(root / "config.yaml"), "--kubeconfig", str(kc),
@@ -514,12 +469,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if state.exists():
             with contextlib.suppress(ValueError, OSError):
                 for pid in json.loads(state.read_text()).get("pids", {}).values():
-                    _kill_if(pid, lambda cmd: str(self.state_dir) in cmd or cmd.startswith("socat"))
+                    kill_if(pid, lambda cmd: str(self.state_dir) in cmd or cmd.startswith("socat"))
             state.unlink(missing_ok=True)
         sock = str(self.containerd_socket)
-        for pid in _pids():  # containerd-shim-runc-v2 ... -address <our socket>: they outlive containerd
-            _kill_if(pid, lambda cmd: "containerd-shim" in cmd and sock in cmd)
-        _kill_cgroup_members()  # the containers' processes: with their shims gone, init is their parent
+        for pid in pids():  # containerd-shim-runc-v2 ... -address <our socket>: they outlive containerd
+            kill_if(pid, lambda cmd: "containerd-shim" in cmd and sock in cmd)
+        kill_cgroup_members()  # the containers' processes: with their shims gone, init is their parent
         mounts = [ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()]
         for m in sorted((m for m in mounts if m.startswith(str(self.state_dir))), key=len, reverse=True):
             _run("umount", "-l", m, check=False)
@@ -529,93 +484,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
                 _run("umount", str(netns), check=False)
                 netns.unlink(missing_ok=True)
-        for ctl in Path("/sys/fs/cgroup").iterdir() if Path("/sys/fs/cgroup").is_dir() else []:
-            top = ctl / CGROUP_ROOT.lstrip("/")
-            if top.is_dir():
-                for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
-                                reverse=True):
-                    with contextlib.suppress(OSError):
-                        d.rmdir()
-                with contextlib.suppress(OSError):
-                    top.rmdir()
-        _remove_kubelet_chains()
+        remove_cgroups()
+        remove_kubelet_chains()
         _run("nft", "delete", "table", "ip", NFT_TABLE, check=False)
         _run("ip", "link", "del", BRIDGE, check=False)
         shutil.rmtree(self.state_dir / "cni" / "ipam", ignore_errors=True)
         shutil.rmtree(self.state_dir / "kubelet" / "pods", ignore_errors=True)
-
-
-def _make_cgroup_root() -> None:
-    """The kubelet's cgroupRoot must exist in every hierarchy (cgroups v1 here; v2: one directory)."""
-    base = Path("/sys/fs/cgroup")
-    if (base / "cgroup.controllers").exists():  # cgroups v2
-        (base / CGROUP_ROOT.lstrip("/")).mkdir(exist_ok=True)
-        return
-    for ctl in base.iterdir():
-        if not ctl.is_dir() or ctl.is_symlink() or ctl.name == "unified":
-            continue
-        d = ctl / CGROUP_ROOT.lstrip("/")
-        d.mkdir(exist_ok=True)
-        if ctl.name == "cpuset":  # a new cpuset is empty: inherit the parent's CPUs and memory nodes
-            for f in ("cpuset.cpus", "cpuset.mems"):
-                if not (d / f).read_text().strip():
-                    (d / f).write_text((ctl / f).read_text())
-
-
-def _cgroup_tops() -> list[Path]:
-    base = Path("/sys/fs/cgroup")
-    if not base.is_dir():
-        return []
-    tops = [base / CGROUP_ROOT.lstrip("/")] + [c / CGROUP_ROOT.lstrip("/") for c in base.iterdir()
-                                               if c.is_dir() and not c.is_symlink()]
-    return [t for t in tops if t.is_dir()]
-
-
-def _cgroup_members() -> set[int]:
-    pids: set[int] = set()
-    for top in _cgroup_tops():
-        for procs in top.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(p) for p in procs.read_text().split())
-    return pids
-
-
-def _kill_cgroup_members(timeout: float = 15) -> None:
-    """SIGKILL every process left in the node's cgroups (only pods live there) and wait until they are gone."""
-    for pid in _cgroup_members():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(WaitTimeoutError):
-        wait_for(lambda: not _cgroup_members(), timeout, "the pods' processes to exit", interval=0.1)
-
-
-# The iptables chains a kubelet makes (its canaries, the hint for kube-proxy, the martian-packet firewall)
-KUBELET_CHAINS = (("mangle", "KUBE-KUBELET-CANARY"), ("nat", "KUBE-KUBELET-CANARY"),
-                  ("filter", "KUBE-KUBELET-CANARY"), ("mangle", "KUBE-IPTABLES-HINT"), ("filter", "KUBE-FIREWALL"))
-
-
-def _remove_kubelet_chains() -> None:
-    """Remove the kubelet's iptables chains (the only kubelet on this machine is ours: the lock)."""
-    for tool in ("iptables", "ip6tables"):
-        if shutil.which(tool) is None:
-            continue
-        for hook in ("INPUT", "OUTPUT"):
-            while _run(tool, "-w", "-t", "filter", "-D", hook, "-j", "KUBE-FIREWALL", check=False).returncode == 0:
-                pass
-        for table, chain in KUBELET_CHAINS:
-            _run(tool, "-w", "-t", table, "-F", chain, check=False)
-            _run(tool, "-w", "-t", table, "-X", chain, check=False)
-
-
-def _pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-
-
-def _kill_if(pid: int, match: Callable[[str], bool]) -> None:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return
-    if match(cmd):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
