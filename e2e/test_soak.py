@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from disagg.local.harness import POOLS, REAL_TIME, serving, started_stack
-from disagg.local.soak import SOAK_OVERRIDES, Soak, SoakReport
+from disagg.local.soak import SOAK_OVERRIDES, Soak
+from disagg.local.soak_report import SoakReport
 
 pytestmark = pytest.mark.e2e
 
