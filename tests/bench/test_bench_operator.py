@@ -7,13 +7,8 @@ import json
 
 import pytest
 
-from disagg.bench.operator_bench import (
-    parse_request_totals,
-    render_tables,
-    results_doc,
-    run,
-    writes_by_class,
-)
+from disagg.bench.operator_bench import render_tables, results_doc, run
+from disagg.bench.operator_meters import parse_request_totals, writes_by_class
 
 
 def _line(verb: str, resource: str, value: int, subresource: str = "", code: str = "200") -> str:
