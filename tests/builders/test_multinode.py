@@ -31,7 +31,6 @@ from disagg.builders.multinode import (
     LWS_WORKER_INDEX,
     Backend,
     group_name,
-    groups_to_restart,
     layout,
     leader_address,
     leader_worker_set,
@@ -39,11 +38,11 @@ from disagg.builders.multinode import (
     pool_objects,
     rank_args,
     rank_flags,
-    ready_groups,
     resolve_backend,
     statefulset_objects,
 )
 from disagg.builders.workers import worker_service
+from disagg.controller.group_health import groups_to_restart, ready_groups
 
 from .conftest import example_body, refused
 

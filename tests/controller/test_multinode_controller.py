@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from disagg.builders import multinode as mn
-from disagg.controller import groups
+from disagg.controller import group_health, groups
 from disagg.controller.kubeio import KINDS, Kube
 from disagg.controller.reconcile import Reconciler
 from disagg.kube import api_client
@@ -92,7 +92,7 @@ def all_ready(rec: Reconciler, ns: str, role: str, count: int) -> dict[str, dict
     found = wait_for(lambda: (lambda ps: ps if len(ps) == count else None)(pods(rec, ns, role)), 30,
                      f"{count} {role} pods")
     for pod in found.values():
-        if not mn._pod_ready(pod):
+        if not group_health.pod_ready(pod):
             mark(rec, ns, pod)
     return found
 

@@ -6,7 +6,7 @@ The builders render the groups; what needs the live cluster is here:
 - **which back end** (``spec.multiNode.backend: Auto``): LeaderWorkerSet when its CRD is installed, read at most every
   ``CRD_TTL`` seconds (:class:`CrdProbe`, :func:`refresh_settings`);
 - **group restarts** (StatefulSet back end): every reconcile of a model with such a pool lists the pool's pods and
-  deletes every pod of each group that must start over (``multinode.groups_to_restart``: a member failed, restarted
+  deletes every pod of each group that must start over (``group_health.groups_to_restart``: a member failed, restarted
   or was replaced under a running leader); the group's StatefulSets recreate them together. A group with a pod being
   deleted is judged again once that pod is gone (:meth:`PoolGroups.restarts`). (LeaderWorkerSet does this itself:
   ``RecreateGroupOnPodRestart``.)
@@ -15,7 +15,7 @@ The builders render the groups; what needs the live cluster is here:
   groups of the new generation as it wants (:meth:`GroupPlan.keep`). Groups scaled away go at once.
 - **status**: a multi-node pool has no Deployment; its status counts groups (:func:`pool_view` turns them into the
   Deployment-shaped counts status.py reads): ``replicas`` groups present, ``readyReplicas`` groups whose every pod is
-  Ready (``multinode.ready_groups``), ``updatedReplicas`` groups of the current generation.
+  Ready (``group_health.ready_groups``), ``updatedReplicas`` groups of the current generation.
 - **replicas** count groups. With autoscaling on, the autoscaler's recorded decision
   (``status.pools.<pool>.desiredReplicas``) is the one source of the count (DESIGN.md §3): the reconciler keeps it in
   the build input of a multi-node pool (:func:`keeps_desired_replicas`) and renders that many groups; a group's
@@ -43,6 +43,7 @@ from ..builders import multinode as mn
 from ..builders.meta import model_name
 from ..builders.replicas import desired_replicas
 from ..builders.settings import BuildSettings
+from . import group_health as gh
 from .kubeio import Kube, KubeError
 
 if TYPE_CHECKING:
@@ -127,15 +128,15 @@ class PoolGroups:
     desired: int  # groups wanted
     pods: Sequence[Mapping[str, Any]] = field(default_factory=list)
 
-    def states(self) -> dict[str, mn.GroupState]:
-        return mn.group_states(self.pods, self.size)
+    def states(self) -> dict[str, gh.GroupState]:
+        return gh.group_states(self.pods, self.size)
 
     def restarts(self) -> dict[str, list[str]]:
         """Group → the pods to delete so that it starts over. A group with a pod being deleted is left alone: its
         restart is under way (or the deleted pod's StatefulSet recreates it, and the group is judged again then),
         so that the pods its StatefulSets recreate meanwhile are not deleted again."""
         deleting = {_name(p) for p in self.pods if (p.get("metadata") or {}).get("deletionTimestamp")}
-        return {group: names for group, names in mn.groups_to_restart(self.pods, self.size).items()
+        return {group: names for group, names in gh.groups_to_restart(self.pods, self.size).items()
                 if not deleting & set(names)}
 
     def current_ready(self) -> int:
@@ -159,7 +160,7 @@ def _name(pod: Mapping[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("name", ""))
 
 
-def _generation_of(state: mn.GroupState) -> str | None:
+def _generation_of(state: gh.GroupState) -> str | None:
     for pod in state.pods.values():
         gen = ((pod.get("metadata") or {}).get("labels") or {}).get(mn.LABEL_GENERATION)
         if gen:
