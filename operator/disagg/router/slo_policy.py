@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 # `minInputTokens`, or long but with an answer below `minExpectedOutputTokens` (Tuning.slo_override_grey)
 GREY_REASONS = frozenset({"below_remote_threshold", "short_output"})
 
+
 def _spent(o: pl.Prediction, local_d: WorkerLoad, pw: WorkerLoad | None, slo_tpot_s: float) -> bool:
     """Whether placement ``o`` prefills on a worker over its TPOT budget (placement.over_tpot_budget): the whole
     request on the decode worker or on the prefill worker; a remote prefill adds a stream to its decode worker, no
