@@ -6,7 +6,6 @@ follow-up turn through the router must land on that worker and reuse the convers
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from disagg.local.procs import Processes, free_port
+from disagg.poll import wait_for
 
 from .conftest import ROUTER_ARGS, SIM_TIME_SCALE
 
@@ -40,11 +40,7 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _until_sync(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+    wait_for(cond, timeout, what, interval=0.05)
 
 
 def _at_least(f: Callable[[], float], n: float) -> Callable[[], bool]:
