@@ -101,7 +101,7 @@ def test_the_twins_in_process_events_reach_the_oracle() -> None:
 
 
 def test_the_remote_path_prefills_where_the_prompt_is_cached_unless_that_queue_costs_more() -> None:
-    from disagg.router.policy import choose_prefill
+    from disagg.router.picks import choose_prefill
 
     def p(url: str, wait_ms: float, cached: int) -> WorkerLoad:
         return WorkerLoad(url=url, compat="c", role="prefill", cost=COST, est_wait_ms=wait_ms, prefix_tokens=cached)

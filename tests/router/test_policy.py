@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from disagg.api.contract import RouterConfig
 from disagg.router.features import request_hash_fraction
-from disagg.router.policy import choose_decode, choose_prefill, decide, effective_policy, find_tenant
+from disagg.router.picks import choose_decode, choose_prefill
+from disagg.router.policy import decide, effective_policy, find_tenant
 from disagg.router.policy_types import LoadSnapshot, RequestFeatures, Tuning, WorkerLoad
 
 P = WorkerLoad("http://p1", compat="a")

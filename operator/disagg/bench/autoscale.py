@@ -56,6 +56,7 @@ from ..local.stack import LocalStack
 from ..results import invoked_command, machine_facts, results_doc, write_results
 from .autoscale_measure import (
     ATTAINMENT_TARGET,
+    HINDSIGHT_PENDING,
     attainment_buckets,
     diurnal_rate,
     diurnal_trace,
@@ -120,8 +121,6 @@ class BucketLoad:
 # length as the buckets).
 HindsightOracle = Callable[[list[BucketLoad]], list[int]]
 
-HINDSIGHT_PENDING = ("needs a per-bucket sweep of splits in the discrete-event twin (issue 17); no hindsight "
-                     "oracle was given to this run")
 
 
 def load_buckets(requests: list[Request], day_s: float, trough: float, peak: float,

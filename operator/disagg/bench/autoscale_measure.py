@@ -13,6 +13,9 @@ from ..load import loadgen
 from ..load.workload import Mix, Request, generate
 
 ATTAINMENT_TARGET = 0.90
+# the results' and the table's reason while no hindsight oracle has been applied (autoscale.py ``hindsight``)
+HINDSIGHT_PENDING = ("needs a per-bucket sweep of splits in the discrete-event twin (issue 17); no hindsight "
+                     "oracle was given to this run")
 
 
 def step_trace(mix: Mix, base: float, factor: float, pre_s: float, post_s: float, model: str,

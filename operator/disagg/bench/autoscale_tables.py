@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .autoscale_measure import ATTAINMENT_TARGET
+from .autoscale_measure import ATTAINMENT_TARGET, HINDSIGHT_PENDING
 
 
 def _split(replicas: dict[str, int]) -> str:
@@ -33,7 +33,6 @@ def _step_line(st: dict[str, Any]) -> tuple[str, str]:
 
 def table(doc: dict[str, Any]) -> str:
     """The terminal summary of a results document."""
-    from .autoscale import HINDSIGHT_PENDING  # the bench's module imports this one
     r = doc["results"]
     lines = [f"SLO: TTFT ≤ {r['slo']['ttft_ms']:g} ms and TPOT ≤ {r['slo']['tpot_ms']:g} ms per request; "
              f"attainment target ≥ {ATTAINMENT_TARGET:.0%}"]
@@ -79,7 +78,6 @@ def table(doc: dict[str, Any]) -> str:
 
 def render_tables(doc: dict[str, Any]) -> dict[str, str]:
     """docs/benchmarks.md §4 from docs/results/autoscale.json: ``summary`` (one row per figure and target)."""
-    from .autoscale import HINDSIGHT_PENDING  # the bench's module imports this one
     r = doc["results"]
     slo = r.get("slo") or {}
     rows: list[tuple[str, str, str, str]] = []

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api.contract import Role
-from ..load.workload import ALL_MIXES, HELDOUT_MIXES, MIXES
+from ..load.workload import ALL_MIXES, HELDOUT_MIXES, MIXES, longest_meetable_s
 from ..local.procs import SIM_MODEL
 from .goodput_tables import render_tables as render_tables  # bench/docs.py's registry reads it here
 from .goodput_tables import twin_table as twin_table  # … and bench/cli.py
@@ -103,8 +103,7 @@ def drain_s(slos: Sequence[SLOSpec] = SLOS) -> float:
     """How long after the last arrival a run keeps going: a request still unfinished then cannot meet any SLO
     (meeting one means finishing within TTFT + (tokens − 1) × TPOT of arrival), so stopping there changes no score
     — and spares simulating the backlog of an overloaded deployment (the twin's default drain is an hour)."""
-    longest = max(c.output_tokens[1] for m in MIXES.values() for c in m.classes + m.then)
-    return max(s.ttft_ms + (longest - 1) * s.tpot_ms for s in slos) / 1000.0 + 1.0
+    return max(longest_meetable_s(s.ttft_ms, s.tpot_ms) for s in slos) + 1.0
 # The targets per SLO (issue 27, after issue 17): each compares the best configuration of each deployment at the
 # same rate; the ones against max(a, b) count only the cells where the better baseline keeps ≥ 10 % attainment
 # (past that, every deployment has collapsed and a ratio of near-zero goodputs says nothing).

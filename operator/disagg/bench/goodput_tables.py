@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..load.workload import longest_meetable_s
+
+
+def drain_s(slo_keys: list[str]) -> float:
+    """goodput.py ``drain_s`` of the run's SLOs (``"TTFT/TPOT"`` in ms, as the results' settings list them)."""
+    return max(longest_meetable_s(*(float(x) for x in k.split("/"))) for k in slo_keys) + 1.0
+
 
 def _f(v: Any, nd: int = 2) -> str:
     if v is None:
@@ -23,8 +30,6 @@ def _cell(e: dict[str, Any] | None) -> str:
 
 def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
     """``summary`` (best of each deployment per GPU count, mix, rate and SLO), ``knee``, ``targets``, ``sweep``."""
-    from .goodput import drain_s  # the sweep's module imports this one (its tables)
-
     res = results_doc["results"]
     st = res["settings"]
     where = (f"{st['gpu']}, {st['model_preset']}, one worker per GPU; Poisson arrivals, seed {st['seed']}, "
@@ -76,7 +81,7 @@ def render_tables(results_doc: dict[str, Any]) -> dict[str, str]:
                   + f" | {_f(r['ttft_p95_ms'], 0)} | {_f(r['tpot_p95_ms'], 1)} | {r['remote_share']:.0%} | "
                   f"{r['errors']} | {r.get('unfinished', 0)} |")
     sweep = ("Every run (TTFT/TPOT p95 over the requests that finished; `unfinished`: still running "
-             f"{drain_s():g} s after the last arrival, when no SLO can be met any more).\n\n" + "\n".join(sl))
+             f"{drain_s(keys):g} s after the last arrival, when no SLO can be met any more).\n\n" + "\n".join(sl))
     return {"summary": summary, "knee": knee, "targets": targets, "sweep": sweep}
 
 

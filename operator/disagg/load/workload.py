@@ -101,6 +101,14 @@ HELDOUT_MIXES: dict[str, Mix] = {
 ALL_MIXES: dict[str, Mix] = {**MIXES, **HELDOUT_MIXES}  # every mix the goodput benchmark and the twin accept by name
 
 
+def longest_meetable_s(ttft_ms: float, tpot_ms: float) -> float:
+    """How long a request of :data:`MIXES` can run and still meet TTFT ``ttft_ms`` and TPOT ``tpot_ms``: the TTFT
+    and a TPOT per output token after the first, for the longest output any of them asks for (seconds). A request
+    still unfinished later cannot meet that SLO."""
+    longest = max(c.output_tokens[1] for m in MIXES.values() for c in m.classes + m.then)
+    return (ttft_ms + (longest - 1) * tpot_ms) / 1000.0
+
+
 # not in MIXES (the goodput benchmark's table): e2e/test_soak.py's steady load
 SOAK = Mix("soak", "the soak's steady mix: long prompts and short chats, streamed and not, and long streams", (
     RequestClass("rag", 0.2, (4000, 9000), (96, 256), tenant="rag", shared_prefix_tokens=3000),

@@ -35,7 +35,8 @@ from typing import Any, Literal
 
 from ..api.contract import RouterConfig
 from ..api.models import ActiveMode, PromptBucket, TenantPolicy
-from .policy_types import DEFAULT_TENANT, DEFAULT_TUNING, Decision, LoadSnapshot, RequestFeatures, Tuning, WorkerLoad
+from .picks import Picks, choose_decode, decode_load, under_pressure
+from .policy_types import DEFAULT_TENANT, DEFAULT_TUNING, Decision, LoadSnapshot, RequestFeatures, Tuning
 from .slo_policy import slo_decision
 
 
@@ -109,77 +110,6 @@ def in_canary(cfg: RouterConfig, f: RequestFeatures) -> bool:
     return f.canary_fraction * 100.0 < c.traffic_percent
 
 
-def _decode_load(w: WorkerLoad) -> float:
-    return max(float(w.inflight), w.running + w.waiting)
-
-
-def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = DEFAULT_TUNING) -> WorkerLoad | None:
-    """Least loaded decode worker; the one holding the longest prefix wins unless it is `slack` busier."""
-    if not workers:
-        return None
-    # one pass (the hot path: every request, up to 64 workers): the least loaded by (load, KV usage, url), and the
-    # longest prefix by (prefix tokens, least load, url)
-    least = best_prefix = workers[0]
-    least_key = (_decode_load(least), least.kv_usage, least.url)
-    prefix_key = (least.prefix_tokens, -least_key[0], least.url)
-    for w in workers[1:]:
-        load = _decode_load(w)
-        if (load, w.kv_usage, w.url) < least_key:
-            least, least_key = w, (load, w.kv_usage, w.url)
-        if (w.prefix_tokens, -load, w.url) > prefix_key:
-            best_prefix, prefix_key = w, (w.prefix_tokens, -load, w.url)
-    if best_prefix.prefix_tokens > 0 and -prefix_key[1] <= least_key[0] + tuning.prefix_affinity_slack:
-        return best_prefix
-    return least
-
-
-def choose_prefill(workers: tuple[WorkerLoad, ...], compat: str | None) -> WorkerLoad | None:
-    """Least estimated queue wait among prefill workers with the given compat hash (None: any), less the compute
-    of the prompt's prefix a worker holds (its own KV events: router/kvindex.py; 0 without them)."""
-    best, best_wait = None, 0.0
-    for w in workers:  # one pass (the hot path: every request that may go remote), by (wait, inflight, url)
-        if compat is not None and w.compat != compat:
-            continue
-        wait = w.est_wait_ms - _saved_ms(w) if w.prefix_tokens > 0 else w.est_wait_ms
-        if (best is None or wait < best_wait
-                or (wait == best_wait and (w.inflight, w.url) < (best.inflight, best.url))):
-            best, best_wait = w, wait
-    return best
-
-
-def _saved_ms(w: WorkerLoad) -> float:
-    """The prefill compute a worker's cached prefix saves (its tokens' prefill alone on that engine)."""
-    if w.prefix_tokens <= 0 or w.cost is None:
-        return 0.0
-    return w.cost.prefill(w.prefix_tokens).seconds * 1000.0 * w.f_prefill
-
-
-def choose_pair(decodes: tuple[WorkerLoad, ...], snap: LoadSnapshot, tuning: Tuning = DEFAULT_TUNING,
-                first: WorkerLoad | None = None) -> tuple[WorkerLoad, WorkerLoad] | None:
-    """The preferred decode worker and its prefill worker, skipping decode workers and pairs whose circuit
-    breaker is open; None when every candidate is blocked. ``first``: ``choose_decode(decodes)`` when the caller
-    has it already (no breaker open on a decode worker)."""
-    cands = decodes
-    if snap.blocked_decode:
-        cands, first = tuple(w for w in cands if w.url not in snap.blocked_decode), None
-    while cands:
-        d = first or choose_decode(cands, tuning)
-        first = None
-        assert d is not None
-        prefills = snap.prefill
-        if snap.blocked_pairs:
-            prefills = tuple(w for w in prefills if (w.url, d.url) not in snap.blocked_pairs)
-        p = choose_prefill(prefills, d.compat)
-        if p is not None:
-            return d, p
-        cands = tuple(w for w in cands if w is not d)
-    return None
-
-
-def under_pressure(w: WorkerLoad, tuning: Tuning) -> bool:
-    return w.kv_usage >= tuning.decode_pressure_kv_usage or _decode_load(w) >= tuning.decode_pressure_running
-
-
 # The ladder's own choices (rules 7–10, 12b, 13 LocalPrefill, 14 policy): what the SLO policy may overrule.
 LADDER_REASONS = frozenset({"short_prompt", "prefix_cache_hit", "below_remote_threshold", "short_output",
                             "no_decode_pressure", "prefill_queue_overload", "policy"})
@@ -191,41 +121,6 @@ def decide(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tu
     if cfg.routing.policy == "SLO" and d.decision != "reject" and d.reason in LADDER_REASONS:
         return slo_decision(cfg, f, snap, tuning, d, picks)
     return d
-
-
-class Picks:
-    """The workers a request would use — the least loaded decode worker, the remote pair — each chosen once per
-    request and shared by the ladder and the SLO placement (the hot path: every request, up to 64 workers)."""
-
-    __slots__ = ("_one_compat", "_pair", "_paired", "local_d", "remote_decodes", "snap", "tuning")
-
-    def __init__(self, snap: LoadSnapshot, tuning: Tuning) -> None:
-        self.snap, self.tuning = snap, tuning
-        self.local_d = choose_decode(snap.decode, tuning) or choose_decode(snap.aggregated, tuning)
-        self.remote_decodes: tuple[WorkerLoad, ...] = ()
-        self._pair: tuple[WorkerLoad, WorkerLoad] | None = None
-        self._paired = self._one_compat = False
-
-    def pair(self) -> tuple[WorkerLoad, WorkerLoad] | None:
-        """The preferred decode worker with a compatible prefill worker (closed breakers), or None."""
-        if not self._paired:
-            compat_groups = {w.compat for w in self.snap.prefill}
-            self._one_compat = len(compat_groups) == 1
-            self.remote_decodes = tuple([w for w in self.snap.decode if w.compat in compat_groups])
-            # every decode worker compatible (one compat hash: the usual case): the first candidate is local_d
-            first = self.local_d if len(self.remote_decodes) == len(self.snap.decode) else None
-            self._pair = (choose_pair(self.remote_decodes, self.snap, self.tuning, first) if self.remote_decodes
-                          else None)
-            self._paired = True
-        return self._pair
-
-    def any_prefill(self) -> WorkerLoad | None:
-        """The least busy prefill worker of any compat hash (``choose_prefill(snap.prefill, None)``): the pair's
-        when every prefill worker shares one hash and no pair is blocked, as the pair chose among them all."""
-        pair = self.pair()
-        if pair is not None and self._one_compat and not self.snap.blocked_pairs:
-            return pair[1]
-        return choose_prefill(self.snap.prefill, None)
 
 
 def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: Tuning, picks: Picks) -> Decision:
@@ -246,8 +141,8 @@ def _ladder(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuning: T
         if local_d is not None and cfg.routing.elastic_fleet and not cfg.prefill_starting and tuning.elastic_idle_s > 0:
             idle = [w for w in snap.prefill if w.remote_idle_s >= tuning.elastic_idle_s]
             if idle:
-                p = min(idle, key=lambda w: (_decode_load(w), w.kv_usage, w.url))
-                if _decode_load(p) + 1 <= _decode_load(local_d):
+                p = min(idle, key=lambda w: (decode_load(w), w.kv_usage, w.url))
+                if decode_load(p) + 1 <= decode_load(local_d):
                     return Decision("local", reason, decode=p.url, tenant=tname, bucket=bname, local_decode=p.url,
                                     detail={**detail, "elastic": True})
         return local(reason, **detail)

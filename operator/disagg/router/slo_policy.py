@@ -10,7 +10,7 @@ from .policy_types import Decision, LoadSnapshot, RequestFeatures, Tuning, Worke
 
 if TYPE_CHECKING:
     from ..api.contract import RouterConfig
-    from .policy import Picks
+    from .picks import Picks
 
 # the ladder's reasons where its rule is least sure: neither short enough for `maxInputTokens` nor long enough for
 # `minInputTokens`, or long but with an answer below `minExpectedOutputTokens` (Tuning.slo_override_grey)
