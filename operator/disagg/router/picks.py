@@ -9,6 +9,8 @@ from .policy_types import DEFAULT_TUNING, LoadSnapshot, Tuning, WorkerLoad
 
 
 def decode_load(w: WorkerLoad) -> float:
+    """A worker's load as the choosers compare it: the router's requests in flight there, or the scraped running
+    and waiting ones when they are more."""
     return max(float(w.inflight), w.running + w.waiting)
 
 
