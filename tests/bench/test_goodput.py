@@ -202,3 +202,30 @@ def test_heldout_cli() -> None:
     assert args.func(build_parser().parse_args(["bench", "goodput", "--heldout", "--mixes", "nope"])) == 2
     # a held-out mix is no mix of the real-process run
     assert args.func(build_parser().parse_args(["bench", "goodput", "--real", "--mixes", "summarise"])) == 2
+
+
+def test_name_picks_a_registered_results_document(tmp_path: Path) -> None:
+    """``--name``: one of the sweep's registered results documents (bench/docs.py), written with its own name and
+    command; refused beside --real, and beside --heldout unless it names the held-out document."""
+    import json
+
+    from disagg.bench.docs import REGISTRY
+    from disagg.cli import build_parser
+
+    parser = build_parser()
+    for name in (n for n, b in REGISTRY.items() if b.module == "disagg.bench.goodput"):
+        assert parser.parse_args(["bench", "goodput", "--name", name]).name == name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "goodput", "--name", "goodput-32gpu"])
+    refused = [["--name", "goodput-16gpu", "--real"], ["--heldout", "--name", "goodput-16gpu"]]
+    for argv in refused:
+        args = parser.parse_args(["bench", "goodput", *argv])
+        assert args.func(args) == 2, argv
+    out = tmp_path / "cluster.json"
+    args = parser.parse_args(["bench", "goodput", "--name", "goodput-16gpu", "--gpus", "2", "--mixes", "long-rag",
+                              "--rates-per-gpu", "long-rag=0.5", "--duration", "2", "--splits", "1", "--budgets",
+                              "2048", "--variants", "a", "--jobs", "1", "--out", str(out)])
+    assert args.func(args) == 0
+    on_disk = json.loads(out.read_text())
+    assert on_disk["benchmark"] == goodput.CLUSTER_BENCHMARK and on_disk["command"] == goodput.CLUSTER_COMMAND
+    assert results.validate(on_disk, goodput.CLUSTER_BENCHMARK) == []

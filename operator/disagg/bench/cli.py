@@ -35,6 +35,10 @@ def _add_goodput(sub: Subparsers) -> None:
     g.add_argument("--heldout", action="store_true",
                    help="the held-out mixes (load/workload.py HELDOUT_MIXES: no default was chosen on them) into "
                    "docs/results/goodput-heldout.json and their own tables")
+    g.add_argument("--name", choices=("goodput", "goodput-heldout", "goodput-16gpu"), default=None,
+                   help="the results document (and its tables in docs/benchmarks.md): goodput (the default), "
+                   "goodput-heldout (what --heldout writes), goodput-16gpu (the long-prompt mixes at 16 GPUs); "
+                   "--out defaults to docs/results/NAME.json")
     g.add_argument("--gpus", type=int, nargs="+", default=[4],
                    help="simulated GPUs per deployment (one worker per GPU); the twin sweep runs each count given "
                    "(rates scale with it), --real the first")
@@ -275,6 +279,13 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
     if args.heldout and args.real:
         print("disagg bench goodput: --heldout runs in the twin; it does not combine with --real")
         return 2
+    if args.name is not None and args.real:
+        print("disagg bench goodput: --name names a results document of the twin sweep; it does not combine with "
+              "--real")
+        return 2
+    if args.heldout and args.name not in (None, goodput.HELDOUT_BENCHMARK):
+        print(f"disagg bench goodput: --heldout writes {goodput.HELDOUT_BENCHMARK}, not --name {args.name}")
+        return 2
     args.mixes = args.mixes or list(HELDOUT_MIXES if args.heldout else goodput.SWEEP_PLANS)
     known = MIXES if args.real else ALL_MIXES
     unknown = [m for m in args.mixes if m not in known]
@@ -296,6 +307,7 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
         return 2
     if not args.real:
         from ..results import invoked_command
+        from .docs import REGISTRY
 
         plans = dict(goodput.ALL_PLANS)
         for m, rs in floats(args.rates_per_gpu, "--rates-per-gpu").items():
@@ -304,15 +316,16 @@ def _cmd_goodput(args: argparse.Namespace) -> int:
                                   duration_s=args.duration or goodput.TwinSettings.duration_s,
                                   splits=_ints(args.splits, "--splits"), budgets=_ints(args.budgets, "--budgets"),
                                   variants=tuple(args.variants), jobs=args.jobs)
-        out = args.out or (goodput.HELDOUT_RESULTS if args.heldout else goodput.RESULTS)
+        benchmark = args.name or (goodput.HELDOUT_BENCHMARK if args.heldout else "goodput")
+        out = args.out or REGISTRY[benchmark].results
         try:
             for n in args.gpus:
                 dataclasses.replace(ts, gpus=n).validate()
         except ValueError as e:
             print(f"disagg bench goodput: {e}")
             return 2
-        command = invoked_command(goodput.HELDOUT_COMMAND if args.heldout else goodput.COMMAND)
-        benchmark = goodput.HELDOUT_BENCHMARK if args.heldout else "goodput"
+        command = invoked_command({goodput.HELDOUT_BENCHMARK: goodput.HELDOUT_COMMAND,
+                                   goodput.CLUSTER_BENCHMARK: goodput.CLUSTER_COMMAND}.get(benchmark, goodput.COMMAND))
         return _run_and_report(lambda: goodput.run_twin(args.mixes, ts, plans, out=out, gpus=args.gpus,
                                                         command=command, benchmark=benchmark),
                                goodput.twin_table, out)

@@ -58,6 +58,7 @@ class Benchmark:
 REGISTRY: dict[str, Benchmark] = {b.name: b for b in (
     Benchmark("goodput", "disagg.bench.goodput", "make bench-goodput"),
     Benchmark("goodput-heldout", "disagg.bench.goodput", "make bench-goodput-heldout"),
+    Benchmark("goodput-16gpu", "disagg.bench.goodput", "make bench-goodput-16gpu"),
     Benchmark("router", "disagg.bench.router_bench", "make bench-router"),
     Benchmark("sim", "disagg.sim.bench", "make bench-sim"),
     Benchmark("autoscale", "disagg.bench.autoscale", "make bench-autoscale"),
