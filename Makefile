@@ -100,7 +100,7 @@ bench-goodput-heldout: setup
 
 # the long-prompt mixes at 16 GPUs (docs/benchmarks.md §1, "16 GPUs"), in one process (about 35 min here)
 bench-goodput-16gpu: setup
-	$(BIN)/disagg bench goodput --name goodput-16gpu --gpus 16 --mixes long-rag mixed --jobs 1
+	$(BIN)/disagg bench goodput --name goodput-16gpu --gpus 16 --mixes long-rag mixed --jobs 2
 
 bench-router: setup nginx
 	$(BIN)/disagg bench router --out docs/results/router.json

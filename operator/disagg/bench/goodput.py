@@ -36,9 +36,9 @@ Results: docs/results/goodput.json (the convention of disagg.bench.docs) and :fu
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ HELDOUT_COMMAND = "disagg bench goodput --heldout"
 # the long-prompt mixes at cluster scale: their own results file and tables (16 GPUs: a run takes 1–45 s at 4–8 GPUs
 # and 10–80 s here, and a pool worker of the whole sweep grew past 11 GB: in one process, no pool)
 CLUSTER_BENCHMARK = "goodput-16gpu"
-CLUSTER_COMMAND = "disagg bench goodput --name goodput-16gpu --gpus 16 --mixes long-rag mixed --jobs 1"
+CLUSTER_COMMAND = "disagg bench goodput --name goodput-16gpu --gpus 16 --mixes long-rag mixed --jobs 2"
 ATTAINMENT_KNEE = 0.90  # a deployment holds a rate when ≥ 90 % of its requests meet the SLO
 VARIANTS = ("a", "b", "c-default", "c-thresholds", "c-tuned")
 DEFAULT_VARIANTS = ("a", "b", "c-default", "c-thresholds")  # c-tuned: on request (per-cell tuning is not a default)
@@ -338,6 +338,9 @@ def run_config(cfg: Config, mix: str, rate: float, s: TwinSettings) -> dict[str,
     }
 
 
+TASKS_PER_CHILD = 4  # twin runs per worker process of a sweep (sweep)
+
+
 def _run_job(job: tuple[Config, str, float, TwinSettings]) -> dict[str, Any]:
     return run_config(*job)
 
@@ -375,8 +378,12 @@ def sweep(mixes: Sequence[str], s: TwinSettings, plans: dict[str, SweepPlan] | N
         for j in jobs:
             done(_run_job(j))
     else:
-        with ProcessPoolExecutor(max_workers=s.jobs) as ex:
-            for row in ex.map(_run_job, jobs):
+        # each process runs at most TASKS_PER_CHILD runs, then a fresh one takes over: a 16-GPU run holds ~1 GB, and a
+        # process that ran dozens of them kept growing until the kernel killed it (docs/benchmarks.md §1, Limits).
+        # multiprocessing.Pool, not ProcessPoolExecutor: the latter's max_tasks_per_child hangs on Python 3.11 once
+        # its first process is replaced (CPython gh-115634: every 3.11 release has it)
+        with multiprocessing.get_context("fork").Pool(s.jobs, maxtasksperchild=TASKS_PER_CHILD) as pool:
+            for row in pool.imap(_run_job, jobs):
                 done(row)
     return rows
 
