@@ -248,6 +248,22 @@ def test_tpot_grows_with_the_prefill_traffic_a_worker_receives() -> None:
     assert busy > 1.5 * quiet
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 600), st.floats(0, 60_000), st.floats(0, 200_000), st.floats(0, 80_000))
+def test_the_hot_paths_shortcuts_give_the_same_floats(streams: int, ctx: float, ahead: float, rate: float) -> None:
+    """The placement prices a worker's queued prefills through a memo (EngineCost.backlog) and a stream's TPOT from
+    steps it has already priced (EngineCost.tpot_of): both must be the very floats of the direct computation, asked
+    first or again, so the router and the twin decide the same whichever way a value was reached."""
+    cost = EngineCost.from_profile(EngineProfile(gpu="L40S"))
+    for _ in range(2):  # the second read comes from the memo
+        assert cost.backlog(streams, ctx, ahead) == cost.chunked(0, 0, streams, ctx, ahead)
+        t_d, t_m = cost.decode_step(streams, ctx), cost.mixed_step(streams, ctx)
+        room = max(1, cost.budget - streams)
+        u = min(1.0, rate * t_m / room)
+        direct = t_d if rate <= 0 else 1.0 / (u / t_m + (1.0 - u) / t_d)
+        assert cost.tpot_of(streams, t_d, t_m, rate) == cost.tpot(streams, ctx, rate) == direct
+
+
 def test_the_decode_budget_keeps_one_chunk_within_the_tpot_target() -> None:
     for tpot in (0.03, 0.05, 0.1):
         b = tpot_chunk_budget(COST, tpot, 256)

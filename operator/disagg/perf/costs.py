@@ -58,6 +58,7 @@ class EngineCost:
         # prefill step against it); exact, each cleared when large
         self._decode_memo: dict[tuple[int, float], float] = {}
         self._mixed_memo: dict[tuple[int, float], float] = {}
+        self._backlog_memo: dict[tuple[int, float, float], tuple[int, float]] = {}  # (batch, mean context, tokens)
         self._transfer: dict[int | None, tuple[float, float, float]] = {}  # remote TP → latency, bytes/token, B/s
         self._last_prefill: tuple[tuple[int, int, int, float, float] | None, PrefillCost] = (None, NO_PREFILL)
 
@@ -97,6 +98,8 @@ class EngineCost:
         if total <= 0:
             return 0, 0.0
         k = math.ceil(total / room)
+        if k < 1:  # a total so small (a decayed fraction of a token) that its share of a chunk underflows to 0
+            k = 1
         x = total / k
         # attention: this prompt's tokens over its cached part and themselves, the decodes over their context,
         # the tokens ahead over their own chunk (their context is unknown: about half a chunk)
@@ -104,6 +107,19 @@ class EngineCost:
         pairs = (tokens * (cached + tokens / 2.0) + ahead * (ahead if ahead < room else room) / 2.0) / k + streams_kv
         kv = streams_kv + cached + x
         return k, self.perf.step_s(math.ceil(decodes + x), decodes + 1, decodes + 1, pairs, kv)
+
+    def backlog(self, decodes: int, mean_ctx: float, ahead: float) -> tuple[int, float]:
+        """``chunked(0, 0, decodes, mean_ctx, ahead)``: the steps that clear ``ahead`` tokens of queued prefills
+        beside ``decodes`` streams — a worker's state, not a request's, so priced once per state (each placement
+        that reads the worker's queue prices it: the prefill there, and a remote request's wait on its decode
+        worker)."""
+        key = (decodes, mean_ctx, ahead)
+        r = self._backlog_memo.get(key)
+        if r is None:
+            if len(self._backlog_memo) >= 4096:
+                self._backlog_memo.clear()
+            r = self._backlog_memo[key] = self.chunked(0, 0, decodes, mean_ctx, ahead)
+        return r
 
     def prefill(self, tokens: int, cached: int = 0, decodes: int = 0, mean_ctx: float = 0.0,
                 ahead: float = 0.0) -> PrefillCost:
@@ -119,7 +135,7 @@ class EngineCost:
         step_stall = t - t_d if t > t_d else 0.0
         stall, own = k * step_stall, k * t
         if ahead > 0 and tokens > 0:  # the streams wait for the prefills ahead anyway: count this prompt's share
-            k_ahead, t_ahead = self.chunked(0, 0, decodes, mean_ctx, ahead)
+            k_ahead, t_ahead = self.backlog(decodes, mean_ctx, ahead)
             stall -= k_ahead * (t_ahead - t_d if t_ahead > t_d else 0.0)
             own -= k_ahead * t_ahead
         cost = PrefillCost(k * t, k, t, step_stall, stall if stall > 0 else 0.0, own if own > 0 else 0.0)
@@ -134,11 +150,19 @@ class EngineCost:
         t_d = self.decode_step(streams, mean_ctx)
         if prefill_rate <= 0:
             return t_d
+        return self.tpot_of(streams, t_d, self.mixed_step(streams, mean_ctx), prefill_rate)
+
+    def tpot_of(self, streams: int, t_d: float, t_m: float, prefill_rate: float) -> float:
+        """:meth:`tpot` from the streams' decode-only step ``t_d`` and mixed step ``t_m`` (``streams`` ≥ 1), for a
+        caller that has them already."""
+        if prefill_rate <= 0:
+            return t_d
         room = self.budget - streams
         if room < 1:
             room = 1
-        t_m = self.mixed_step(streams, mean_ctx)
-        u = min(1.0, prefill_rate * t_m / room)
+        u = prefill_rate * t_m / room
+        if u > 1.0:
+            u = 1.0
         return 1.0 / (u / t_m + (1.0 - u) / t_d)
 
     def mixed_step(self, streams: int, mean_ctx: float) -> float:

@@ -83,17 +83,15 @@ class Prediction(NamedTuple):  # a NamedTuple: three per request on the hot path
                 "predicted_tpot_ms": round(self.tpot_s * 1000.0, 2), "harm": round(self.harm, 3)}
 
 
-def _streams(w: WorkerLoad, cost: EngineCost) -> int:
-    """The streams ``w`` runs: its running count (the router's in flight there when higher than the last scrape),
-    at most ``--max-num-seqs``: vLLM runs no more at once, and the router's count includes the requests queued
-    there, which take no share of a step's token budget (read as streams, a queue of a thousand left a prefill one
-    token per step and predicted TTFTs of hours past the knee)."""
+def _batch(w: WorkerLoad, cost: EngineCost) -> tuple[int, float]:
+    """The streams ``w`` runs and their mean context (tokens). The streams: its running count (the router's in
+    flight there when higher than the last scrape), at most ``--max-num-seqs``: vLLM runs no more at once, and the
+    router's count includes the requests queued there, which take no share of a step's token budget (read as
+    streams, a queue of a thousand left a prefill one token per step and predicted TTFTs of hours past the knee)."""
     n = int(w.running)
-    return n if n <= cost.max_num_seqs else cost.max_num_seqs
-
-
-def _mean_ctx(w: WorkerLoad, cost: EngineCost, streams: float) -> float:
-    return w.kv_usage * cost.kv_capacity_tokens / streams if streams >= 1 else 0.0
+    if n > cost.max_num_seqs:
+        n = cost.max_num_seqs
+    return n, (w.kv_usage * cost.kv_capacity_tokens / n if n >= 1 else 0.0)
 
 
 def _ahead(w: WorkerLoad) -> float:
@@ -123,7 +121,9 @@ def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float
     above it, the secant keeps the prefills that put the streams there answerable for it."""
     if streams <= 0 or stall_s <= 0:
         return 0.0
-    model = cost.tpot(streams, ctx, rate)
+    # the streams' steps without and with a full chunk beside them (the engine's memo: priced once per worker state)
+    t_d, t_m = cost.decode_step(streams, ctx), cost.mixed_step(streams, ctx)
+    model = cost.tpot_of(streams, t_d, t_m, rate)  # cost.tpot(streams, ctx, rate), the same float
     before = model * w.f_decode
     if w.stream_tpot_s > before:
         before = w.stream_tpot_s
@@ -134,7 +134,7 @@ def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float
     added = stall_s * w.f_decode / (out_tokens if out_tokens > 1.0 else 1.0)
     # no stream there takes longer than one step with a full chunk beside it (EngineCost.mixed_step): a prefill
     # cannot push the streams' TPOT past that ceiling, only keep them at it for longer
-    ceiling = cost.mixed_step(streams, ctx) * w.f_decode
+    ceiling = t_m * w.f_decode
     if before + added > ceiling:
         added = ceiling - before if ceiling > before else 0.0
         if added <= 0.0:
@@ -142,7 +142,7 @@ def _harm(w: WorkerLoad, cost: EngineCost, streams: int, ctx: float, rate: float
     p_before = p_miss(before, slo_tpot_s, spread)
     rise = p_miss(before + added, slo_tpot_s, spread) - p_before
     if rate > 0.0 and model > 0.0:  # its share of what the prefills the worker receives do to the streams (docstring)
-        quiet = before * cost.tpot(streams, ctx, 0.0) / model
+        quiet = before * t_d / model  # the same streams without that traffic: cost.tpot(streams, ctx, 0.0)
         if before > quiet:
             share = (p_before - p_miss(quiet, slo_tpot_s, spread)) / (before - quiet) * added
             if share > rise:
@@ -174,8 +174,7 @@ def predict_whole(w: WorkerLoad, cost: EngineCost, tokens: int, placement: str, 
     """The whole request on ``w`` (``local`` on a decode worker, ``prefill_worker`` on a prefill worker).
     ``rate_floor``: the prefill traffic the worker is expected to receive at least (a prefill worker: its pool's
     mean rate, since the router spreads remote prefills over the pool)."""
-    streams = _streams(w, cost)
-    ctx = _mean_ctx(w, cost, streams)
+    streams, ctx = _batch(w, cost)
     rate = w.prefill_rate if w.prefill_rate >= rate_floor else rate_floor
     cached = _cached(w, tokens)
     pre = cost.prefill(tokens - cached, cached, streams, ctx, _ahead(w))
@@ -216,7 +215,7 @@ def _backlog_then(d: WorkerLoad, cost: EngineCost, streams: int, ctx: float, aft
     if ahead <= 0 and d.prefill_rate <= 0:
         return 0.0
     probe = max(ahead, float(cost.budget))
-    steps, step_s = cost.chunked(0, 0, streams, ctx, probe)
+    steps, step_s = cost.backlog(streams, ctx, probe)
     capacity = probe / max(1e-9, steps * step_s * d.f_prefill)  # tokens/s
     left = ahead + (d.prefill_rate - capacity) * after_s
     wait = left / capacity if left > 0 else 0.0
@@ -233,14 +232,12 @@ def _backlog_then(d: WorkerLoad, cost: EngineCost, streams: int, ctx: float, aft
 
 def predict_remote(p: WorkerLoad, p_cost: EngineCost, d: WorkerLoad, d_cost: EngineCost, tokens: int,
                    slo_tpot_s: float, out_tokens: float, slo_ttft_s: float = 1.0) -> Prediction:
-    p_streams = _streams(p, p_cost)
-    p_ctx = _mean_ctx(p, p_cost, p_streams)
+    p_streams, p_ctx = _batch(p, p_cost)
     # the prompt's prefix the prefill worker holds (its own KV events: kvindex.py) is not computed again there
     cached = _cached(p, tokens)
     pre = p_cost.prefill(tokens - cached, cached, p_streams, p_ctx, _ahead(p))
     prefill_s = (p_cost.request_overhead_s + pre.seconds) * p.f_prefill
-    d_streams = _streams(d, d_cost)
-    d_ctx = _mean_ctx(d, d_cost, d_streams)
+    d_streams, d_ctx = _batch(d, d_cost)
     transfer = d_cost.transfer(tokens, p_cost.perf.tp)
     # the decode worker pulls the KV, then its next step produces the first token (behind any queue for room)
     first = d_cost.decode_step(d_streams + 1, d_ctx) * d.f_decode * (1.0 + d.queued)
