@@ -19,17 +19,23 @@ def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = DEFAULT_TUNI
     if not workers:
         return None
     # one pass (the hot path: every request, up to 64 workers): the least loaded by (load, KV usage, url), and the
-    # longest prefix by (prefix tokens, least load, url)
+    # longest prefix by (prefix tokens, least load, url) — the tuples' order, compared field by field without
+    # building them (most workers lose on the first field)
     least = best_prefix = workers[0]
-    least_key = (decode_load(least), least.kv_usage, least.url)
-    prefix_key = (least.prefix_tokens, -least_key[0], least.url)
+    l_load = decode_load(least)
+    l_kv, l_url = least.kv_usage, least.url
+    p_tokens, p_load, p_url = least.prefix_tokens, l_load, least.url
     for w in workers[1:]:
-        load = decode_load(w)
-        if (load, w.kv_usage, w.url) < least_key:
-            least, least_key = w, (load, w.kv_usage, w.url)
-        if (w.prefix_tokens, -load, w.url) > prefix_key:
-            best_prefix, prefix_key = w, (w.prefix_tokens, -load, w.url)
-    if best_prefix.prefix_tokens > 0 and -prefix_key[1] <= least_key[0] + tuning.prefix_affinity_slack:
+        load = w.running + w.waiting
+        inflight = float(w.inflight)
+        if inflight >= load:  # decode_load(w)
+            load = inflight
+        if load < l_load or (load == l_load and (w.kv_usage < l_kv or (w.kv_usage == l_kv and w.url < l_url))):
+            least, l_load, l_kv, l_url = w, load, w.kv_usage, w.url
+        tokens = w.prefix_tokens
+        if tokens > p_tokens or (tokens == p_tokens and (load < p_load or (load == p_load and w.url > p_url))):
+            best_prefix, p_tokens, p_load, p_url = w, tokens, load, w.url
+    if p_tokens > 0 and p_load <= l_load + tuning.prefix_affinity_slack:
         return best_prefix
     return least
 
