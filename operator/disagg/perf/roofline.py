@@ -158,6 +158,10 @@ class PerfModel:
         self._fixed_overhead_s = e.step_overhead_s + e.per_layer_overhead_s * m.layers
         self._communicates = self.tp > 1 or self.ep > 1 or self.pp > 1
         self._dense_weights = None if m.is_moe else (self._weights_read_per_gpu(1, 0), self._weights_read_per_gpu(1, 1))
+        # step_s' own: the dense weights' streaming time (the same division), and the efficiencies it reads
+        self._dense_weights_s = (None if self._dense_weights is None else
+                                 tuple(w / self._memory_rate for w in self._dense_weights))
+        self._gemm_unhidden, self._per_seq_overhead_s = e.gemm_unhidden, e.per_seq_overhead_s
 
     @classmethod
     def from_names(cls, gpu: str = "H100-SXM", model: str = "Llama-3.1-8B", tp: int = 1, pp: int = 1,
@@ -321,16 +325,18 @@ class PerfModel:
         if tokens <= 0:
             return 0.0
         kv_tok = self._kv_tok
-        weights = (self._dense_weights[1 if sampled else 0] if self._dense_weights is not None else
-                   self._weights_read_per_gpu(tokens, sampled))
-        weights_s = weights / self._memory_rate
+        dense_s = self._dense_weights_s
+        weights_s = (dense_s[1 if sampled else 0] if dense_s is not None else
+                     self._weights_read_per_gpu(tokens, sampled) / self._memory_rate)
         gemm_s = (2.0 * tokens * self._body_active + 2.0 * sampled * self._lm_head) / self._compute_rate
-        linear_s = (weights_s + self.eff.gemm_unhidden * gemm_s if weights_s >= gemm_s
-                    else gemm_s + self.eff.gemm_unhidden * weights_s)
-        attention_s = max(self._attn_per_pair * pairs / self._compute_rate,
-                          (kv_tokens * kv_tok + tokens * kv_tok) / self._kv_rate)
+        unhidden = self._gemm_unhidden
+        linear_s = weights_s + unhidden * gemm_s if weights_s >= gemm_s else gemm_s + unhidden * weights_s
+        attention_s = self._attn_per_pair * pairs / self._compute_rate
+        kv_s = (kv_tokens * kv_tok + tokens * kv_tok) / self._kv_rate
+        if kv_s > attention_s:  # max(compute, KV streaming), as step_totals
+            attention_s = kv_s
         comm_s = self._comm_s(tokens) if self._communicates else 0.0
-        return linear_s + attention_s + comm_s + (self._fixed_overhead_s + self.eff.per_seq_overhead_s * seqs)
+        return linear_s + attention_s + comm_s + (self._fixed_overhead_s + self._per_seq_overhead_s * seqs)
 
     def _comm_s(self, tokens: int) -> float:
         """A step's collectives: TP all-reduces, EP dispatch and combine, PP hand-offs of its activations."""

@@ -267,12 +267,14 @@ def choose(options: list[Prediction], slo: SLOSpec) -> Prediction:
     return rank(options, slo.ttft_p95_ms / 1000.0, slo.tpot_p95_ms / 1000.0)[0][0]
 
 
-def rank(options: list[Prediction], slo_ttft_s: float, slo_tpot_s: float) -> list[tuple[Prediction, float]]:
+def rank(options: list[Prediction], slo_ttft_s: float, slo_tpot_s: float,
+         known: tuple[Prediction, float] | None = None) -> list[tuple[Prediction, float]]:
     """The options with their expected misses, best first as :func:`choose` picks: the first is the choice, the
-    first after any other option the choice without it. Each option priced once (the hot path)."""
+    first after any other option the choice without it. Each option priced once (the hot path; ``known``: an
+    option whose expected misses the caller has already)."""
     keyed = []
     for i, o in enumerate(options):
-        m = misses(o, slo_ttft_s, slo_tpot_s)
+        m = known[1] if known is not None and o is known[0] else misses(o, slo_ttft_s, slo_tpot_s)
         keyed.append(((round(m, 3), _headroom(o, slo_ttft_s, slo_tpot_s), i), o, m))
     keyed.sort()  # by the key alone: its last element (the listed order) is unique
     return [(o, m) for _, o, m in keyed]

@@ -115,28 +115,44 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
     if first is None:
         first = priced.local()
     detail: dict[str, Any] = base.detail
-    if pl.misses(first, slo_ttft, slo_tpot) < tuning.slo_keep:
+    first_misses = pl.misses(first, slo_ttft, slo_tpot)
+    if first_misses < tuning.slo_keep:
         # predicted to meet: it stands whatever the others save (below), so they are priced only for the log line
         detail["prediction"] = first
         detail["rejected"] = pl.RunnerUp(price=lambda: priced.runner_up(first))
         return base
     local = priced.local()
     remote = priced.remote()
-    order = pl.rank(priced.options(), slo_ttft, slo_tpot)
+    order = pl.rank(priced.options(), slo_ttft, slo_tpot, known=(first, first_misses))
     local_d, pw = picks.local_d, priced.pw
     assert local_d is not None
-    chosen, chosen_misses = next((x for x in order if x[0].placement == kind), None) or next(
-        x for x in order if x[0] is local)
+    # the ladder's choice as ranked (a remote choice without a pair: the local one); loops, not generators: the
+    # hot path
+    chosen, chosen_misses = order[0]
+    for x in order:
+        if x[0].placement == kind:
+            chosen, chosen_misses = x
+            break
+    else:
+        for x in order:
+            if x[0] is local:
+                chosen, chosen_misses = x
+                break
     # an overrule puts no prefill on a worker whose streams already spend the TPOT SLO's allowance: its harm to
     # them is past what the stall model sees (the load they live through grows), and the ladder's own choice stands
-    best, best_misses = next(x for x in order if x[0] is chosen or not _spent(x[0], local_d, pw, slo_tpot))
+    best, best_misses = chosen, chosen_misses
+    for x in order:
+        if x[0] is chosen or not _spent(x[0], local_d, pw, slo_tpot):
+            best, best_misses = x
+            break
     margin = tuning.slo_override_grey if base.reason in GREY_REASONS else tuning.slo_override
     # ties (equal expected misses at the ranking's precision) and savings within the margin keep it
     if best is not chosen and round(chosen_misses, 3) - round(best_misses, 3) <= margin + 1e-9:
         best = chosen
     # the predictions themselves (formatted for the log line and the span only when the request is logged)
     detail["prediction"] = best
-    detail["rejected"] = pl.RunnerUp(next((x[0] for x in order if x[0] is not best), None))
+    detail["rejected"] = pl.RunnerUp(order[1][0] if order[0][0] is best else order[0][0]) if len(order) > 1 else (
+        pl.RunnerUp(None))
     if (base.decision == "remote" and best is not remote and remote is not None
             and pl.p_miss(remote.ttft_s, slo_ttft) >= tuning.slo_keep and remote.prefill_s >= 0.5 * remote.ttft_s):
         # prefill work the ladder meant for the prefill pool, placed elsewhere because the remote path is at risk on
