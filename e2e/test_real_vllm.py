@@ -541,14 +541,17 @@ def _engine_ports(pids: set[int]) -> set[int]:
 
 
 class _KVPathStalled:
-    """What the prefill engine sends and receives on loopback dropped while the context is open, but its HTTP
-    (port 8000): one iptables chain drops every packet from or to the other ports its processes hold, so the decode
+    """What the engines send and receive on loopback dropped while the context is open, but their HTTP (port
+    8000): one iptables chain drops every packet from or to the other ports their processes hold, so the decode
     engines' KV pulls (UCX over TCP) and NIXL handshakes stall until TCP retransmits after it, while the prefill
-    legs and scrapes go on. Loopback only, this test's engine only."""
+    legs, the local prefills and scrapes go on. Both sides' ports: a connection either side opens after the
+    context is entered (UCX reconnecting from a new ephemeral port) still meets a listener of the other side that
+    is in the chain — with the prefill engine's ports alone, a pull got through after 1–5 s. Loopback only, this
+    test's engines only."""
 
     def __init__(self, pids: set[int]) -> None:
         ports = sorted(_engine_ports(pids))
-        assert ports, "the prefill engine holds no TCP port but its HTTP one: nothing to stall"
+        assert ports, "the engines hold no TCP port but their HTTP one: nothing to stall"
         self.chain = f"DISAGG-KVSTALL-{os.getpid()}"
         chunks = [",".join(map(str, ports[i:i + 15])) for i in range(0, len(ports), 15)]  # multiport takes 15
         self.rules = [["-p", "tcp", "-m", "multiport", "--ports", c, "-j", "DROP"] for c in chunks]
@@ -589,11 +592,27 @@ def test_a_stalled_kv_path_is_hedged_then_its_breakers_open_and_close(model: Mod
         decode_ips = {f"http://{pod_ip(p)}:8000" for p in decode_pods}
         proc = stack.runtime.process(NS, _name(prefill_pod))
         assert proc is not None and proc.poll() is None
+
+        # a hedge waits hedge_factor × what the pool's healthy remote first tokens took (paths.py hedge_delay; no
+        # hedge before one is on record): a remote stream over the healthy path first, so the race does not depend
+        # on what ran before this test (run alone, the first stalled pull waited the stall out and went through)
+        def healthy_remote() -> bool:
+            rid = f"real-hedge-warm-{time.time_ns()}"
+            stream(f"{router}/v1/completions", completion(f"{rid}: {LONG}"), rid=rid)
+            line = logged(model, rid)
+            return (line["path"], line["fallback"]) == ("remote", None)
+
+        wait_for(healthy_remote, 60, "a remote stream over the healthy KV path", interval=0.5)
         hedged: list[dict[str, Any]] = []
         answers: dict[str, str] = {}
         n = 0
         # the engine core (the API server's child) holds the NIXL agent, its UCX sockets and its side channel
-        with _KVPathStalled(process_tree(proc.pid) - {proc.pid} or {proc.pid}):
+        engines = {proc.pid}
+        for pod in decode_pods:
+            dproc = stack.runtime.process(NS, _name(pod))
+            assert dproc is not None and dproc.poll() is None
+            engines.add(dproc.pid)
+        with _KVPathStalled(set().union(*(process_tree(pid) - {pid} or {pid} for pid in engines))):
             while True:
                 n += 1
                 assert n <= 12, f"no breaker opened after {n - 1} stalled requests: {hedged}"

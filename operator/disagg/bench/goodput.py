@@ -74,7 +74,7 @@ RESULTS = Path("docs") / "results" / "goodput.json"
 HELDOUT_BENCHMARK = "goodput-heldout"
 HELDOUT_COMMAND = "disagg bench goodput --heldout"
 # the long-prompt mixes at cluster scale: their own results file and tables (16 GPUs: a run takes 1–45 s at 4–8 GPUs
-# and 10–80 s here, and a pool worker of the whole sweep grew past 11 GB: in one process, no pool)
+# and 10–80 s here; a worker process of the sweep is replaced every TASKS_PER_CHILD runs, see sweep)
 CLUSTER_BENCHMARK = "goodput-16gpu"
 CLUSTER_COMMAND = "disagg bench goodput --name goodput-16gpu --gpus 16 --mixes long-rag mixed --jobs 2"
 ATTAINMENT_KNEE = 0.90  # a deployment holds a rate when ≥ 90 % of its requests meet the SLO

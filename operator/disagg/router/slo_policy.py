@@ -151,8 +151,10 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
         best = chosen
     # the predictions themselves (formatted for the log line and the span only when the request is logged)
     detail["prediction"] = best
-    detail["rejected"] = pl.RunnerUp(order[1][0] if order[0][0] is best else order[0][0]) if len(order) > 1 else (
-        pl.RunnerUp(None))
+    runner_up = None  # the best-ranked option not taken
+    if len(order) > 1:
+        runner_up = order[1][0] if order[0][0] is best else order[0][0]
+    detail["rejected"] = pl.RunnerUp(runner_up)
     if (base.decision == "remote" and best is not remote and remote is not None
             and pl.p_miss(remote.ttft_s, slo_ttft) >= tuning.slo_keep and remote.prefill_s >= 0.5 * remote.ttft_s):
         # prefill work the ladder meant for the prefill pool, placed elsewhere because the remote path is at risk on
