@@ -28,7 +28,7 @@ def choose_decode(workers: tuple[WorkerLoad, ...], tuning: Tuning = DEFAULT_TUNI
     for w in workers[1:]:
         load = w.running + w.waiting
         inflight = float(w.inflight)
-        if inflight >= load:  # decode_load(w)
+        if inflight >= load:  # decode_load(w), inlined: the call per worker was a third of the ladder's cost
             load = inflight
         if load < l_load or (load == l_load and (w.kv_usage < l_kv or (w.kv_usage == l_kv and w.url < l_url))):
             least, l_load, l_kv, l_url = w, load, w.kv_usage, w.url

@@ -121,25 +121,16 @@ def slo_decision(cfg: RouterConfig, f: RequestFeatures, snap: LoadSnapshot, tuni
         detail["prediction"] = first
         detail["rejected"] = pl.RunnerUp(price=lambda: priced.runner_up(first))
         return base
-    local = priced.local()
     remote = priced.remote()
     order = pl.rank(priced.options(), slo_ttft, slo_tpot, known=(first, first_misses))
     local_d, pw = picks.local_d, priced.pw
     assert local_d is not None
-    # the ladder's choice as ranked (a remote choice without a pair: the local one); loops, not generators: the
-    # hot path
-    chosen, chosen_misses = order[0]
-    for x in order:
-        if x[0].placement == kind:
-            chosen, chosen_misses = x
-            break
-    else:
-        for x in order:
-            if x[0] is local:
-                chosen, chosen_misses = x
-                break
+    # the ladder's choice as ranked (a remote choice without a pair: the local one; one option per placement)
+    ranked = {o.placement: (o, m) for o, m in order}
+    chosen, chosen_misses = ranked.get(kind) or ranked["local"]
     # an overrule puts no prefill on a worker whose streams already spend the TPOT SLO's allowance: its harm to
     # them is past what the stall model sees (the load they live through grows), and the ladder's own choice stands
+    # (a loop, not a generator: the hot path)
     best, best_misses = chosen, chosen_misses
     for x in order:
         if x[0] is chosen or not _spent(x[0], local_d, pw, slo_tpot):
