@@ -69,3 +69,43 @@ def test_token_means_are_forecast_at_their_level_not_on_a_trend() -> None:
         assert got is not None and got.out == pytest.approx(level)
     peak = f.peak(3)
     assert peak is not None and peak.out == pytest.approx(level) and peak.out > 160.0
+
+
+def test_a_step_in_the_rate_starts_a_new_level_at_once() -> None:
+    # 2 req/s for ten 30-s intervals, then 6: the count's noise band around 2 req/s is 3 √60 / 30 ≈ 0.77 req/s,
+    # so 6 is a new level — forecast at 6 the interval it is seen, not halfway (α = 0.5) as plain Holt does
+    f = LoadForecaster(interval_s=30.0)
+    plain = LoadForecaster()
+    for g in (f, plain):
+        for _ in range(10):
+            g.update(Load(1.0, 1.0, 8000, 400, 250))
+        g.update(Load(3.0, 3.0, 8000, 400, 250))
+    got, smoothed = f.forecast(1), plain.forecast(1)
+    assert got is not None and smoothed is not None
+    assert got.rps == pytest.approx(6.0)
+    assert smoothed.rps < 5.0
+    assert f.series["remote_rps"].shifts == 1 and plain.series["remote_rps"].shifts == 0
+
+
+def test_a_ramp_within_the_noise_band_is_smoothed_as_before() -> None:
+    # a diurnal-like ramp, +0.1 req/s per interval, with ± one Poisson standard deviation of a 30-s count: never
+    # a new level, and the forecast is plain Holt's to the bit
+    import math
+
+    f, plain = LoadForecaster(interval_s=30.0), LoadForecaster()
+    for t in range(60):
+        rate = 2.0 + 0.1 * t
+        rate += (1 if t % 2 else -1) * math.sqrt(rate * 30.0) / 30.0
+        for g in (f, plain):
+            g.update(Load(rate, rate / 2, 8000, 400, 250))
+    assert all(h.shifts == 0 for h in f.series.values())
+    assert f.forecast(3) == plain.forecast(3)
+
+
+def test_the_end_of_a_burst_is_a_new_level_too() -> None:
+    f = LoadForecaster(interval_s=30.0)
+    for rate in (5.0,) * 10 + (9.0, 5.0):
+        f.update(Load(rate, 0.0, 8000, 400, 250))
+    got = f.forecast(1)
+    assert got is not None and got.remote_rps == pytest.approx(5.0)
+    assert f.series["remote_rps"].shifts == 2

@@ -114,6 +114,23 @@ def test_scale_down_waits_for_the_window_and_the_hysteresis_band() -> None:
     assert hist[-1][0] == math.ceil(3.0 / (CAP * 0.7)) > math.ceil(3.0 / (CAP * 0.8))
 
 
+def test_no_shrink_below_a_scale_up_within_the_window() -> None:
+    # a step up is sized for its backlog (90 queued), then the backlog is gone and the model holds fewer: the pool
+    # keeps what the scale-up asked for until a whole window has passed without that need (HPA's rule counts every
+    # recommendation, not only the downward ones; the up's was once left out, and the pool shrank the next interval)
+    s = settings(scale_down_stabilization_s=120.0)
+    pol = PredictivePolicy(LinearSizer(), s)
+    for i in range(6):
+        pol.step(obs(30.0 * i, 2.0, 2, 2))
+    up = pol.step(Observation(180.0, Load(6.0, 0.0, 8000, 400, 250), 2, 2, 2, 2, 1.0, 0.02, prefill_waiting=90.0))
+    high = up["prefill"].desired
+    assert high == math.ceil((6.0 + 90 / 30) / (CAP * 0.8)) == 6
+    held = [pol.step(obs(180.0 + 30.0 * k, 6.0, high, 6))["prefill"].desired for k in (1, 2, 3)]
+    assert held == [high] * 3  # within 120 s of the up
+    after = pol.step(obs(180.0 + 30.0 * 4, 6.0, high, 6))["prefill"].desired
+    assert after == math.ceil(6.0 / (CAP * 0.7)) < high  # the window has passed: down to what holds at 70 %
+
+
 def test_scale_down_budget_per_hour() -> None:
     pol = PredictivePolicy(LinearSizer(), settings(max_downs_per_hour=2, scale_down_stabilization_s=30.0,
                                                    max_step=1))

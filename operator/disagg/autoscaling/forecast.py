@@ -9,9 +9,12 @@ Hyndman & Athanasopoulos, *Forecasting: Principles and Practice*, 3rd ed., §8.2
     ŷ_{t+h} = level_t + h · trend_t          (damped: level_t + (φ + φ² + … + φ^h) · trend_t)
 
 A damped trend (Gardner & McKenzie 1985; FPP3 §8.2 "Damped trend methods") keeps a ramp's forecast from running
-away past its turn. Dynamo's SLA planner offers constant, ARIMA, Kalman and Prophet predictors for the same job
-(https://docs.nvidia.com/dynamo/design-docs/planner-design, "Load Prediction"); Holt's method is the simplest of
-them that sees a trend, which is what a diurnal ramp is at the scale of a few intervals.
+away past its turn. A request rate that leaves the noise band of its forecast (:data:`SHIFT_Z` Poisson standard
+deviations of the interval's count) starts a new level at once instead of being smoothed into the old one: a
+step or a burst is sized for in the interval it is seen. Dynamo's SLA planner offers constant, ARIMA, Kalman and
+Prophet predictors for the same job (https://docs.nvidia.com/dynamo/design-docs/planner-design, "Load
+Prediction"); Holt's method is the simplest of them that sees a trend, which is what a diurnal ramp is at the scale
+of a few intervals.
 
 :class:`LoadForecaster` forecasts what the sizing needs (autoscaling/predictive.py): the arrival rate of requests
 that prefill remotely and of those served whole on a decode worker, their mean prompt lengths and the mean output
@@ -20,7 +23,16 @@ length; a series with no sample yet forecasts None.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# A rate further from its one-step forecast than 3 Poisson standard deviations of the interval's count has moved
+# to a new level (a step, a burst, its end): Shewhart's 3σ control limits (W. A. Shewhart, *Economic Control of
+# Quality of Manufactured Product*, 1931; D. C. Montgomery, *Introduction to Statistical Quality Control*, 8th ed.,
+# §6.2, the c chart: limits c̄ ± 3√c̄ for Poisson counts). A smooth ramp stays inside the band and is smoothed as
+# before; without the test a 3× step reached the forecast at half its height an interval later (α = 0.5) and the
+# pools were sized for two thirds of the new load, one pod start late.
+SHIFT_Z = 3.0
 
 
 @dataclass
@@ -34,15 +46,22 @@ class Holt:
     level: float | None = None
     trend: float = 0.0
     n: int = 0
+    shifts: int = 0  # samples that started a new level (``update``'s ``shift_band``)
 
     def __post_init__(self) -> None:
         for name, v in (("alpha", self.alpha), ("beta", self.beta), ("phi", self.phi)):
             if not 0 < v <= 1:
                 raise ValueError(f"{name}: must be in (0, 1], got {v}")
 
-    def update(self, y: float) -> None:
+    def update(self, y: float, shift_band: float | None = None) -> None:
+        """Add a sample. ``shift_band``: the largest miss of the one-step forecast that is noise; a sample
+        further from it than that starts a new level (``level := y``, the trend kept) instead of being smoothed
+        into the old one (:meth:`LoadForecaster.update`)."""
         if self.level is None:
             self.level, self.trend = y, 0.0
+        elif shift_band is not None and abs(y - (self.level + self.phi * self.trend)) > shift_band:
+            self.level = y
+            self.shifts += 1
         else:
             prev = self.level
             self.level = self.alpha * y + (1 - self.alpha) * (prev + self.phi * self.trend)
@@ -92,6 +111,9 @@ class LoadForecaster:
     alpha: float = 0.5
     beta: float = 0.3
     phi: float = 0.95
+    # the interval a rate is counted over (seconds); None: no level-shift test (every sample smoothed)
+    interval_s: float | None = None
+    shift_z: float = SHIFT_Z
     series: dict[str, Holt] = field(default_factory=dict)
 
     def _h(self, name: str, trend: bool) -> Holt:
@@ -100,14 +122,23 @@ class LoadForecaster:
         return self.series[name]
 
     def update(self, load: Load) -> None:
-        self._h("remote_rps", True).update(load.remote_rps)
-        self._h("local_rps", True).update(load.local_rps)
+        for name, rate in (("remote_rps", load.remote_rps), ("local_rps", load.local_rps)):
+            h = self._h(name, True)
+            h.update(rate, self._shift_band(h))
         if load.remote_rps > 0:
             self._h("remote_in", False).update(load.remote_in)
         if load.local_rps > 0:
             self._h("local_in", False).update(load.local_in)
         if load.rps > 0:
             self._h("out", False).update(load.out)
+
+    def _shift_band(self, h: Holt) -> float | None:
+        """The noise band of a rate counted over ``interval_s`` around its one-step forecast λ̂: ``shift_z`` Poisson
+        standard deviations of the count, √(λ̂·T) (at least one request), as a rate."""
+        if self.interval_s is None or self.interval_s <= 0 or h.level is None:
+            return None
+        expected = max(0.0, h.level + h.phi * h.trend) * self.interval_s
+        return self.shift_z * math.sqrt(max(expected, 1.0)) / self.interval_s
 
     @property
     def samples(self) -> int:

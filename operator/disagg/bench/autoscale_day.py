@@ -30,7 +30,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -43,7 +43,12 @@ from ..twin.autoscaler import TwinAutoscaler, of, pod_start_s, proportional
 from .autoscale_day_tables import render_tables as render_tables  # bench/docs.py's registry reads it here
 from .oracle import ProbeFn, fewest_split
 
-TARGET = 0.90
+TARGET = 0.90  # the loose oracle's bar: attainment (both targets) per bucket; the step's and swings' recovery bar
+# The SLO is a p95 of TTFT and a p95 of TPOT: a bucket meets it when at least 95 % of its requests are within the
+# TTFT target and at least 95 % within the TPOT target (nearest-rank p95 ≤ target ⇔ ≥ 95 % at or below it). The
+# oracle and the static peak are held to that; the loose oracle (TARGET on attainment, this bench's oracle until
+# 2026-12-07) is kept beside it as a lower bound: it approves splits that miss the SLO's p95 in their bucket.
+SLO_QUANTILE = 0.95
 RAG = ("rag", (6000, 10000), (128, 384))
 CHAT = ("chat", (100, 800), (100, 400))
 # the mix swing (role moves): long prompts with short answers (prefill-heavy) against short prompts with long
@@ -174,23 +179,51 @@ def mix_load(rate: float, rag: float, classes: tuple[Class, Class] = (RAG, CHAT)
                 rag * sum(a_out) / 2 + (1 - rag) * sum(b_out) / 2)
 
 
-def probe_fn(s: DaySettings) -> ProbeFn:
-    """A twin probe of a split at a steady rate and mix: the attainment of the requests arriving in ``probe_s``
-    after ``probe_warmup_s`` of the same load (memoised)."""
-    cache: dict[tuple[float, float, int, int], float] = {}
+@dataclass(frozen=True)
+class Score:
+    """What a probe measured: ``attainment``, the share of requests within both targets; ``slo_share``, the smaller
+    of the shares within the TTFT target and within the TPOT target (≥ :data:`SLO_QUANTILE`: the SLO's p95s hold)."""
 
-    def probe(rate: float, rag: float, p: int, d: int) -> float:
+    attainment: float
+    slo_share: float
+
+
+ScoreFn = Callable[[float, float, int, int], Score]
+
+
+def probe_scores(s: DaySettings) -> ScoreFn:
+    """A twin probe of a split at a steady rate and mix, scored over the requests arriving in ``probe_s`` after
+    ``probe_warmup_s`` of the same load (memoised)."""
+    cache: dict[tuple[float, float, int, int], Score] = {}
+
+    def probe(rate: float, rag: float, p: int, d: int) -> Score:
         key = (round(rate, 2), round(rag, 2), p, d)
         if key not in cache:
             m = mapped(s, p, d)
             span = s.probe_warmup_s + s.probe_s
             arr = steady_arrivals(rate, rag, span, s.seed)
             records = simulate(m.cluster, arr, seed=s.seed, slo=m.slo, window_s=span).records if arr else []
-            measured = [x for x in records if x.arrival_s >= s.probe_warmup_s]
-            cache[key] = sum(x.meets(m.slo) for x in measured) / len(measured) if measured else 1.0
+            measured = [x.as_result() for x in records if x.arrival_s >= s.probe_warmup_s]
+            if not measured:
+                cache[key] = Score(1.0, 1.0)
+            else:
+                ttft, tpot = m.slo.ttft_ms / 1000.0, m.slo.tpot_ms / 1000.0
+                n = len(measured)
+                ttft_ok = sum(1 for x in measured if x.ok and x.ttft_s is not None and x.ttft_s <= ttft)
+                tpot_ok = sum(1 for x in measured if x.ok and (x.tpot_s is None or x.tpot_s <= tpot))
+                cache[key] = Score(sum(x.meets(ttft, tpot) for x in measured) / n, min(ttft_ok, tpot_ok) / n)
         return cache[key]
 
     return probe
+
+
+def probe_fn(s: DaySettings, scores: ScoreFn | None = None, slo: bool = True) -> ProbeFn:
+    """The probe a split search reads: the SLO share (``slo``, held to :data:`SLO_QUANTILE`) or the attainment
+    (held to :data:`TARGET`: the loose oracle); ``scores`` shares the probes' runs between the two."""
+    score = scores or probe_scores(s)
+    if slo:
+        return lambda rate, rag, p, d: score(rate, rag, p, d).slo_share
+    return lambda rate, rag, p, d: score(rate, rag, p, d).attainment
 
 
 # ---------------------------------------------------------------------------------------------------- runs
@@ -250,30 +283,43 @@ def run_scaler(s: DaySettings, name: str, arrivals: list[Arrival], start: tuple[
             "records": r.records, "cpu_s": round(time.process_time() - t0, 1), "pod_start_s": round(start_s, 1)}
 
 
-def static_peak(s: DaySettings, probe: ProbeFn) -> dict[str, Any]:
-    """The fewest GPUs holding the day's peak (the burst on the noon rate) with the noon mix, from the model's
-    answer, checked and corrected in twin probes."""
+def static_peak(s: DaySettings) -> dict[str, Any]:
+    """The fewest GPUs that meet the SLO at the day's peak (the burst on the noon rate) with the noon mix, from the
+    model's answer, checked and corrected in twin probes."""
     rate = max(diurnal_rate(t, s) for t in [i * s.day_s / 2000 for i in range(2000)])
     rag = rag_share(s.day_s / 2, s)
     guess = sizer(s).size(mix_load(rate, rag), 1.0, 1.0, 1.0)
-    pick = fewest_split(probe, rate, rag, (guess.prefill, guess.decode), TARGET, s.max_replicas)
-    return {"rate": round(rate, 2), "rag_share": rag, "model_guess": [guess.prefill, guess.decode], **pick}
+    return {"rate": round(rate, 2), "rag_share": rag, "model_guess": [guess.prefill, guess.decode],
+            **_fewest(s, probe_scores(s), rate, rag, (guess.prefill, guess.decode))}
 
 
-def oracle_bucket(s: DaySettings, i: int, probe: ProbeFn | None = None) -> dict[str, Any]:
-    """The hindsight oracle's answer for bucket ``i`` of the day: its mean rate and mix, the fewest GPUs."""
-    probe = probe or probe_fn(s)
+def _fewest(s: DaySettings, scores: ScoreFn, rate: float, rag: float, guess: tuple[int, int],
+            slo: bool = True) -> dict[str, Any]:
+    """The fewest-GPU split that meets the SLO's p95s (``slo``) or the loose attainment bar, with both scores."""
+    pick = fewest_split(probe_fn(s, scores, slo), rate, rag, guess, SLO_QUANTILE if slo else TARGET, s.max_replicas)
+    got = scores(rate, rag, pick["prefill"], pick["decode"])
+    return {**pick, "attainment": round(got.attainment, 4), "slo_share": round(got.slo_share, 4)}
+
+
+def oracle_bucket(s: DaySettings, i: int, scores: ScoreFn | None = None) -> dict[str, Any]:
+    """The hindsight oracle's answer for bucket ``i`` of the day: its mean rate and mix, the fewest GPUs that meet
+    the SLO there, and (``loose``) the fewest whose attainment reaches :data:`TARGET`."""
+    scores = scores or probe_scores(s)
     t0, t1 = i * s.bucket_s, min(s.day_s, (i + 1) * s.bucket_s)
     ts = [t0 + (t1 - t0) * k / 50 for k in range(50)]
     rate = sum(diurnal_rate(t, s) for t in ts) / len(ts)
     rag = sum(rag_share(t, s) for t in ts) / len(ts)
     g = sizer(s).size(mix_load(rate, rag), 1.0, 1.0, 1.0)
-    pick = fewest_split(probe, rate, rag, (g.prefill, g.decode), TARGET, s.max_replicas)
-    return {"t0": t0, "t1": t1, "rate": round(rate, 2), "rag_share": round(rag, 3), **pick}
+    return {"t0": t0, "t1": t1, "rate": round(rate, 2), "rag_share": round(rag, 3),
+            **_fewest(s, scores, rate, rag, (g.prefill, g.decode)),
+            "loose": _fewest(s, scores, rate, rag, (g.prefill, g.decode), slo=False)}
 
 
 def oracle_total(buckets: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"buckets": buckets, "gpu_seconds": round(sum(b["gpus"] * (b["t1"] - b["t0"]) for b in buckets), 1)}
+    def total(key: str | None) -> float:
+        return round(sum((b[key] if key else b)["gpus"] * (b["t1"] - b["t0"]) for b in buckets), 1)
+
+    return {"buckets": buckets, "gpu_seconds": total(None), "loose_gpu_seconds": total("loose")}
 
 
 # -------------------------------------------------------------------------------------------- the benchmark
@@ -308,7 +354,7 @@ def _day_job(args: tuple[DaySettings, str, tuple[int, int]]) -> dict[str, Any]:
 
 
 def _static_job(s: DaySettings) -> dict[str, Any]:
-    return static_peak(s, probe_fn(s))
+    return static_peak(s)
 
 
 def _oracle_job(args: tuple[DaySettings, int]) -> dict[str, Any]:
@@ -425,6 +471,7 @@ def run(s: DaySettings, jobs: int = 2) -> dict[str, Any]:
     for d in days:
         d["vs_static"] = round(d["gpu_seconds"] / ref["gpu_seconds"], 3)
         d["vs_oracle"] = round(d["gpu_seconds"] / oracle["gpu_seconds"], 3)
+        d["vs_loose_oracle"] = round(d["gpu_seconds"] / oracle["loose_gpu_seconds"], 3)
         d["attainment_vs_static_points"] = round(100 * (d["attainment"] - ref["attainment"]), 2)
     gpus = [b["gpus"] for b in oracle["buckets"]]
     widths = [b["t1"] - b["t0"] for b in oracle["buckets"]]
