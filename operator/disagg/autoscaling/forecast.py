@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 # to a new level (a step, a burst, its end): Shewhart's 3σ control limits (W. A. Shewhart, *Economic Control of
 # Quality of Manufactured Product*, 1931; D. C. Montgomery, *Introduction to Statistical Quality Control*, 8th ed.,
 # §6.2, the c chart: limits c̄ ± 3√c̄ for Poisson counts). A smooth ramp stays inside the band and is smoothed as
-# before; without the test a 3× step reached the forecast at half its height an interval later (α = 0.5) and the
-# pools were sized for two thirds of the new load, one pod start late.
+# before; without the test a 3× step (2 → 6 req/s) entered the level at half its rise, 4 req/s (α = 0.5), in the
+# interval it was seen, and the prefill pool's last replica was ordered an interval later.
 SHIFT_Z = 3.0
 
 
