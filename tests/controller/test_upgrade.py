@@ -27,7 +27,7 @@ from disagg.builders import BuildSettings, build_children
 from disagg.builders.meta import ANNOTATION_TEMPLATE_HASH, stamp_spec_hash
 from disagg.controller.clock import FakeClock
 from disagg.controller.handlers import _emit
-from disagg.controller.kubeio import Kube
+from disagg.controller.kubeio import KINDS, Kube
 from disagg.controller.reconcile import Reconciler
 from disagg.controller.upgrade import rolled_out
 from disagg.kube import api_client
@@ -221,3 +221,58 @@ def test_held_rollouts_wait_for_the_bound_and_a_spec_change_rolls_at_once(contro
         wait_for(lambda: not pending(), 30, "nothing pending")
     log = [(e[1].split("/")[1], e[2]) for e in rec.upgrade_log]
     assert log[:3] == [(first, "start"), (first, "expired"), (waiting, "start")], log
+
+
+def listed_children(rec: Reconciler, ns: str, name: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """A model's children as the apiserver lists them now (the operator's watch cache, read directly)."""
+    out = {}
+    for kind in ("ServiceAccount", "ConfigMap", "Service", "Role", "RoleBinding", "PodDisruptionBudget",
+                 "Deployment"):
+        _, prefix, plural = KINDS[kind]
+        listed = rec.kube.request("GET", f"{prefix}/namespaces/{ns}/{plural}",
+                                  query=[("labelSelector", f"{LABEL_MODEL}={name}")]) or {}
+        for obj in listed.get("items") or []:
+            obj["kind"] = kind
+            out[(kind, obj["metadata"]["name"])] = obj
+    return out
+
+
+def has_user_knob(dep: Any) -> bool:
+    return any(e.name == "USER_KNOB" for e in dep.spec.template.spec.containers[0].env or [])
+
+
+@pytest.mark.parametrize("stale_as", ["event", "cache"])
+def test_a_stale_copy_never_undoes_a_held_models_spec_change(control_plane, cluster, stale_as):
+    """Reconciles called in an order a loaded operator runs them in: a user's spec change rolls a held model's pools,
+    then a reconcile sees a copy of a pool Deployment from before that roll (a Deployment event queued before it,
+    or a watch cache that has not caught up). Its old pod template must not be taken for the live one to hold: the
+    user's change stays rolled and the model shows no pending rollout. (Before: the stale template was applied
+    back, with the new compat-hash label, and held until the bound.)"""
+    kubeconfig = str(control_plane.kubeconfig)
+    with old_operator(kubeconfig, cluster, replicas=1):
+        pass
+    ns = cluster.ns
+    rec = reconciler(kubeconfig, build=new_rendering, clock=FakeClock(), upgrade_bound=600)
+    for name in MODELS:
+        rec.reconcile(ns, name, functools.partial(listed_children, rec, ns, name), trigger="resume")
+    first = rec.upgrade_log[0][1].split("/")[1]
+    changed = next(m for m in MODELS if m != first)
+    assert conditions(cluster, changed)["RolloutPending"]["status"] == "True"
+    stale = listed_children(rec, ns, changed)  # the held pools: old pod templates
+
+    cluster.patch_model(changed, {"spec": {"engine": {"env": [{"name": "USER_KNOB", "value": "1"}]}}})
+    rec.reconcile(ns, changed, functools.partial(listed_children, rec, ns, changed), trigger="update")
+    for pool in POOLS:
+        assert has_user_knob(cluster.deployment(f"{changed}-{pool}"))
+
+    pool = f"{changed}-prefill"
+    if stale_as == "event":
+        rec.reconcile(ns, changed, functools.partial(listed_children, rec, ns, changed), trigger="Deployment MODIFIED",
+                      event=("Deployment", pool, stale[("Deployment", pool)]))
+    else:
+        behind = {**listed_children(rec, ns, changed), ("Deployment", pool): stale[("Deployment", pool)]}
+        rec.reconcile(ns, changed, behind, trigger="held-rollout")
+    for p in POOLS:
+        dep = cluster.deployment(f"{changed}-{p}")
+        assert has_user_knob(dep) and has_env(dep), p
+    assert conditions(cluster, changed)["RolloutPending"]["status"] == "False"

@@ -321,7 +321,13 @@ class Reconciler:
         meta = body["metadata"]
         spec_unchanged = ((body.get("status") or {}).get("observedGeneration") == meta.get("generation")
                           and (meta["namespace"], meta["name"]) not in self.report.refused)
-        return self.upgrades.plan(body, objs, children, spec_unchanged, self.emit)
+        namespace = meta["namespace"]
+
+        def read(name: str) -> Mapping[str, Any] | None:
+            current = self.kube.get("Deployment", namespace, name)
+            return None if current is None else trim(current)
+
+        return self.upgrades.plan(body, objs, children, spec_unchanged, self.emit, read)
 
     def _apply_children(self, body: dict[str, Any], dm: DisaggregatedModel, objs: list[dict[str, Any]],
                         children: Mapping[Key, Mapping[str, Any]], events: Mapping[Key, Mapping[str, Any] | None],
@@ -343,7 +349,8 @@ class Reconciler:
         compare = without_replicas(obj) if scaled else obj
         live = children.get(key)
         holding = hold.holds(obj)
-        if holding and live is not None:
+        if holding:
+            live = hold.live[role]  # (read from the apiserver: the cache's or an event's copy may be stale)
             compare = held(compare, live)
         evented = key in events  # its copy is the event's: fresh
         if not evented and self.applier.up_to_date(ns, key, obj, live):

@@ -101,6 +101,7 @@ class Hold:
 
     pools: dict[str, dict[str, Any]] = field(default_factory=dict)  # role → the pool Deployment as built
     pending: list[str] = field(default_factory=list)  # pools whose template changed with the spec unchanged
+    live: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # role → a pending pool as the apiserver has it
     hold: bool = False  # pending, and another model holds the slot: keep the live templates
     holder: str = ""  # "ns/name" of that model
 
@@ -155,9 +156,14 @@ class UpgradeSlots:
             return slot if slot is not None and slot.model == (namespace, name) else None
 
     def plan(self, body: Mapping[str, Any], objs: list[dict[str, Any]], children: Mapping[Key, Mapping[str, Any]],
-             spec_unchanged: bool, emit: Callable[[Mapping[str, Any], str, str, str], None]) -> Hold:
+             spec_unchanged: bool, emit: Callable[[Mapping[str, Any], str, str, str], None],
+             read: Callable[[str], Mapping[str, Any] | None]) -> Hold:
         """Which pool templates this reconcile holds: those whose change comes from the operator's rendering (the
-        spec is the one last reconciled), unless this model gets (or has) the slot."""
+        spec is the one last reconciled), unless this model gets (or has) the slot.
+
+        A held pool keeps the template the apiserver has now (``read``: the Deployment by name), never the one of
+        the watch cache or of a queued event: that copy may predate a roll of this model's own spec change, and
+        holding it would apply the old pods back (the user's change undone until the bound)."""
         meta = body["metadata"]
         ns, name, generation = meta["namespace"], meta["name"], meta.get("generation")
         out = Hold()
@@ -167,7 +173,10 @@ class UpgradeSlots:
                 out.pools[role] = obj
                 live = children.get((obj["kind"], obj["metadata"]["name"]))
                 if live is not None and spec_unchanged and template_changed(obj, live):
-                    out.pending.append(role)
+                    current = read(obj["metadata"]["name"])
+                    if current is not None and template_changed(obj, current):
+                        out.pending.append(role)
+                        out.live[role] = current
         if out.pending:
             may, started, out.holder = self.take((ns, name), out.pending)
             out.hold = not may
