@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -14,9 +14,11 @@ from kopf.testing import KopfRunner
 from kubernetes import client
 
 from disagg import poll
+from disagg.api.contract import LABEL_MODEL
 from disagg.api.models import GROUP, PLURAL, VERSION
 from disagg.builders import BuildSettings
 from disagg.controller.handlers import ControllerConfig, operator_settings, register
+from disagg.controller.kubeio import KINDS, Kube
 from disagg.controller.reconcile import Reconciler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,6 +62,20 @@ def operator(control_plane, namespace: str) -> Iterator[Reconciler]:
 def start_operator(control_plane, namespace: str):
     """For tests that stop and restart the operator: ``with start_operator(): ...``."""
     return lambda autoscaler=False: running_operator(str(control_plane.kubeconfig), namespace, autoscaler)
+
+
+def listed_children(kube: Kube, ns: str, model: str,
+                    kinds: Iterable[str]) -> dict[tuple[str, str], dict[str, Any]]:
+    """A model's children of ``kinds`` as the apiserver lists them now (the operator's watch cache, read directly)."""
+    out = {}
+    for kind in kinds:
+        _, prefix, plural = KINDS[kind]
+        listed = kube.request("GET", f"{prefix}/namespaces/{ns}/{plural}",
+                              query=[("labelSelector", f"{LABEL_MODEL}={model}")]) or {}
+        for obj in listed.get("items") or []:
+            obj["kind"] = kind
+            out[(kind, obj["metadata"]["name"])] = obj
+    return out
 
 
 def load_example(name: str) -> dict[str, Any]:

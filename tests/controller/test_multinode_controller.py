@@ -20,11 +20,11 @@ import pytest
 
 from disagg.builders import multinode as mn
 from disagg.controller import group_health, groups
-from disagg.controller.kubeio import KINDS, Kube
+from disagg.controller.kubeio import Kube
 from disagg.controller.reconcile import Reconciler
 from disagg.kube import api_client
 
-from .conftest import TEST_BUILD, wait_for
+from .conftest import TEST_BUILD, listed_children, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -48,15 +48,7 @@ CHILD_KINDS = ("Deployment", "StatefulSet", "Service", "PodDisruptionBudget", "C
 
 def children(rec: Reconciler, ns: str) -> dict[tuple[str, str], dict[str, Any]]:
     """The model's children as the apiserver lists them (the operator's watch cache, here read directly)."""
-    out = {}
-    for kind in CHILD_KINDS:
-        _, prefix, plural = KINDS[kind]
-        listed = rec.kube.request("GET", f"{prefix}/namespaces/{ns}/{plural}",
-                                  query=[("labelSelector", f"serving.disagg.dev/model={MODEL}")]) or {}
-        for obj in listed.get("items") or []:
-            obj["kind"] = kind
-            out[(kind, obj["metadata"]["name"])] = obj
-    return out
+    return listed_children(rec.kube, ns, MODEL, CHILD_KINDS)
 
 
 def reconcile(rec: Reconciler, ns: str, trigger: str = "test") -> Any:

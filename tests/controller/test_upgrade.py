@@ -27,12 +27,12 @@ from disagg.builders import BuildSettings, build_children
 from disagg.builders.meta import ANNOTATION_TEMPLATE_HASH, stamp_spec_hash
 from disagg.controller.clock import FakeClock
 from disagg.controller.handlers import _emit
-from disagg.controller.kubeio import KINDS, Kube
+from disagg.controller.kubeio import Kube
 from disagg.controller.reconcile import Reconciler
 from disagg.controller.upgrade import rolled_out
 from disagg.kube import api_client
 
-from .conftest import TEST_BUILD, load_example, running_operator, wait_for
+from .conftest import TEST_BUILD, listed_children, load_example, running_operator, wait_for
 
 pytestmark = pytest.mark.apiserver
 
@@ -223,18 +223,9 @@ def test_held_rollouts_wait_for_the_bound_and_a_spec_change_rolls_at_once(contro
     assert log[:3] == [(first, "start"), (first, "expired"), (waiting, "start")], log
 
 
-def listed_children(rec: Reconciler, ns: str, name: str) -> dict[tuple[str, str], dict[str, Any]]:
-    """A model's children as the apiserver lists them now (the operator's watch cache, read directly)."""
-    out = {}
-    for kind in ("ServiceAccount", "ConfigMap", "Service", "Role", "RoleBinding", "PodDisruptionBudget",
-                 "Deployment"):
-        _, prefix, plural = KINDS[kind]
-        listed = rec.kube.request("GET", f"{prefix}/namespaces/{ns}/{plural}",
-                                  query=[("labelSelector", f"{LABEL_MODEL}={name}")]) or {}
-        for obj in listed.get("items") or []:
-            obj["kind"] = kind
-            out[(kind, obj["metadata"]["name"])] = obj
-    return out
+def model_children(rec: Reconciler, ns: str, name: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return listed_children(rec.kube, ns, name, ("ServiceAccount", "ConfigMap", "Service", "Role", "RoleBinding",
+                                                "PodDisruptionBudget", "Deployment"))
 
 
 def has_user_knob(dep: Any) -> bool:
@@ -254,23 +245,23 @@ def test_a_stale_copy_never_undoes_a_held_models_spec_change(control_plane, clus
     ns = cluster.ns
     rec = reconciler(kubeconfig, build=new_rendering, clock=FakeClock(), upgrade_bound=600)
     for name in MODELS:
-        rec.reconcile(ns, name, functools.partial(listed_children, rec, ns, name), trigger="resume")
+        rec.reconcile(ns, name, functools.partial(model_children, rec, ns, name), trigger="resume")
     first = rec.upgrade_log[0][1].split("/")[1]
     changed = next(m for m in MODELS if m != first)
     assert conditions(cluster, changed)["RolloutPending"]["status"] == "True"
-    stale = listed_children(rec, ns, changed)  # the held pools: old pod templates
+    stale = model_children(rec, ns, changed)  # the held pools: old pod templates
 
     cluster.patch_model(changed, {"spec": {"engine": {"env": [{"name": "USER_KNOB", "value": "1"}]}}})
-    rec.reconcile(ns, changed, functools.partial(listed_children, rec, ns, changed), trigger="update")
+    rec.reconcile(ns, changed, functools.partial(model_children, rec, ns, changed), trigger="update")
     for pool in POOLS:
         assert has_user_knob(cluster.deployment(f"{changed}-{pool}"))
 
     pool = f"{changed}-prefill"
     if stale_as == "event":
-        rec.reconcile(ns, changed, functools.partial(listed_children, rec, ns, changed), trigger="Deployment MODIFIED",
+        rec.reconcile(ns, changed, functools.partial(model_children, rec, ns, changed), trigger="Deployment MODIFIED",
                       event=("Deployment", pool, stale[("Deployment", pool)]))
     else:
-        behind = {**listed_children(rec, ns, changed), ("Deployment", pool): stale[("Deployment", pool)]}
+        behind = {**model_children(rec, ns, changed), ("Deployment", pool): stale[("Deployment", pool)]}
         rec.reconcile(ns, changed, behind, trigger="held-rollout")
     for p in POOLS:
         dep = cluster.deployment(f"{changed}-{p}")
