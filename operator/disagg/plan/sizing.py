@@ -5,18 +5,12 @@
 output length) it builds the planner's binned :class:`~disagg.plan.model.Workload` (one input bin per path, one
 output bin), the pool models of the prefill and decode engines (GPU × TP, the roofline), and finds
 
+* **prefill**: the fewest replicas whose G/G/c queue (Allen–Cunneen, model.py ``prefill_queue``) keeps
+  P(remote TTFT ≤ target) ≥ :data:`QUANTILE`, TTFT = queue wait + own prefill + KV transfer + the first decode step
+  (the queue wait counts in TTFT), target = headroom × SLO ÷ the observed/expected TTFT correction;
 * **decode**: the fewest replicas whose decode side (model.py ``decode_side``: Little's-law batch, TPOT with the
-  local prefill chunks' interference, KV-cache and maxNumSeqs limits) is not saturated, keeps P(TPOT ≤ headroom ×
-  SLO ÷ the TPOT correction) ≥ :data:`QUANTILE`, and leaves the TTFT quantile reachable (below);
-* **prefill**: then the fewest replicas whose G/G/c queue (Allen–Cunneen, model.py ``prefill_queue``) brings the
-  share of *all* requests with TTFT ≤ target to :data:`QUANTILE`: remote share × P(remote TTFT ≤ target) + local
-  share × P(local TTFT ≤ target), remote TTFT = queue wait + own prefill + KV transfer + the first decode step (the
-  queue wait counts in TTFT), target = headroom × SLO ÷ the observed/expected TTFT correction. The SLO is a p95 over
-  the model's requests (``spec.slo.ttftP95Ms``, what the router reports and what ``disagg plan`` holds a candidate
-  to: plan/search.py, the TTFT share over every input bin), not over each path: sizing each path to its own p95
-  kept two prefill replicas where one meets the SLO (2 req/s at night, 36 % of it long prompts).
-  A decode pool one or two replicas larger is tried too when its faster local prefills let the prefill pool
-  shrink by more (the cheapest pair in GPUs wins).
+  local prefill chunks' interference, KV-cache and maxNumSeqs limits) is not saturated, has a mean TPOT ≤ headroom ×
+  SLO ÷ the TPOT correction, and keeps P(local TTFT ≤ target) ≥ :data:`QUANTILE`.
 
 Both searches are bisections (more replicas never hurt in the model). Pure; the pool models are rebuilt per call
 (two input bins: a few roofline evaluations).
@@ -32,10 +26,9 @@ from ..api.models import DisaggregatedModelSpec
 from ..autoscaling.forecast import Load
 from ..autoscaling.predictive import Expected, Need
 from ..perf.presets import GPUPreset, ModelPreset, TransportPreset, vllm_batch_defaults
-from .model import DecodeSide, PoolModel, Workload, context_sq_sum, decode_side, pool_model, prefill_queue, transfers
+from .model import PoolModel, Workload, context_sq_sum, decode_side, pool_model, prefill_queue, transfers
 
 QUANTILE = 0.95  # the share of requests whose TTFT the sizing keeps within the target (the SLO is a p95)
-DECODE_EXTRA = 2  # decode pools this much larger than the fewest are tried for a smaller prefill pool
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 
 
@@ -74,29 +67,23 @@ class ModelSizer:
                         GPU_MEMORY_UTILIZATION)
         return pm, dm
 
-    def _remote_ttft_ok(self, pm: PoolModel, dm: PoolModel, wl: Workload, p: int, tau: float,
-                        step_s: float) -> float:
-        """P(remote TTFT ≤ tau) on ``p`` prefill replicas (1 when no prompt goes remote)."""
+    def _prefill_ok(self, pm: PoolModel, dm: PoolModel, wl: Workload, p: int, tau: float,
+                    step_s: float) -> bool:
         if wl.in_weight[0] <= 0:
-            return 1.0
+            return True
         q = prefill_queue(pm, p, wl, wl.mean_rps, (True, False))
         if q.saturated:
-            return 0.0
+            return False
         fixed = pm.solo[0] + transfers(dm, wl, self.transport, self.prefill_tp)[0] + step_s
-        return q.p_wait_le(tau - fixed)
-
-    def _local_ttft_ok(self, side: DecodeSide, wl: Workload, tau: float) -> float:
-        """P(local TTFT ≤ tau) on this decode side (1 when no prompt stays local)."""
-        if wl.in_weight[1] <= 0:
-            return 1.0
-        return side.local_queue.p_wait_le(tau - side.local_fixed[1])
+        return q.p_wait_le(tau - fixed) >= QUANTILE
 
     def _decode_ok(self, dm: PoolModel, wl: Workload, d: int, tau_ttft: float, tau_tpot: float) -> bool:
         side = decode_side(dm, d, wl, wl.mean_rps, (False, True), tau_tpot)
         if side.saturated or side.tpot_ok[0] < QUANTILE:
             return False
-        # the TTFT quantile must stay reachable with every remote request on time
-        return wl.in_weight[0] + wl.in_weight[1] * self._local_ttft_ok(side, wl, tau_ttft) >= QUANTILE
+        if wl.in_weight[1] <= 0:
+            return True
+        return side.local_queue.p_wait_le(tau_ttft - side.local_fixed[1]) >= QUANTILE
 
     def size(self, load: Load, headroom: float, ttft_corr: float, tpot_corr: float) -> Need:
         if load.rps <= 0:
@@ -106,22 +93,10 @@ class ModelSizer:
         tau_ttft = headroom * self.ttft_slo_s / max(ttft_corr, 1e-3)
         # TPOT has a floor (one decode step at batch 1 streams the weights): the headroom applies to half the SLO
         tau_tpot = (1 + headroom) / 2 * self.tpot_slo_s / max(tpot_corr, 1e-3)
-        fewest_d = _fewest(lambda n: self._decode_ok(dm, wl, n, tau_ttft, tau_tpot), self.max_replicas)
-        best: tuple[int, int, int] | None = None  # (GPUs, prefill, decode)
-        for d in range(fewest_d, min(self.max_replicas, fewest_d + DECODE_EXTRA) + 1):
-            side = decode_side(dm, d, wl, wl.mean_rps, (False, True), self.tpot_slo_s)
-            step_s = side.step_s if math.isfinite(side.step_s) else 0.0
-            local = wl.in_weight[1] * self._local_ttft_ok(side, wl, tau_ttft)
-
-            def ttft_ok(n: int, step_s: float = step_s, local: float = local) -> bool:
-                return wl.in_weight[0] * self._remote_ttft_ok(pm, dm, wl, n, tau_ttft, step_s) + local >= QUANTILE
-
-            p = _fewest(ttft_ok, self.max_replicas)
-            gpus = p * self.prefill_tp + d * self.decode_tp
-            if best is None or gpus < best[0]:
-                best = (gpus, p, d)
-        assert best is not None
-        _, p, d = best
+        d = _fewest(lambda n: self._decode_ok(dm, wl, n, tau_ttft, tau_tpot), self.max_replicas)
+        side = decode_side(dm, d, wl, wl.mean_rps, (False, True), self.tpot_slo_s)
+        step_s = side.step_s if math.isfinite(side.step_s) else 0.0
+        p = _fewest(lambda n: self._prefill_ok(pm, dm, wl, n, tau_ttft, step_s), self.max_replicas)
         return Need(p, d, f"model: {p}P + {d}D")
 
     def expected(self, load: Load, prefill: int, decode: int) -> Expected:
