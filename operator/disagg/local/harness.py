@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -144,6 +144,21 @@ def not_serving(model: dict[str, Any], workers: dict[str, int]) -> str | None:
     return None
 
 
+
+def request_log_lines(paths: Iterable[Path]) -> dict[str, dict[str, Any]]:
+    """The router's request log lines (docs/router.md "The request log") in these container logs, by request id.
+    Only complete lines are read: the router may be writing the last one as the file is read (it has no newline
+    yet), and a JSON line cut short is not a log line to parse or to skip."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        data = path.read_bytes() if path.exists() else b""
+        for raw in data[:data.rfind(b"\n") + 1].splitlines():
+            if raw.startswith(b"{"):
+                line = orjson.loads(raw)
+                if isinstance(line, dict) and line.get("event") == "request" and line.get("request_id"):
+                    out[str(line["request_id"])] = line
+    return out
+
 class ModelHarness:
     """A DisaggregatedModel (``docs/examples/local-demo.yaml`` unless told otherwise) on a started LocalStack."""
 
@@ -210,16 +225,11 @@ class ModelHarness:
         """The router pods' request log lines (docs/router.md "The request log"), by request id."""
         runtime = self.stack.runtime
         assert runtime is not None
-        out: dict[str, dict[str, Any]] = {}
+        paths = []
         for pod in self.stack.pods(self.name, "router"):
             assert pod.metadata is not None and pod.metadata.name is not None
-            path = runtime.log_path(self.stack.namespace, pod.metadata.name)
-            for raw in path.read_bytes().splitlines() if path.exists() else []:
-                if raw.startswith(b"{"):
-                    line = orjson.loads(raw)
-                    if isinstance(line, dict) and line.get("event") == "request" and line.get("request_id"):
-                        out[str(line["request_id"])] = line
-        return out
+            paths.append(runtime.log_path(self.stack.namespace, pod.metadata.name))
+        return request_log_lines(paths)
 
     def router_metrics(self) -> str:
         """The router's /metrics text ("" when it has no ready router)."""

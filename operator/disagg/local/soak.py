@@ -33,17 +33,15 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-import orjson
 from kubernetes import client
 
 from ..api.contract import ROUTER_PORT
 from ..load import loadgen
 from ..load.workload import SOAK, Request, generate
 from ..poll import WaitTimeoutError, wait_for
-from .harness import POOLS, ModelHarness, router_workers_at
+from .harness import POOLS, ModelHarness, request_log_lines, router_workers_at
 from .soak_report import Fault, SoakReport
 from .stack import LocalStack, pod_ready
 
@@ -344,22 +342,9 @@ class Soak:
 
     # ------------------------------------------------------------------ the run
     def router_log(self) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
         assert self.stack.runtime is not None
-        for pod in sorted(self.router_pods):
-            path: Path = self.stack.runtime.log_path(self.stack.namespace, pod)
-            if not path.exists():
-                continue
-            for raw in path.read_bytes().splitlines():
-                if not raw.startswith(b"{"):
-                    continue
-                try:
-                    line = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(line, dict) and line.get("event") == "request" and line.get("request_id"):
-                    out[str(line["request_id"])] = line
-        return out
+        runtime = self.stack.runtime
+        return request_log_lines(runtime.log_path(self.stack.namespace, pod) for pod in sorted(self.router_pods))
 
     def keep_logs(self) -> None:
         """Copy every pod's container log into the stack's log directory (the runtime removes its own on stop)."""
