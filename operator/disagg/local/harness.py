@@ -144,7 +144,6 @@ def not_serving(model: dict[str, Any], workers: dict[str, int]) -> str | None:
     return None
 
 
-
 def request_log_lines(paths: Iterable[Path]) -> dict[str, dict[str, Any]]:
     """The router's request log lines (docs/router.md "The request log") in these container logs, by request id.
     Only complete lines are read: the router may be writing the last one as the file is read (it has no newline
@@ -158,6 +157,7 @@ def request_log_lines(paths: Iterable[Path]) -> dict[str, dict[str, Any]]:
                 if isinstance(line, dict) and line.get("event") == "request" and line.get("request_id"):
                     out[str(line["request_id"])] = line
     return out
+
 
 class ModelHarness:
     """A DisaggregatedModel (``docs/examples/local-demo.yaml`` unless told otherwise) on a started LocalStack."""
