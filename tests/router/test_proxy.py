@@ -145,6 +145,22 @@ async def test_kv_transfer_timeout_on_decode_first_token(fake_workers, router_fa
     assert len(slow.requests) == 2 and "kv_transfer_params" not in slow.requests[1]["body"]
 
 
+async def test_a_prefill_legs_queue_is_not_charged_to_the_kv_hand_off(fake_workers, router_factory, metric):
+    # the prefill leg queues 0.7 s of a 1 s transferTimeoutMs, then the decode leg's first token takes 0.5 s: the
+    # hand-off's deadline runs from the KV being ready (1 s), so the request is served remotely. Charged to one
+    # deadline from the prefill leg's start it timed out at 1 s as kv_transfer_timeout — a transport fault for the
+    # circuit breakers and the mode controller, for what was the prefill pool's queue
+    p = await fake_workers("prefill", request_metrics={"queue_time_ms": 700.0})
+    d = await fake_workers("decode", tokens=2, token_delay=0.5)
+    r = await router_factory([p.url], [d.url], config=cfg(transferTimeoutMs=1000))
+    status, out = await r.post("/v1/completions", {"prompt": LONG, "max_tokens": 200, "stream": True})
+    assert status == 200 and out.endswith(b"data: [DONE]\n\n")
+    m = await r.metrics()
+    assert metric(m, "disagg_fallbacks_total", cause="kv_transfer_timeout") == 0
+    assert metric(m, "disagg_requests_total", outcome="ok", path="remote") == 1
+    assert len(d.requests) == 1 and "kv_transfer_params" in d.requests[0]["body"]
+
+
 async def test_fail_policy_returns_error(fake_workers, router_factory):
     p, d = await fake_workers("prefill", fault="500"), await fake_workers("decode")
     r = await router_factory([p.url], [d.url], config=cfg(routing={"fallback": {"onKVTransferTimeout": "Fail"}}))

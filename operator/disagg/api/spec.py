@@ -389,7 +389,8 @@ class KVTransferSpec(ApiModel):
         default=10_000,
         ge=100,
         le=600_000,
-        description="Router deadline for the prefill leg plus KV hand-off; past it the fallback applies.",
+        description="Router deadline for each leg of a remote request: the prefill leg (from its start), then the "
+        "KV hand-off (the decode leg's first token, from the prefill leg's end); past either the fallback applies.",
     )
     load_failure_policy: Literal["recompute", "fail"] = Field(
         default="recompute",

@@ -45,7 +45,7 @@ class Legs(Protocol[R_co]):
 def remote_decode_cause(e: UpstreamError) -> str:
     """The fallback cause of a failed decode leg on the remote path."""
     if e.cause == "timeout":
-        return "kv_transfer_timeout"  # the prefill leg finished; the KV hand-off did not start in time
+        return "kv_transfer_timeout"  # the prefill leg finished; no first token within the hand-off's deadline
     if e.cause == "generation_error":
         return "kv_load_failed"  # vLLM's request-level error before the first token: the KV pull failed
     if e.status is not None and 400 <= e.status < 500:
@@ -80,14 +80,18 @@ async def serve(core: RequestCore[R], ctx: Ctx, cfg: RouterConfig, d: Decision, 
 async def _remote(core: RequestCore[R], ctx: Ctx, cfg: RouterConfig, d: Decision, hashes: tuple[int, ...],
                   ticket: Ticket, legs: Legs[R]) -> R:
     assert d.prefill and d.decode
-    deadline = core.clock() + cfg.transfer_timeout_ms / 1000.0
+    timeout_s = cfg.transfer_timeout_ms / 1000.0
     ctx.prefill_worker = d.prefill
     try:
         try:
-            kv = await core.prefill(ctx, legs, d.prefill, deadline, hashes)
+            kv = await core.prefill(ctx, legs, d.prefill, core.clock() + timeout_s, hashes)
         except UpstreamError as e:
             ticket.release()  # the prefill side: no evidence about the KV path
             return await _after_remote_failure(core, ctx, cfg, legs, hashes, e, exclude=set())
+        # the KV hand-off's own deadline, from the KV being ready: time the prefill leg spent queued is capacity,
+        # and a decode leg left with what remained of one shared deadline timed out on it as a transport fault
+        # (kv_transfer_timeout: breaker and mode evidence) whenever the prefill pool ran a queue
+        deadline = core.clock() + timeout_s
         try:
             if ctx.stream and (delay := hedge_delay(core, ctx, d.decode)) is not None:
                 return await _hedged(core, ctx, legs, d.decode, kv, hashes, deadline, ticket, delay)
