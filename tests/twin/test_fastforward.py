@@ -68,12 +68,13 @@ def test_seat_limit_waiting_queue_and_long_decodes_are_identical() -> None:
 
 
 def test_transfer_timeouts_aborts_and_fallbacks_are_identical() -> None:
-    # an 80 ms transfer timeout on a loaded prefill GPU: prefill legs and KV hand-offs are aborted, requests fall
-    # back to decode engines that are mid-run
+    # a 120 ms transfer timeout on a loaded prefill GPU and a TCP KV path (2.5 GB/s: the KV of a prompt past ~1.6k
+    # tokens takes longer): prefill legs and KV hand-offs are aborted, the breakers open, requests fall back to
+    # decode engines that are mid-run
     routing = {"buckets": [{"name": "all", "minInputTokens": 0, "prefill": "Remote"}],
                "fallback": {"onKVTransferTimeout": "LocalAggregated"}}
-    spec = ClusterSpec(prefill=PoolSpec(1), decode=PoolSpec(2),
-                       router={"mode": "Disaggregated", "transferTimeoutMs": 80, "routing": routing})
+    spec = ClusterSpec(prefill=PoolSpec(1), decode=PoolSpec(2), transport="tcp",
+                       router={"mode": "Disaggregated", "transferTimeoutMs": 120, "routing": routing})
     arrivals = [Arrival(at=i * 0.03, input_tokens=1000 + 400 * (i % 10), output_tokens=120, stream=True)
                 for i in range(40)]
     fast, slow = both(spec, arrivals)
