@@ -3,7 +3,7 @@
 Each iteration asks the scheduler for a batch, prices it with the roofline (perf/roofline.py), sleeps
 ``step × time_scale`` wall seconds, and applies the step: tokens go to the requests' queues, metrics
 are observed in simulated seconds. KV pulls (decode side) and the side-channel server (prefill side) run
-beside the loop.
+beside the loop (their methods: transfer.py); the clock: clock.py.
 """
 
 from __future__ import annotations
@@ -12,77 +12,27 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from .. import logs
 from ..perf.roofline import KVCapacityError, PerfModel, SeqWork
 from . import kvevents
+from .clock import MAX_CLOCK_LAG_S, MAX_CLOCK_LAG_WALL_S, SimClock
 from .config import SimConfig
 from .fastforward import FastForward
 from .kv import BlockPool
 from .metrics import Metrics, Registry
-from .nixl import PullOutcome, SideChannelClient, SideChannelServer, block_ids, compat_hash
+from .nixl import SideChannelClient, SideChannelServer, block_ids, compat_hash
 from .scheduler import Request, Scheduler, SchedulerStats, Status
+from .transfer import KVClient, KVTransfers
 
 log = logs.get("disagg.sim.engine")
-
-# How far the engine's own timeline may run behind the wall-derived clock before it jumps forward: 25 ms of
-# simulated time, or 20 ms of wall time, whichever is more (see docs/simulator.md, "Time").
-MAX_CLOCK_LAG_S = 0.025
-MAX_CLOCK_LAG_WALL_S = 0.020
 
 
 class StartupError(RuntimeError):
     pass
-
-
-class SimClock:
-    """Simulated seconds since start = wall seconds since start ÷ time_scale.
-
-    ``timer`` is the wall clock (``time.monotonic``); the twin (disagg.twin) passes its virtual-time loop's
-    ``loop.time`` with a scale of 1, so the same engine loop runs in virtual time, and ``advance`` (the loop's
-    ``VirtualTimeLoop.advance``): :meth:`jump_to` then moves virtual time to a step's end without a loop turn
-    whenever nothing else could run before it (the results are the same; see twin/clock.py)."""
-
-    def __init__(self, time_scale: float, timer: Callable[[], float] = time.monotonic,
-                 advance: Callable[[float], bool] | None = None) -> None:
-        self.scale = time_scale
-        self.timer = timer
-        self.wall0 = timer()
-        self.advance = advance
-
-    def wake_time(self, t: float, at: float) -> float:
-        """The timer reading at which :meth:`sleep_until` ``(t)``, called when the timer read ``at``, wakes."""
-        d = (t - (at - self.wall0) / self.scale) * self.scale
-        return at + d if d > 0 else at
-
-    def sim_time(self, at: float) -> float:
-        """:meth:`now` when the timer reads ``at``."""
-        return (at - self.wall0) / self.scale
-
-    def jump_to(self, t: float) -> bool:
-        """True when the clock now reads what :meth:`sleep_until` ``(t)`` would have woken at, with no other
-        callback having run meanwhile (virtual time only); False: sleep instead."""
-        if self.advance is None:
-            return False
-        d = (t - self.now()) * self.scale
-        if d <= 0:
-            return True  # sleep_until would not sleep either
-        return self.advance(self.timer() + d)  # asyncio.sleep(d) → call_at(loop.time() + d): the same float
-
-    def now(self) -> float:
-        return (self.timer() - self.wall0) / self.scale
-
-    async def sleep_until(self, t: float) -> None:
-        d = (t - self.now()) * self.scale
-        if d > 0:
-            await asyncio.sleep(d)
-
-    async def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            await asyncio.sleep(seconds * self.scale)
 
 
 @dataclass(eq=False)
@@ -101,16 +51,6 @@ class ReqCtx:
     sink_run: Callable[[int, float, float, float], None] | None = None
 
 
-class KVClient(Protocol):
-    """The decode side's way to the prefill engines' KV: nixl.SideChannelClient (TCP), or the twin's in-process
-    link. ``pull`` reads the blocks, awaits ``wait_modelled`` (the simulated transfer time), then notifies."""
-
-    async def pull(self, params: dict[str, Any], request_id: str,
-                   wait_modelled: Callable[[PullOutcome], Awaitable[None]]) -> PullOutcome: ...
-
-    async def notify_only(self, params: dict[str, Any], request_id: str) -> bool: ...
-
-
 def _kv_dtype_bytes(cfg: SimConfig) -> float:
     return 1.0 if cfg.kv_cache_dtype.startswith("fp8") else 2.0
 
@@ -125,7 +65,7 @@ def build_perf(cfg: SimConfig) -> PerfModel:
                      eff=cfg.efficiency)
 
 
-class Engine:
+class Engine(KVTransfers):
     def __init__(self, cfg: SimConfig, metrics: Metrics | None = None, *, dp_rank: int = 0,
                  clock: SimClock | None = None, shared: Registry | None = None, kv_client: KVClient | None = None,
                  side_channel: bool = True, metrics_enabled: bool = True,
@@ -478,125 +418,6 @@ class Engine:
             ctx.queue.put_nowait(("finish", reason, now))
 
     # ------------------------------------------------------------------------------------ P/D
-    def _kv_params_for(self, req: Request) -> dict[str, Any]:
-        """The prefill's kv_transfer_params, as NixlConnector's request_finished returns them
-        (vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py, 0.33.0 lines 278-293; the same keys
-        but remote_registration_generation seen from a real 0.32.0 CPU engine, e2e/test_real_vllm.py): block ids
-        per KV-cache group (one group here), and remote_prefill_cached_tokens added by the output processor
-        (vllm/v1/engine/output_processor.py, 0.33.0 line 294)."""
-        assert self.kvt is not None
-        out: dict[str, Any] = {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_block_ids": [list(req.blocks)],
-            "remote_engine_id": self.engine_id,
-            "remote_request_id": req.request_id,
-            "remote_host": self.cfg.side_channel_host,
-            "remote_port": self.side_port,
-            "tp_size": self.cfg.tp,
-            "dcp_size": 1,
-            "pp_size": self.cfg.pp,
-            "remote_num_tokens": req.prompt_len,
-            "remote_blocks_expiry_time": None,
-            "transfer_mode": "pull",
-            "remote_prefill_cached_tokens": req.num_cached,
-        }
-        if self.cfg.release.registration_generation:
-            out["remote_registration_generation"] = 0
-        return out
-
-    def serve_read(self, request_id: str, block_ids: list[int]) -> tuple[bool, str, int, float]:
-        entry = self.sched.held.get(request_id)
-        if entry is None:
-            return False, f"no KV blocks held for request {request_id} (unknown, already pulled, or lease " \
-                          "expired)", 0, 0.0
-        req, _ = entry
-        if block_ids and list(block_ids) != list(req.blocks)[: len(block_ids)]:
-            return False, f"remote_block_ids do not match the blocks held for request {request_id}", 0, 0.0
-        return True, "", req.prompt_len, self.perf.transfer_bytes(req.prompt_len)
-
-    def serve_release(self, request_id: str) -> bool:
-        if self.ff is not None:
-            self.ff.interrupt(cut=True)
-        freed = self.sched.release_held(request_id) is not None
-        if not freed and self.metrics.nixl:
-            # A completion notification for a request no longer held (its lease expired): vLLM >= 0.32.0 counts
-            # it (record_notification_after_expiry, vllm/distributed/kv_transfer/kv_connector/v1/nixl/
-            # pull_worker.py, 0.33.0); older releases only log it (the family is not exported for them).
-            self.metrics.nixl_after_expiry.inc()
-        self.update_gauges()
-        self.wake()
-        return freed
-
-    def _handshake_wait(self, remote_engine: str, t0: float) -> float:
-        """Simulated seconds a pull starting at ``t0`` waits for the NIXL handshake with ``remote_engine``: the
-        first pull from it starts the handshake (``transport.handshake_s``), and every pull that starts before the
-        handshake ends waits for it, as NixlConnector's requests wait for their engine's handshake. Pulls that start
-        at the same simulated time pay the same, whatever order the event loop runs them in."""
-        end = self._handshakes.get(remote_engine)
-        if end is None:
-            end = self._handshakes[remote_engine] = t0 + self.cfg.transport.handshake_s
-        return max(0.0, end - t0)
-
-    async def _pull(self, req: Request, t0: float) -> None:
-        assert self.kvt is not None and self.client is not None and req.remote_prefill is not None
-        params = req.remote_prefill
-        remote_id = str(params.get("remote_request_id") or req.request_id)
-        faults = self.cfg.faults
-        delay = faults.kv_transfer_delay_ms / 1000.0
-        outcome: PullOutcome
-        marks: dict[str, float] = {}
-        try:
-            if req.num_external <= 0:
-                await self.client.notify_only(params, remote_id)
-                outcome = PullOutcome(True, "", 0, 0.0)
-            elif faults.kv_transfer_fail_rate and self.rng.random() < faults.kv_transfer_fail_rate:
-                await self.clock.sleep_until(t0 + self.cfg.transport.latency_s + delay)
-                outcome = PullOutcome(False, "injected KV transfer failure (--fault-kv-transfer-fail-rate)")
-            else:
-                remote_tp = int(params.get("tp_size") or 1)
-
-                async def wait_modelled(_out: PullOutcome) -> None:
-                    model = self.perf.transfer_time(req.num_external, self.cfg.transport, remote_tp=remote_tp)
-                    model += self._handshake_wait(str(params.get("remote_engine_id")), t0)
-                    marks["data"], marks["target"] = self.clock.now(), t0 + model + delay
-                    await self.clock.sleep_until(t0 + model + delay)
-
-                outcome = await self.client.pull(params, remote_id, wait_modelled)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any failure of a pull is a failed load, handled by the policy
-            outcome = PullOutcome(False, f"side channel error: {e!r}")
-        t1 = self.clock.now()
-        if self.ff is not None:
-            self.ff.interrupt(cut=True)
-        if outcome.ok and marks:  # done when the bytes are in and the modelled time has passed (the NIXL
-            t1 = min(t1, max(marks["data"], marks["target"]))  # notification rides on the transfer itself)
-        m = self.metrics
-        ctx: ReqCtx = req.ctx
-        if outcome.ok:
-            self.transfers_ok += 1
-            ctx.xfer_s = t1 - t0
-            if req.num_external > 0:
-                m.nixl_xfer_time.observe(t1 - t0)
-                m.nixl_post_time.observe(min(t1 - t0, self.cfg.transport.latency_s))
-                m.nixl_bytes.observe(self.perf.transfer_bytes(req.num_external))
-                m.nixl_descs.observe(len(block_ids(params)) * 2 * self.cfg.model_preset.layers)
-        else:
-            self.transfers_failed += 1
-            m.nixl_failed.inc()
-            log.warning("kv_transfer_failed", request_id=req.request_id, remote_engine_id=params.get(
-                "remote_engine_id"), error=outcome.error, policy=self.kvt.load_failure_policy)
-        recompute = self.kvt.load_failure_policy == "recompute"
-        if not outcome.ok and recompute:
-            self.recomputed += 1
-        if not self.sched.kv_loaded(req, outcome.ok, recompute):
-            ctx.error = f"KV cache load failed for request {req.request_id} ({outcome.error}); " \
-                        "kv_load_failure_policy=fail"
-            self._record_finish(req, t1)
-        self.update_gauges()
-        self.wake(t1)
-
     # ------------------------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
         self.sync()

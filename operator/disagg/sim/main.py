@@ -16,7 +16,8 @@ log = logs.get("disagg.sim")
 async def serve(cfg: SimConfig) -> int:
     from aiohttp import web
 
-    from .engine import Engine, SimClock, StartupError
+    from .clock import SimClock
+    from .engine import Engine, StartupError
     from .metrics import Registry
     from .server import build_app
 

@@ -4,7 +4,7 @@ asyncio's selector loop computes, each turn, how long it may block (until its ne
 ready, None when there is nothing at all) and asks its selector to wait that long. :class:`VirtualSelector`
 does not wait: it moves the loop's virtual clock forward by that timeout and reports no I/O. So every
 ``asyncio.sleep``, ``call_later``, ``wait_for`` and ``asyncio.timeout`` runs in virtual time, unchanged — the
-simulator's engine loop (sim/engine.py, with a :class:`~disagg.sim.engine.SimClock` reading ``loop.time``) runs
+simulator's engine loop (sim/engine.py, with a :class:`~disagg.sim.clock.SimClock` reading ``loop.time``) runs
 as it does behind HTTP, only without wall-clock sleeps. A wait with nothing scheduled can never end (no I/O
 exists here): that is a deadlock in the model, raised as :class:`DeadlockError` instead of hanging.
 

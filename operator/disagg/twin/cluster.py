@@ -32,7 +32,8 @@ from ..router.metrics import RouterMetrics
 from ..router.policy_types import Decision
 from ..router.request import Ctx
 from ..sim import config as sim_config
-from ..sim.engine import Engine, ReqCtx, SimClock, make_request
+from ..sim.clock import SimClock
+from ..sim.engine import Engine, ReqCtx, make_request
 from ..sim.metrics import PER_STEP
 from ..sim.nixl import PullOutcome, block_ids
 from ..sim.scheduler import Request
