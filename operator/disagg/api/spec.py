@@ -386,9 +386,7 @@ class KVTransferSpec(ApiModel):
         default=5600, ge=1024, le=65535, description="NIXL handshake port (VLLM_NIXL_SIDE_CHANNEL_PORT)."
     )
     transfer_timeout_ms: int = Field(
-        default=10_000,
-        ge=100,
-        le=600_000,
+        default=10_000, ge=100, le=600_000,
         description="Router deadline for each leg of a remote request: the prefill leg (from its start), then the "
         "KV hand-off (the decode leg's first token, from the prefill leg's end); past either the fallback applies.",
     )

@@ -28,19 +28,26 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..autoscaling.forecast import Load
 from ..autoscaling.predictive import PredictivePolicy, PredictiveSettings, ReactivePolicy
 from ..plan.sizing import ModelSizer, sizer_for_spec
 from ..plan.verify import Mapped, cluster_spec, quiet_logs
 from ..twin import SLO, Arrival, simulate
 from ..twin.autoscaler import TwinAutoscaler, of, pod_start_s, proportional
 from .autoscale_day_tables import render_tables as render_tables  # bench/docs.py's registry reads it here
+from .autoscale_day_traffic import (
+    STREAM,
+    SUMMARISE,
+    day_arrivals,
+    diurnal_rate,
+    mix_load,
+    rag_share,
+    steady_arrivals,
+)
 from .oracle import ProbeFn, fewest_split
 
 TARGET = 0.90  # the loose oracle's bar: attainment (both targets) per bucket; the step's and swings' recovery bar
@@ -49,13 +56,6 @@ TARGET = 0.90  # the loose oracle's bar: attainment (both targets) per bucket; t
 # oracle and the static peak are held to that; the loose oracle (TARGET on attainment, this bench's oracle until
 # 2026-12-07) is kept beside it as a lower bound: it approves splits that miss the SLO's p95 in their bucket.
 SLO_QUANTILE = 0.95
-RAG = ("rag", (6000, 10000), (128, 384))
-CHAT = ("chat", (100, 800), (100, 400))
-# the mix swing (role moves): long prompts with short answers (prefill-heavy) against short prompts with long
-# answers (decode-heavy), at one rate; the short answers stay above the remote rule's minExpectedOutputTokens 64
-SUMMARISE = ("summarise", (6000, 10000), (96, 224))
-STREAM = ("stream", (100, 400), (1200, 2000))
-Class = tuple[str, tuple[int, int], tuple[int, int]]
 SCALERS = ("predictive", "predictive-pods", "proportional", "reactive")
 
 
@@ -88,52 +88,6 @@ class DaySettings:
     seed: int = 0
     # predictive-pods: the predictive policy without role moves (the ablation)
     scalers: tuple[str, ...] = SCALERS
-
-
-def diurnal_rate(t: float, s: DaySettings) -> float:
-    x = ((1 - math.cos(2 * math.pi * t / s.day_s)) / 2) ** 2
-    rate = s.peak_rps * (s.trough_share + (1 - s.trough_share) * x)
-    for at in (0.30, 0.75):
-        if at * s.day_s <= t < at * s.day_s + s.burst_s:
-            rate *= s.burst_factor
-    return rate
-
-
-def rag_share(t: float, s: DaySettings) -> float:
-    return 0.2 + 0.6 * (1 - math.cos(2 * math.pi * t / s.day_s)) / 2
-
-
-def _arrival(rng: random.Random, t: float, rag: float, i: int, classes: tuple[Class, Class] = (RAG, CHAT)) -> Arrival:
-    name, (i0, i1), (o0, o1) = classes[0] if rng.random() < rag else classes[1]
-    return Arrival(at=t, input_tokens=rng.randint(i0, i1), output_tokens=rng.randint(o0, o1), tenant=name,
-                   cls=name, request_id=f"day-{i}")
-
-
-def day_arrivals(s: DaySettings) -> list[Arrival]:
-    """Non-homogeneous Poisson arrivals of the day (thinning from the burst peak), deterministic for the seed."""
-    rng = random.Random(s.seed)
-    top = s.peak_rps * s.burst_factor
-    out: list[Arrival] = []
-    t = 0.0
-    while True:
-        t += rng.expovariate(top)
-        if t >= s.day_s:
-            return out
-        if rng.random() < diurnal_rate(t, s) / top:
-            out.append(_arrival(rng, t, rag_share(t, s), len(out)))
-
-
-def steady_arrivals(rate: float, rag: float, duration_s: float, seed: int, t0: float = 0.0,
-                    classes: tuple[Class, Class] = (RAG, CHAT), first_id: int = 0) -> list[Arrival]:
-    """Poisson arrivals at ``rate``, a share ``rag`` of the first class (RAG) and the rest of the second (chat)."""
-    rng = random.Random(seed)
-    out: list[Arrival] = []
-    t = 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= duration_s:
-            return out
-        out.append(_arrival(rng, t0 + t, rag, first_id + len(out), classes))
 
 
 def model_doc(s: DaySettings, prefill: int = 1, decode: int = 1) -> dict[str, Any]:
@@ -169,14 +123,6 @@ def sizer(s: DaySettings) -> ModelSizer:
     made = sizer_for_spec(DisaggregatedModel.model_validate(model_doc(s)).spec)
     assert not isinstance(made, str), made
     return replace(made[0], max_replicas=s.max_replicas)
-
-
-def mix_load(rate: float, rag: float, classes: tuple[Class, Class] = (RAG, CHAT)) -> Load:
-    """The expected Load of ``rate`` req/s with a share ``rag`` of the first class (class means; the first class's
-    prompts prefill remotely, the second's stay local: Thresholds at 2048 tokens)."""
-    (_, a_in, a_out), (_, b_in, b_out) = classes
-    return Load(rate * rag, rate * (1 - rag), sum(a_in) / 2, sum(b_in) / 2,
-                rag * sum(a_out) / 2 + (1 - rag) * sum(b_out) / 2)
 
 
 @dataclass(frozen=True)
