@@ -5,18 +5,21 @@ decode side's pulls (modelled transfer time, the NIXL handshake, injected faults
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import logs
-from ..perf.roofline import PerfModel
-from .clock import SimClock
-from .config import KVTransfer, SimConfig
-from .fastforward import FastForward
-from .metrics import Metrics
 from .nixl import PullOutcome, block_ids
-from .scheduler import Request, Scheduler
+
+if TYPE_CHECKING:  # what the engine protocol names; the transfer side needs none of them to run
+    import random
+
+    from ..perf.roofline import PerfModel
+    from .clock import SimClock
+    from .config import KVTransfer, SimConfig
+    from .fastforward import FastForward
+    from .metrics import Metrics
+    from .scheduler import Request, Scheduler
 
 log = logs.get("disagg.sim.engine")
 
